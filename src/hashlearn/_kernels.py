@@ -1,0 +1,301 @@
+"""Numba hot loops, and nothing else.
+
+Every function here works on plain arrays: packed codes as C-contiguous ``uint64`` words
+(code ``i`` occupies ``words[i * W:(i + 1) * W]``, bit ``j`` in word ``j // 64`` at bit
+``j % 64``, which is exactly the LSB-first byte layout read as little-endian words), ids as
+``int64``. Callers in the public API validate inputs first; kernels trust them.
+
+Exhaustive k-NN (:func:`knn_scan`) is the core of :class:`hashlearn.index.FlatIndex`:
+
+* XOR + popcount over 64-bit words, with the word count ``W`` a compile-time constant for
+  codes up to 256 bits so the query words stay in registers;
+* database blocks of ~16 KiB reused by a chunk of queries while they are in L1 cache, two
+  queries per pass over a block (each loaded word serves both);
+* top-k by counting, not sorting: a per-query candidate buffer accepts an item only when its
+  distance is below the current k-th distance ``tau``; when the buffer fills, a histogram over
+  the ``b + 1`` possible distances finds the new ``tau`` and a stable filter keeps exactly k;
+* ties broken by smaller position (= smaller id, since indexes store codes sorted by id),
+  which the stable filters preserve, so results are deterministic;
+* serial and GIL-free over a range of queries ``q_start:q_end``: callers run chunks of
+  queries on several threads (:func:`hashlearn.index.base.parallel_chunks`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
+
+_U1 = np.uint64(1)
+_U2 = np.uint64(2)
+_U3 = np.uint64(3)
+
+
+@intrinsic
+def popcount64(typingctx, x):
+    """Population count of a uint64 through LLVM's ``ctpop`` (one POPCNT instruction)."""
+    sig = types.int64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.ctpop", [ir.IntType(64)])
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@njit(nogil=True, inline="always")
+def _hamming(a, ao, b, bo, n_words):
+    """Hamming distance between ``a[ao:ao+W]`` and ``b[bo:bo+W]`` (word arrays)."""
+    d = 0
+    for w in range(n_words):
+        d += popcount64(a[ao + w] ^ b[bo + w])
+    return d
+
+
+# ---------------------------------------------------------------------------------------
+# pairwise distances
+# ---------------------------------------------------------------------------------------
+
+
+@njit(nogil=True, cache=True)
+def hamming_cdist(a, b, n_words, out, q_start, q_end):
+    """Rows ``q_start:q_end`` of ``out[i, j] = popcount(a_i XOR b_j)`` (word arrays)."""
+    n = out.shape[1]
+    for i in range(q_start, q_end):
+        ao = i * n_words
+        for j in range(n):
+            out[i, j] = _hamming(a, ao, b, j * n_words, n_words)
+
+
+# ---------------------------------------------------------------------------------------
+# exhaustive k-NN with counting top-k
+# ---------------------------------------------------------------------------------------
+
+
+@njit(nogil=True, inline="always")
+def _shrink(buf_d, buf_p, base, count, k, hist):
+    """Keep the first k of ``count`` buffered candidates by (distance, position).
+
+    The buffer is in scan (= position) order and the filter is stable, so among equal
+    distances the smallest positions survive. Returns the new acceptance bound ``tau``:
+    a later item (larger position) enters the top k only if its distance is ``< tau``.
+    """
+    hist[:] = 0
+    for j in range(count):
+        hist[buf_d[base + j]] += 1
+    total = 0
+    kth = 0
+    for d in range(hist.shape[0]):
+        if total + hist[d] >= k:
+            kth = d
+            break
+        total += hist[d]
+    ties_left = k - total
+    kept = 0
+    for j in range(count):
+        d = buf_d[base + j]
+        if d < kth or (d == kth and ties_left > 0):
+            if d == kth:
+                ties_left -= 1
+            buf_d[base + kept] = d
+            buf_p[base + kept] = buf_p[base + j]
+            kept += 1
+    return kth
+
+
+@njit(nogil=True, inline="always")
+def _emit_sorted(buf_d, buf_p, base, count, hist, out_d, out_p, row):
+    """Write ``count`` buffered candidates to ``out[row]`` sorted by distance (stable)."""
+    hist[:] = 0
+    for j in range(count):
+        hist[buf_d[base + j]] += 1
+    start = 0
+    for d in range(hist.shape[0]):
+        c = hist[d]
+        hist[d] = start
+        start += c
+    for j in range(count):
+        d = buf_d[base + j]
+        slot = hist[d]
+        hist[d] = slot + 1
+        out_d[row, slot] = d
+        out_p[row, slot] = buf_p[base + j]
+    for slot in range(count, out_d.shape[1]):
+        out_d[row, slot] = -1
+        out_p[row, slot] = -1
+
+
+@njit(nogil=True, inline="always")
+def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block):
+    """Shared body of the ``knn_scan_w*`` kernels; ``n_words`` is a constant in each."""
+    wu = np.uint64(n_words)
+    cap = 4 * k + 64
+    n_q = q_end - q_start
+    # slot n_q is a scratch partner for an odd query out
+    buf_d = np.empty((n_q + 1) * cap, np.int32)
+    buf_p = np.empty((n_q + 1) * cap, np.int64)
+    count = np.zeros(n_q + 1, np.int64)
+    tau = np.full(n_q + 1, n_bits + 1, np.int64)
+    hist = np.zeros(n_bits + 1, np.int64)
+    for b0 in range(0, n, block):
+        ub0 = np.uint64(b0)
+        ub1 = np.uint64(min(n, b0 + block))
+        for qa in range(0, n_q, 2):
+            qb = qa + 1 if qa + 1 < n_q else n_q
+            oa = (q_start + qa) * n_words
+            ob = (q_start + min(qa + 1, n_q - 1)) * n_words
+            ta = tau[qa]
+            tb = tau[qb]
+            ca = count[qa]
+            cb = count[qb]
+            base_a = qa * cap
+            base_b = qb * cap
+            if n_words <= 4:
+                a0 = queries[oa]
+                b0w = queries[ob]
+                a1 = queries[oa + 1] if n_words > 1 else np.uint64(0)
+                b1w = queries[ob + 1] if n_words > 1 else np.uint64(0)
+                a2 = queries[oa + 2] if n_words > 2 else np.uint64(0)
+                b2w = queries[ob + 2] if n_words > 2 else np.uint64(0)
+                a3 = queries[oa + 3] if n_words > 3 else np.uint64(0)
+                b3w = queries[ob + 3] if n_words > 3 else np.uint64(0)
+            for i in range(ub0, ub1):
+                o = i * wu
+                if n_words <= 4:
+                    x = db[o]
+                    da = popcount64(x ^ a0)
+                    dbb = popcount64(x ^ b0w)
+                    if n_words > 1:
+                        x = db[o + _U1]
+                        da += popcount64(x ^ a1)
+                        dbb += popcount64(x ^ b1w)
+                    if n_words > 2:
+                        x = db[o + _U2]
+                        da += popcount64(x ^ a2)
+                        dbb += popcount64(x ^ b2w)
+                    if n_words > 3:
+                        x = db[o + _U3]
+                        da += popcount64(x ^ a3)
+                        dbb += popcount64(x ^ b3w)
+                else:
+                    da = 0
+                    dbb = 0
+                    for w in range(n_words):
+                        x = db[o + np.uint64(w)]
+                        da += popcount64(x ^ queries[oa + w])
+                        dbb += popcount64(x ^ queries[ob + w])
+                if da < ta:
+                    buf_d[base_a + ca] = da
+                    buf_p[base_a + ca] = i
+                    ca += 1
+                    if ca == cap:
+                        ta = _shrink(buf_d, buf_p, base_a, ca, k, hist)
+                        ca = k
+                if dbb < tb:
+                    buf_d[base_b + cb] = dbb
+                    buf_p[base_b + cb] = i
+                    cb += 1
+                    if cb == cap:
+                        tb = _shrink(buf_d, buf_p, base_b, cb, k, hist)
+                        cb = k
+            tau[qa] = ta
+            tau[qb] = tb
+            count[qa] = ca
+            count[qb] = cb
+    for qi in range(n_q):
+        c = count[qi]
+        if c > k:
+            _shrink(buf_d, buf_p, qi * cap, c, k, hist)
+            c = k
+        _emit_sorted(buf_d, buf_p, qi * cap, c, hist, out_d, out_p, q_start + qi)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w1(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 1, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w2(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 2, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w3(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 3, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w4(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 4, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block)
+
+
+_KNN_BY_WORDS = {1: knn_scan_w1, 2: knn_scan_w2, 3: knn_scan_w3, 4: knn_scan_w4}
+
+
+def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
+    """Exact k-NN by Hamming distance of queries ``q_start:q_end`` against ``n`` codes.
+
+    ``db`` and ``queries`` are flat ``uint64`` word arrays; writes distances (int32) and
+    database *positions* (int64) sorted by (distance, position) into rows
+    ``q_start:q_end`` of ``out_d`` / ``out_p``, padding with -1 when ``n < k``. Serial and
+    GIL-free: callers run chunks of queries on several threads.
+    """
+    block = max(64, 2048 // n_words)
+    fn = _KNN_BY_WORDS.get(n_words)
+    if fn is None:
+        knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
+    else:
+        fn(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block)
+
+
+# ---------------------------------------------------------------------------------------
+# range search: all items with distance <= radius
+# ---------------------------------------------------------------------------------------
+
+
+@njit(nogil=True, cache=True)
+def range_count(db, n, queries, n_words, radius, counts, q_start, q_end):
+    """``counts[q]`` = number of database codes within Hamming distance ``<= radius``."""
+    for qi in range(q_start, q_end):
+        qo = qi * n_words
+        c = 0
+        for i in range(n):
+            if _hamming(db, i * n_words, queries, qo, n_words) <= radius:
+                c += 1
+        counts[qi] = c
+
+
+@njit(nogil=True, cache=True)
+def range_fill(db, n, queries, n_words, radius, n_bits, lims, out_d, out_p, q_start, q_end):
+    """Fill the CSR results of :func:`range_count`, each query sorted by (distance, position)."""
+    for qi in range(q_start, q_end):
+        qo = qi * n_words
+        start = lims[qi]
+        stop = lims[qi + 1]
+        hist = np.zeros(n_bits + 2, np.int64)
+        tmp_d = np.empty(stop - start, np.int32)
+        tmp_p = np.empty(stop - start, np.int64)
+        c = 0
+        for i in range(n):
+            d = _hamming(db, i * n_words, queries, qo, n_words)
+            if d <= radius:
+                tmp_d[c] = d
+                tmp_p[c] = i
+                hist[d + 1] += 1
+                c += 1
+        for d in range(1, n_bits + 2):
+            hist[d] += hist[d - 1]
+        for j in range(c):
+            d = tmp_d[j]
+            slot = start + hist[d]
+            hist[d] += 1
+            out_d[slot] = d
+            out_p[slot] = tmp_p[j]
