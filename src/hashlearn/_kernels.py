@@ -128,9 +128,103 @@ def _emit_sorted(buf_d, buf_p, base, count, hist, out_d, out_p, row):
 
 
 @njit(nogil=True, inline="always")
+def _push(buf_d, buf_p, base, count, d, pos, cap, k, hist, tau):
+    """Append a candidate; when the buffer is full, shrink it to k and lower ``tau``."""
+    buf_d[base + count] = d
+    buf_p[base + count] = pos
+    count += 1
+    if count == cap:
+        tau = _shrink(buf_d, buf_p, base, count, k, hist)
+        count = k
+    return count, tau
+
+
+@njit(nogil=True, inline="always")
+def _scan_pair_one_word(db, b0, b1, qa, qb, ta, tb, ca, cb, base_a, base_b, buf_d, buf_p,
+                        cap, k, hist, n_bits, mini_a, mini_b):
+    """Scan ``db[b0:b1]`` for two queries of one 64-bit word each.
+
+    Distances of a mini-block of 8 codes are computed branch-free (LLVM vectorises this) and
+    only a mini-block whose minimum beats ``tau`` is looked at item by item.
+    """
+    mini = mini_a.shape[0]
+    for i0 in range(b0, b1, mini):
+        count = min(mini, b1 - i0)
+        min_a = n_bits + 1
+        min_b = n_bits + 1
+        u0 = np.uint64(i0)
+        for u in range(count):
+            x = db[u0 + np.uint64(u)]
+            da = popcount64(x ^ qa)
+            dbb = popcount64(x ^ qb)
+            mini_a[u] = da
+            mini_b[u] = dbb
+            min_a = min(min_a, da)
+            min_b = min(min_b, dbb)
+        if min_a < ta:
+            for u in range(count):
+                if mini_a[u] < ta:
+                    ca, ta = _push(buf_d, buf_p, base_a, ca, mini_a[u], i0 + u, cap, k, hist, ta)
+        if min_b < tb:
+            for u in range(count):
+                if mini_b[u] < tb:
+                    cb, tb = _push(buf_d, buf_p, base_b, cb, mini_b[u], i0 + u, cap, k, hist, tb)
+    return ta, tb, ca, cb
+
+
+@njit(nogil=True, inline="always")
+def _scan_pair_words(db, b0, b1, queries, oa, ob, n_words, ta, tb, ca, cb, base_a, base_b,
+                     buf_d, buf_p, cap, k, hist):
+    """Scan ``db[b0:b1]`` for two queries of ``n_words`` words each, item by item.
+
+    Up to 4 words, the query words are held in registers and each loaded database word
+    serves both queries.
+    """
+    wu = np.uint64(n_words)
+    if n_words <= 4:
+        a0 = queries[oa]
+        b0w = queries[ob]
+        a1 = queries[oa + 1] if n_words > 1 else np.uint64(0)
+        b1w = queries[ob + 1] if n_words > 1 else np.uint64(0)
+        a2 = queries[oa + 2] if n_words > 2 else np.uint64(0)
+        b2w = queries[ob + 2] if n_words > 2 else np.uint64(0)
+        a3 = queries[oa + 3] if n_words > 3 else np.uint64(0)
+        b3w = queries[ob + 3] if n_words > 3 else np.uint64(0)
+    for i in range(np.uint64(b0), np.uint64(b1)):
+        o = i * wu
+        if n_words <= 4:
+            x = db[o]
+            da = popcount64(x ^ a0)
+            dbb = popcount64(x ^ b0w)
+            if n_words > 1:
+                x = db[o + _U1]
+                da += popcount64(x ^ a1)
+                dbb += popcount64(x ^ b1w)
+            if n_words > 2:
+                x = db[o + _U2]
+                da += popcount64(x ^ a2)
+                dbb += popcount64(x ^ b2w)
+            if n_words > 3:
+                x = db[o + _U3]
+                da += popcount64(x ^ a3)
+                dbb += popcount64(x ^ b3w)
+        else:
+            da = 0
+            dbb = 0
+            for w in range(n_words):
+                x = db[o + np.uint64(w)]
+                da += popcount64(x ^ queries[oa + w])
+                dbb += popcount64(x ^ queries[ob + w])
+        if da < ta:
+            ca, ta = _push(buf_d, buf_p, base_a, ca, da, i, cap, k, hist, ta)
+        if dbb < tb:
+            cb, tb = _push(buf_d, buf_p, base_b, cb, dbb, i, cap, k, hist, tb)
+    return ta, tb, ca, cb
+
+
+@njit(nogil=True, inline="always")
 def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block):
     """Shared body of the ``knn_scan_w*`` kernels; ``n_words`` is a constant in each."""
-    wu = np.uint64(n_words)
     cap = 4 * k + 64
     n_q = q_end - q_start
     # slot n_q is a scratch partner for an odd query out
@@ -139,67 +233,23 @@ def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, 
     count = np.zeros(n_q + 1, np.int64)
     tau = np.full(n_q + 1, n_bits + 1, np.int64)
     hist = np.zeros(n_bits + 1, np.int64)
+    mini_a = np.empty(8, np.int64)
+    mini_b = np.empty(8, np.int64)
     for b0 in range(0, n, block):
-        ub0 = np.uint64(b0)
-        ub1 = np.uint64(min(n, b0 + block))
+        b1 = min(n, b0 + block)
         for qa in range(0, n_q, 2):
             qb = qa + 1 if qa + 1 < n_q else n_q
             oa = (q_start + qa) * n_words
             ob = (q_start + min(qa + 1, n_q - 1)) * n_words
-            ta = tau[qa]
-            tb = tau[qb]
-            ca = count[qa]
-            cb = count[qb]
-            base_a = qa * cap
-            base_b = qb * cap
-            if n_words <= 4:
-                a0 = queries[oa]
-                b0w = queries[ob]
-                a1 = queries[oa + 1] if n_words > 1 else np.uint64(0)
-                b1w = queries[ob + 1] if n_words > 1 else np.uint64(0)
-                a2 = queries[oa + 2] if n_words > 2 else np.uint64(0)
-                b2w = queries[ob + 2] if n_words > 2 else np.uint64(0)
-                a3 = queries[oa + 3] if n_words > 3 else np.uint64(0)
-                b3w = queries[ob + 3] if n_words > 3 else np.uint64(0)
-            for i in range(ub0, ub1):
-                o = i * wu
-                if n_words <= 4:
-                    x = db[o]
-                    da = popcount64(x ^ a0)
-                    dbb = popcount64(x ^ b0w)
-                    if n_words > 1:
-                        x = db[o + _U1]
-                        da += popcount64(x ^ a1)
-                        dbb += popcount64(x ^ b1w)
-                    if n_words > 2:
-                        x = db[o + _U2]
-                        da += popcount64(x ^ a2)
-                        dbb += popcount64(x ^ b2w)
-                    if n_words > 3:
-                        x = db[o + _U3]
-                        da += popcount64(x ^ a3)
-                        dbb += popcount64(x ^ b3w)
-                else:
-                    da = 0
-                    dbb = 0
-                    for w in range(n_words):
-                        x = db[o + np.uint64(w)]
-                        da += popcount64(x ^ queries[oa + w])
-                        dbb += popcount64(x ^ queries[ob + w])
-                if da < ta:
-                    buf_d[base_a + ca] = da
-                    buf_p[base_a + ca] = i
-                    ca += 1
-                    if ca == cap:
-                        ta = _shrink(buf_d, buf_p, base_a, ca, k, hist)
-                        ca = k
-                if dbb < tb:
-                    buf_d[base_b + cb] = dbb
-                    buf_p[base_b + cb] = i
-                    cb += 1
-                    if cb == cap:
-                        tb = _shrink(buf_d, buf_p, base_b, cb, k, hist)
-                        cb = k
+            if n_words == 1:
+                ta, tb, ca, cb = _scan_pair_one_word(
+                    db, b0, b1, queries[oa], queries[ob], tau[qa], tau[qb], count[qa],
+                    count[qb], qa * cap, qb * cap, buf_d, buf_p, cap, k, hist, n_bits,
+                    mini_a, mini_b)
+            else:
+                ta, tb, ca, cb = _scan_pair_words(
+                    db, b0, b1, queries, oa, ob, n_words, tau[qa], tau[qb], count[qa],
+                    count[qb], qa * cap, qb * cap, buf_d, buf_p, cap, k, hist)
             tau[qa] = ta
             tau[qb] = tb
             count[qa] = ca

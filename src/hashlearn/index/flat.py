@@ -71,11 +71,12 @@ class FlatIndex(BinaryIndex):
 
     # --------------------------------------------------------------------------- building
 
-    def add(self, codes: np.ndarray, ids=None) -> None:
+    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
         """Add packed codes ``(n, ceil(n_bits/8))`` uint8 with optional distinct int ids.
 
         Without ``ids`` the codes are numbered from one past the largest id ever added.
-        Duplicate ids, or ids already in the index, raise ``ValueError``.
+        Duplicate ids, or ids already in the index, raise ``ValueError``. Returns the ids
+        of the added codes (int64, in the order of ``codes``).
         """
         codes = check_codes(codes, self.n_bits, "codes")
         m = codes.shape[0]
@@ -90,16 +91,18 @@ class FlatIndex(BinaryIndex):
                     "Remove them first to replace their codes."
                 )
         if m == 0:
-            return
+            return new_ids
         words = as_words(codes).reshape(m, self._n_words)
+        sorted_ids = new_ids
         if np.any(new_ids[1:] < new_ids[:-1]):
             order = np.argsort(new_ids, kind="stable")
-            new_ids, words = new_ids[order], words[order]
-        self._next_id = max(self._next_id, int(new_ids[-1]) + 1)
-        if self._n and new_ids[0] < self._ids[self._n - 1]:
-            self._merge(words, new_ids)
+            sorted_ids, words = new_ids[order], words[order]
+        self._next_id = max(self._next_id, int(sorted_ids[-1]) + 1)
+        if self._n and sorted_ids[0] < self._ids[self._n - 1]:
+            self._merge(words, sorted_ids)
         else:
-            self._append(words, new_ids)
+            self._append(words, sorted_ids)
+        return new_ids
 
     def _append(self, words: np.ndarray, ids: np.ndarray) -> None:
         end = self._n + len(ids)

@@ -1,0 +1,74 @@
+"""Shared benchmark plumbing: fair timing, machine description, writing docs/results.md.
+
+Timing is interleaved: each repetition times every contender once, in turn, so slow drifts
+of a shared machine hit all of them alike; ratios are computed per repetition and their
+median is reported.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+# GNU OpenMP threads (faiss) spin after a parallel region and would steal the cores from the
+# contender timed next; make them sleep instead. Must be set before faiss is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
+
+
+def interleaved_times(contenders: Sequence[Callable[[], object]], repeats: int
+                      ) -> np.ndarray:
+    """Seconds per call, shape ``(repeats, len(contenders))``, after one warm-up call each."""
+    for fn in contenders:
+        fn()
+    times = np.empty((repeats, len(contenders)))
+    for r in range(repeats):
+        for c, fn in enumerate(contenders):
+            start = time.perf_counter()
+            fn()
+            times[r, c] = time.perf_counter() - start
+    return times
+
+
+def machine() -> str:
+    """One line: CPU model, cores available, Python and numpy versions, date."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{cpu}, {cores} cores, Python {platform.python_version()}, numpy {np.__version__}, "
+            f"{datetime.date.today().isoformat()}")
+
+
+def write_section(name: str, markdown: str) -> None:
+    """Replace (or append) the section ``name`` of docs/results.md between markers."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{markdown.rstrip()}\n{end}"
+    text = RESULTS.read_text() if RESULTS.exists() else "# Measured results\n"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else (
+        text.rstrip() + "\n\n" + block + "\n")
+    tmp = RESULTS.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, RESULTS)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

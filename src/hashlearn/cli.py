@@ -1,0 +1,138 @@
+"""The ``hashlearn`` command line: ``hashlearn demo`` and ``hashlearn info``.
+
+A thin wrapper: the work is :func:`hashlearn.demo.run_demo`; this module parses options,
+shows a progress bar on stderr and prints the results table on stdout.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import platform
+import sys
+from pathlib import Path
+
+import click
+
+from hashlearn import __version__
+from hashlearn._parallel import available_cores
+from hashlearn.datasets import _FASHION_INSTALL, FASHION_MNIST_DIR, fashion_mnist_available
+from hashlearn.demo import DATASETS, OUTPUT_FILES, DemoParameterError, format_table, run_demo
+from hashlearn.hashers import available_hashers
+from hashlearn.index import available_indexes
+
+__all__ = ["main"]
+
+_QUICK = {"bits": (16, 32), "n_queries": 100, "n_train": 1000}
+
+
+class BitsParam(click.ParamType):
+    """Comma-separated code lengths, e.g. ``16,32,64``."""
+
+    name = "BITS"
+
+    def convert(self, value, param, ctx) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        parts = [part.strip() for part in str(value).split(",")]
+        try:
+            bits = tuple(int(part) for part in parts)
+        except ValueError:
+            bits = ()
+        if not bits or min(bits) < 1:
+            self.fail(f"expected comma-separated positive integers such as 16,32,64. "
+                      f"Got {value!r}.", param, ctx)
+        return tuple(dict.fromkeys(bits))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hashlearn")
+def main() -> None:
+    """hashlearn: learned hashing and fast similarity search."""
+
+
+@main.command()
+@click.option("--dataset", type=click.Choice(DATASETS), default="digits",
+              show_default=True,
+              help="digits is embedded; fashion-mnist needs the Debian package "
+                   "dataset-fashion-mnist.")
+@click.option("--bits", type=BitsParam(), default=None,
+              help="Code lengths to train, comma-separated.  [default: 16,32,64; "
+                   "16,32 with --quick]")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("demo-out"), show_default=True, help="Directory for the results.")
+@click.option("--n-queries", type=click.IntRange(min=1), default=None,
+              help="Number of queries.  [default: 300 digits, 1000 fashion-mnist]")
+@click.option("--n-train", type=click.IntRange(min=1), default=None,
+              help="Training sample size.  [default: the database for digits, 10000 "
+                   "for fashion-mnist]")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the split, the hashers and the tie-breaking.")
+@click.option("--quick", is_flag=True,
+              help="Small settings for a fast check: bits 16,32, 100 queries, 1000 "
+                   "training items.")
+@click.option("-v", "--verbose", is_flag=True, help="Report each stage on stderr.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, hidden=True,
+              help="Directory of the Fashion-MNIST IDX files (default: the Debian path).")
+def demo(dataset: str, bits: tuple[int, ...] | None, out_dir: Path, n_queries: int | None,
+         n_train: int | None, seed: int, quick: bool, verbose: bool,
+         data_dir: Path | None) -> None:
+    """Train every hasher at each code length and evaluate it against exact search.
+
+    Writes results.json, results.md, pr_curves.png and recall_at_m.png to --out and
+    prints the results table.
+    """
+    from tqdm import tqdm
+
+    if dataset == "fashion-mnist" and not fashion_mnist_available(data_dir):
+        raise click.ClickException(
+            f"Fashion-MNIST is not installed (no IDX files in {data_dir or FASHION_MNIST_DIR})."
+            f" Install it with: {_FASHION_INSTALL}")
+    if quick:
+        bits = bits or _QUICK["bits"]
+        n_queries = _QUICK["n_queries"] if n_queries is None else n_queries
+        n_train = _QUICK["n_train"] if n_train is None else n_train
+    progress = functools.partial(tqdm, file=sys.stderr, unit="run", leave=False)
+    try:
+        rows = run_demo(dataset, bits or (16, 32, 64), out_dir, n_queries=n_queries,
+                        n_train=n_train, random_state=seed, verbose=verbose,
+                        progress=progress, data_dir=data_dir)
+    except DemoParameterError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(format_table(rows))
+    click.echo()
+    for name in OUTPUT_FILES:
+        click.echo(f"wrote {out_dir / name}")
+
+
+def _module_version(name: str) -> str:
+    """Version of an importable module, or 'not installed'."""
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return "not installed"
+    return getattr(module, "__version__", "installed")
+
+
+@main.command()
+def info() -> None:
+    """Versions, cores, registered hashers and indexes, optional data and libraries."""
+    fashion = (f"installed ({FASHION_MNIST_DIR})" if fashion_mnist_available()
+               else f"not installed; install with: {_FASHION_INSTALL}")
+    lines = [
+        ("hashlearn", __version__),
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("numpy", _module_version("numpy")),
+        ("scipy", _module_version("scipy")),
+        ("numba", _module_version("numba")),
+        ("scikit-learn", _module_version("sklearn")),
+        ("cores available", str(available_cores())),
+        ("hashers", ", ".join(available_hashers())),
+        ("indexes", ", ".join(available_indexes())),
+        ("fashion-mnist", fashion),
+        ("faiss (optional)", _module_version("faiss")),
+        ("dask (optional)", _module_version("dask")),
+    ]
+    width = max(len(key) for key, _ in lines)
+    for key, value in lines:
+        click.echo(f"{key:<{width}}  {value}")

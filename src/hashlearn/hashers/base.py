@@ -1,0 +1,178 @@
+"""The contract every hash function family in hashlearn follows.
+
+A hasher is a scikit-learn estimator. Hyper-parameters are set in ``__init__`` only (nothing
+is computed there); ``fit`` learns attributes ending in ``_`` and returns ``self``;
+``encode(X)`` returns packed ``uint8`` codes (LSB first, see :mod:`hashlearn.codes`);
+``transform`` is ``encode`` so hashers drop into pipelines; ``project(X)`` returns the
+real-valued scores that are thresholded at 0, where the family has them. The same
+``random_state`` gives identical codes.
+
+Supervised families take labels, ``fit(X, y)``, or pairs, ``fit(X, pairs=P, similar=s)``
+(:mod:`hashlearn.supervision`); unsupervised ones ignore both.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_array, check_is_fitted
+
+from hashlearn._validation import check_int
+from hashlearn.codes import pack_bits
+from hashlearn.supervision import check_pairs
+
+__all__ = ["BaseHasher", "register_hasher", "make_hasher", "available_hashers"]
+
+_HASHERS: dict[str, type[BaseHasher]] = {}
+
+
+def register_hasher(name: str):
+    """Class decorator: make a hasher constructible as ``make_hasher(name, n_bits=...)``."""
+
+    def decorate(cls):
+        _HASHERS[name] = cls
+        return cls
+
+    return decorate
+
+
+def make_hasher(name: str, **params) -> BaseHasher:
+    """Build a hasher by registry name, e.g. ``make_hasher("lsh", n_bits=32)``."""
+    try:
+        cls = _HASHERS[name]
+    except KeyError:
+        raise ValueError(f"Unknown hasher {name!r}; available: {sorted(_HASHERS)}.") from None
+    return cls(**params)
+
+
+def available_hashers() -> dict[str, type[BaseHasher]]:
+    """Registry name -> hasher class, for every family hashlearn implements."""
+    return dict(sorted(_HASHERS.items()))
+
+
+class BaseHasher(TransformerMixin, BaseEstimator):
+    """Base class of binary hash function families.
+
+    Subclasses implement ``_fit(X, y, pairs, similar)`` and either ``_project(X)`` (bits
+    are ``project(X) >= 0``) or ``_bits(X)``. Class attributes: ``supervised`` (True if
+    ``fit`` needs ``y`` or pairs), ``accept_sparse`` (True if ``X`` may be scipy.sparse).
+    """
+
+    supervised = False
+    accept_sparse = False
+    n_bits: int
+
+    # ------------------------------------------------------------------------------ API
+
+    def fit(self, X, y=None, *, pairs=None, similar=None):
+        """Learn the hash functions from ``X`` (and ``y`` or ``pairs``/``similar``)."""
+        check_int(self.n_bits, "n_bits", type(self).__name__)
+        X = self._check_X(X, reset=True)
+        if pairs is not None:
+            if y is not None:
+                raise ValueError(f"{type(self).__name__}.fit takes y or pairs, not both.")
+            pairs, similar = check_pairs(pairs, similar, X.shape[0], type(self).__name__)
+        elif similar is not None:
+            raise ValueError(f"{type(self).__name__}.fit got similar=... without pairs=...")
+        if y is not None:
+            y = np.asarray(y)
+            if y.shape != (X.shape[0],):
+                raise ValueError(f"y must have shape ({X.shape[0]},), one label per row of X. "
+                                 f"Got shape {y.shape}.")
+        if self.supervised and y is None and pairs is None:
+            raise ValueError(f"{type(self).__name__} is supervised: call fit(X, y) with labels "
+                             "or fit(X, pairs=P, similar=s).")
+        self._fit(X, y, pairs, similar)
+        return self
+
+    def encode(self, X) -> np.ndarray:
+        """Packed binary codes ``uint8 (n, ceil(n_bits / 8))`` of the rows of ``X``."""
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False)
+        return pack_bits(self._bits(X))
+
+    def transform(self, X) -> np.ndarray:
+        """Same as :meth:`encode`, so hashers work as pipeline steps."""
+        return self.encode(X)
+
+    def project(self, X) -> np.ndarray:
+        """Real-valued scores ``(n, n_bits)`` before thresholding at 0."""
+        check_is_fitted(self)
+        return self._project(self._check_X(X, reset=False))
+
+    def save(self, path) -> None:
+        """Save the fitted hasher to the directory ``path`` (no pickle; see hashlearn.io)."""
+        from hashlearn import io
+
+        check_is_fitted(self)
+        io.save(self, path)
+
+    @classmethod
+    def load(cls, path, *, mmap: bool = False, verify: bool = True):
+        """Load a hasher saved by :meth:`save`."""
+        from hashlearn import io
+
+        obj = io.load(path, mmap=mmap, verify=verify)
+        if not isinstance(obj, cls):
+            raise TypeError(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}.")
+        return obj
+
+    # ------------------------------------------------------------------- for subclasses
+
+    def _fit(self, X, y, pairs, similar) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _project(self, X) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} has no real-valued projection.")
+
+    def _bits(self, X) -> np.ndarray:
+        return self._project(X) >= 0
+
+    def _check_X(self, X, *, reset: bool):
+        name = type(self).__name__
+        if sp.issparse(X) and not self.accept_sparse:
+            raise TypeError(f"{name} needs dense input; got a scipy.sparse matrix. Use "
+                            "X.toarray() if it fits in memory.")
+        X = check_array(X, accept_sparse="csr" if self.accept_sparse else False,
+                        dtype=(np.float64, np.float32), ensure_min_samples=1 if reset else 0,
+                        input_name="X")
+        if reset:
+            self.n_features_in_ = X.shape[1]
+        elif X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {name} was fitted with "
+                             f"{self.n_features_in_} features.")
+        return X
+
+    # ---------------------------------------------------------------------- persistence
+
+    def _get_state(self):
+        params = self.get_params(deep=False)
+        for key, value in params.items():
+            if not (value is None or isinstance(value, (str, bool, numbers.Real))):
+                raise TypeError(
+                    f"cannot save {type(self).__name__}: parameter {key}={value!r} is not a "
+                    "number, string, bool or None (e.g. pass random_state as an int)."
+                )
+        state: dict[str, Any] = {}
+        arrays: dict[str, np.ndarray] = {}
+        for key, value in vars(self).items():
+            if not key.endswith("_") or key.startswith("_"):
+                continue
+            if isinstance(value, np.ndarray):
+                arrays[key] = value
+            elif value is None or isinstance(value, (str, bool, numbers.Real)):
+                state[key] = value
+            else:
+                raise TypeError(f"cannot save attribute {key} of type {type(value).__name__}.")
+        return params, state, arrays
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        obj = cls(**params)
+        for key, value in {**state, **arrays}.items():
+            setattr(obj, key, value)
+        return obj

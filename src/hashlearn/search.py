@@ -1,0 +1,195 @@
+"""Searcher: a hasher, an index and an optional re-ranking stage wired together.
+
+The common pipeline of all five papers::
+
+    fit the hasher on a sample ─ encode + add the database ─ search the query codes
+    ─ re-rank the top candidates by the exact (or learned) distance on the original vectors
+
+Each stage stays usable alone; ``Searcher`` only saves the bookkeeping (keeping the original
+vectors by id for re-ranking, choosing how many candidates to re-rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils.validation import check_array, check_is_fitted
+
+from hashlearn._validation import check_int
+from hashlearn.hashers.base import BaseHasher
+from hashlearn.index.base import BinaryIndex, make_index
+
+__all__ = ["Searcher", "register_reranker", "available_rerankers"]
+
+Reranker = Callable[[np.ndarray, np.ndarray], np.ndarray]
+_RERANKERS: dict[str, Reranker] = {}
+
+
+def register_reranker(name: str):
+    """Decorator: ``fn(queries (b, d), candidates (b, c, d)) -> distances (b, c)``, smaller is
+    nearer; usable as ``Searcher(..., rerank=name)``."""
+
+    def decorate(fn: Reranker) -> Reranker:
+        _RERANKERS[name] = fn
+        return fn
+
+    return decorate
+
+
+def available_rerankers() -> list[str]:
+    """Names accepted by ``Searcher(rerank=...)`` besides a callable."""
+    return sorted(_RERANKERS)
+
+
+@register_reranker("sqeuclidean")
+def _sqeuclidean(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    diff = candidates - queries[:, None, :]
+    return np.einsum("bcd,bcd->bc", diff, diff)
+
+
+@register_reranker("euclidean")
+def _euclidean(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.maximum(_sqeuclidean(queries, candidates), 0.0))
+
+
+@register_reranker("inner_product")
+def _negative_inner_product(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    return -np.einsum("bcd,bd->bc", candidates, queries)
+
+
+@register_reranker("cosine")
+def _cosine(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    qn = np.linalg.norm(queries, axis=1)[:, None]
+    cn = np.linalg.norm(candidates, axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sim = np.einsum("bcd,bd->bc", candidates, queries) / (qn * cn)
+    return 1.0 - np.nan_to_num(sim)
+
+
+class Searcher:
+    """Hasher + index (+ exact re-ranking) in one object.
+
+    Parameters
+    ----------
+    hasher : BaseHasher
+        Any hashlearn hasher (fitted or not).
+    index : BinaryIndex or str, default="flat"
+        An index over ``hasher.n_bits``-bit codes, or a registry name for
+        :func:`hashlearn.index.make_index`.
+    rerank : None, str or callable
+        ``None`` returns Hamming distances. A name from :func:`available_rerankers`
+        (``"euclidean"``, ``"sqeuclidean"``, ``"cosine"``, ``"inner_product"`` -- reported as
+        its negative, so smaller is nearer) or ``fn(queries (b, d), candidates (b, c, d))``
+        re-ranks the Hamming candidates by that distance on the original vectors, which the
+        searcher then keeps.
+    n_candidates : int, optional
+        Hamming candidates re-ranked per query (default ``max(10 * k, 100)``).
+
+    Examples
+    --------
+    >>> from hashlearn import Searcher, RandomHyperplaneLSH, load_digits
+    >>> X, y = load_digits()
+    >>> s = Searcher(RandomHyperplaneLSH(32, random_state=0), rerank="euclidean")
+    >>> D, I = s.fit(X).add(X).search(X[:2], k=3)
+    >>> I[:, 0].tolist()
+    [0, 1]
+    """
+
+    def __init__(self, hasher: BaseHasher, index: BinaryIndex | str = "flat",
+                 rerank: str | Reranker | None = None, n_candidates: int | None = None):
+        if not isinstance(hasher, BaseHasher):
+            raise TypeError(f"hasher must be a hashlearn hasher. Got {type(hasher).__name__}.")
+        if isinstance(index, str):
+            index = make_index(index, n_bits=hasher.n_bits)
+        if not isinstance(index, BinaryIndex):
+            raise TypeError(f"index must be a hashlearn index or a registry name. "
+                            f"Got {type(index).__name__}.")
+        if index.n_bits != hasher.n_bits:
+            raise ValueError(f"index holds {index.n_bits}-bit codes but the hasher makes "
+                             f"{hasher.n_bits}-bit codes.")
+        if isinstance(rerank, str) and rerank not in _RERANKERS:
+            raise ValueError(f"Unknown rerank {rerank!r}; available: {available_rerankers()} "
+                             "or a callable.")
+        if rerank is not None and not isinstance(rerank, str) and not callable(rerank):
+            raise TypeError("rerank must be None, a name or a callable.")
+        if n_candidates is not None:
+            check_int(n_candidates, "n_candidates", "Searcher")
+        self.hasher = hasher
+        self.index = index
+        self.rerank = rerank
+        self.n_candidates = n_candidates
+        self._vectors: np.ndarray | None = None  # rows in the order of _vector_ids
+        self._vector_ids = np.zeros(0, np.int64)
+
+    def fit(self, X, y=None, **fit_params) -> Searcher:
+        """Fit the hasher (on a training sample); does not add anything to the index."""
+        self.hasher.fit(X, y, **fit_params)
+        return self
+
+    def add(self, X, ids=None) -> Searcher:
+        """Encode the rows of ``X`` and add them to the index (keeping them if re-ranking)."""
+        check_is_fitted(self.hasher)
+        new_ids = self.index.add(self.hasher.encode(X), ids)
+        if self.rerank is not None:
+            vectors = _dense(X)
+            all_ids = np.concatenate([self._vector_ids, new_ids])
+            all_vecs = vectors if self._vectors is None else np.concatenate(
+                [self._vectors, vectors])
+            order = np.argsort(all_ids, kind="stable")
+            self._vector_ids, self._vectors = all_ids[order], all_vecs[order]
+        return self
+
+    def remove(self, ids) -> int:
+        """Remove ids from the index (and the kept vectors); returns the number removed."""
+        removed = self.index.remove(ids)
+        if self._vectors is not None:
+            keep = ~np.isin(self._vector_ids, ids)
+            self._vector_ids, self._vectors = self._vector_ids[keep], self._vectors[keep]
+        return removed
+
+    def search(self, X, k: int, *, n_threads: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest database items of each row of ``X``: ``(D, I)``.
+
+        Without re-ranking ``D`` holds int32 Hamming distances; with it, float32 distances
+        of the re-ranking metric. Padded with ``-1`` ids (and ``-1`` / ``inf`` distances).
+        """
+        k = check_int(k, "k", "Searcher.search")
+        codes = self.hasher.encode(X)
+        if self.rerank is None:
+            return self.index.search(codes, k, n_threads=n_threads)
+        n_cand = max(k, self.n_candidates or max(10 * k, 100))
+        _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
+        return self._rerank(_dense(X), cand, k)
+
+    def _rerank(self, queries: np.ndarray, cand: np.ndarray, k: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        fn = _RERANKERS[self.rerank] if isinstance(self.rerank, str) else self.rerank
+        m = len(queries)
+        out_d = np.full((m, k), np.inf, np.float32)
+        out_i = np.full((m, k), -1, np.int64)
+        block = max(1, 2**22 // max(1, cand.shape[1] * queries.shape[1]))
+        for start in range(0, m, block):
+            stop = min(m, start + block)
+            ids = cand[start:stop]
+            pos = np.searchsorted(self._vector_ids, np.maximum(ids, 0))
+            pos = np.minimum(pos, len(self._vector_ids) - 1)
+            dist = np.asarray(fn(queries[start:stop], self._vectors[pos]), dtype=np.float64)
+            if dist.shape != ids.shape:
+                raise ValueError(f"rerank returned shape {dist.shape}; expected {ids.shape}.")
+            dist = np.where(ids >= 0, dist, np.inf)
+            sentinel = np.where(ids >= 0, ids, np.iinfo(np.int64).max)
+            order = np.lexsort((sentinel, dist), axis=-1)[:, :k]
+            rows = np.arange(stop - start)[:, None]
+            width = order.shape[1]
+            out_d[start:stop, :width] = dist[rows, order]
+            out_i[start:stop, :width] = ids[rows, order]
+        return out_d, out_i
+
+
+def _dense(X) -> np.ndarray:
+    if sp.issparse(X):
+        X = X.toarray()
+    return check_array(X, dtype=(np.float64, np.float32), ensure_min_samples=0)
