@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved_times, machine, markdown_table, write_section  # noqa: E402
-
 import numpy as np  # noqa: E402
 
+from _common import interleaved_times, machine, markdown_table, write_section  # noqa: E402
 from hashlearn import FlatIndex, RandomHyperplaneLSH  # noqa: E402
 from hashlearn.codes import as_words, hamming_distance  # noqa: E402
 from hashlearn.datasets import fashion_mnist_available, load_fashion_mnist  # noqa: E402
@@ -105,12 +105,12 @@ def run(args) -> list[list[object]]:
                 exact = bool(np.array_equal(d_ours, d_ref)) and bool(np.array_equal(
                     hamming_distance(q[:, None, :], db[i_ours]), d_ours))
                 n_np = min(len(q), args.numpy_queries)
-                t_np = interleaved_times([lambda: numpy_search(words, q_words[:n_np], k)], 1)
+                t_np = interleaved_times([partial(numpy_search, words, q_words[:n_np], k)], 1)
                 qps_np = n_np / float(np.median(t_np))
                 for threads in args.threads:
                     faiss.omp_set_num_threads(threads)
                     times = interleaved_times(
-                        [lambda: ref.search(q, k), lambda: ours.search(q, k, n_threads=threads)],
+                        [partial(ref.search, q, k), partial(ours.search, q, k, n_threads=threads)],
                         args.repeats)
                     qps = len(q) / np.median(times, axis=0)
                     ratio = times[:, 0] / times[:, 1]

@@ -16,7 +16,7 @@ import click
 
 from hashlearn import __version__
 from hashlearn._parallel import available_cores
-from hashlearn.datasets import _FASHION_INSTALL, FASHION_MNIST_DIR, fashion_mnist_available
+from hashlearn.datasets import FASHION_MNIST_DIR, FASHION_MNIST_INSTALL, fashion_mnist_available
 from hashlearn.demo import DATASETS, OUTPUT_FILES, DemoParameterError, format_table, run_demo
 from hashlearn.hashers import available_hashers
 from hashlearn.index import available_indexes
@@ -87,7 +87,7 @@ def demo(dataset: str, bits: tuple[int, ...] | None, out_dir: Path, n_queries: i
     if dataset == "fashion-mnist" and not fashion_mnist_available(data_dir):
         raise click.ClickException(
             f"Fashion-MNIST is not installed (no IDX files in {data_dir or FASHION_MNIST_DIR})."
-            f" Install it with: {_FASHION_INSTALL}")
+            f" Install it with: {FASHION_MNIST_INSTALL}")
     if quick:
         bits = bits or _QUICK["bits"]
         n_queries = _QUICK["n_queries"] if n_queries is None else n_queries
@@ -118,7 +118,7 @@ def _module_version(name: str) -> str:
 def info() -> None:
     """Versions, cores, registered hashers and indexes, optional data and libraries."""
     fashion = (f"installed ({FASHION_MNIST_DIR})" if fashion_mnist_available()
-               else f"not installed; install with: {_FASHION_INSTALL}")
+               else f"not installed; install with: {FASHION_MNIST_INSTALL}")
     lines = [
         ("hashlearn", __version__),
         ("python", f"{platform.python_version()} ({sys.executable})"),

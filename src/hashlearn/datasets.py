@@ -52,7 +52,7 @@ __all__ = [
 PathLike = str | os.PathLike
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-_FASHION_INSTALL = "apt-get install -y dataset-fashion-mnist"
+FASHION_MNIST_INSTALL = "apt-get install -y dataset-fashion-mnist"
 _FASHION_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -165,7 +165,7 @@ def _read_fashion_part(directory: Path, part: str) -> tuple[np.ndarray, np.ndarr
     if missing:
         raise FileNotFoundError(
             f"Fashion-MNIST files not found in {directory}: missing {', '.join(missing)} "
-            f"(.gz or uncompressed). Install them with `{_FASHION_INSTALL}` (Debian/Ubuntu), "
+            f"(.gz or uncompressed). Install them with `{FASHION_MNIST_INSTALL}` (Debian/Ubuntu), "
             "or pass path= a directory holding the four IDX files."
         )
     images, labels = (read_idx(p) for p in paths)

@@ -174,8 +174,7 @@ def _evaluate_run(name: str, supervised: bool, n_bits: int, data: _Split, truth:
     """Fit, encode, index, time and measure one (hasher, n_bits)."""
     hasher = _make(name, n_bits, random_state, verbose)
     start = time.perf_counter()
-    X_fit = data.X_db[data.train]
-    hasher.fit(X_fit, data.y_db[data.train]) if supervised else hasher.fit(X_fit)
+    hasher.fit(data.X_db[data.train], data.y_db[data.train] if supervised else None)
     fit_s = time.perf_counter() - start
     start = time.perf_counter()
     db_codes, q_codes = hasher.encode(data.X_db), hasher.encode(data.X_q)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from hashlearn import _kernels
+from hashlearn._parallel import parallel_chunks
 from hashlearn._validation import check_codes, check_ids
 from hashlearn.codes import as_words
-from hashlearn._parallel import parallel_chunks
 from hashlearn.index.base import BinaryIndex, register_index
 from hashlearn.io import persistable
 
