@@ -165,12 +165,3 @@ def code_problems(draw, max_n: int = 300, max_m: int = 20, min_n: int = 0):
 def faiss():
     """faiss, where installed (it is optional)."""
     return pytest.importorskip("faiss")
-
-
-@pytest.fixture(scope="session")
-def digits():
-    """scikit-learn's bundled digits as float64 (values are small integers, so exact)."""
-    from sklearn.datasets import load_digits
-
-    X, y = load_digits(return_X_y=True)
-    return X.astype(np.float64), y

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import SPECIAL_BITS, brute_distances, pack_le, unpack_le
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import SPECIAL_BITS, brute_distances, pack_le, unpack_le
 from hashlearn import codes as hc
 from hashlearn.index import FlatIndex
 
@@ -262,7 +262,8 @@ def test_flat_index_matches_faiss_index_binary_flat(faiss, n_bits):
     flims, fRD, fRI = theirs.range_search(queries, r + 1)
     np.testing.assert_array_equal(lims, flims)
     for i in range(m):
-        got = sorted(zip(RD[lims[i]:lims[i + 1]].tolist(), RI[lims[i]:lims[i + 1]].tolist()))
+        got = sorted(zip(RD[lims[i]:lims[i + 1]].tolist(), RI[lims[i]:lims[i + 1]].tolist(),
+                         strict=True))
         want = sorted(zip(fRD[flims[i]:flims[i + 1]].tolist(),
-                          fRI[flims[i]:flims[i + 1]].tolist()))
+                          fRI[flims[i]:flims[i + 1]].tolist(), strict=True))
         assert got == want

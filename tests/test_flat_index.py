@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from conftest import (
     SPECIAL_BITS,
     brute_distances,
@@ -17,12 +20,9 @@ from conftest import (
     random_ids,
     unpack_le,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from hashlearn.index import FlatIndex, available_indexes, make_index
 
-SETTINGS = settings(max_examples=80, deadline=None)
+SETTINGS = settings(max_examples=150, deadline=None)
 
 
 def build(problem) -> FlatIndex:
@@ -116,7 +116,7 @@ def test_many_queries_span_several_chunks(n_bits):
     lims, RD, RI = brute_range(q_bits, db_bits, ids, n_bits // 2 - 3)
     for t in (1, 2, None):
         got = index.range_search(queries, n_bits // 2 - 3, n_threads=t)
-        for a, b in zip(got, (lims, RD, RI)):
+        for a, b in zip(got, (lims, RD, RI), strict=True):
             np.testing.assert_array_equal(a, b)
 
 
@@ -132,6 +132,14 @@ def test_search_of_non_contiguous_and_read_only_queries():
     ro = codes[::3].copy()
     ro.flags.writeable = False
     assert_search_equals(index, ro, 5, D, I)
+    wide_bits = rng.random((30, 128)) < 0.5
+    wide = pack_le(wide_bits)
+    index = FlatIndex(128)
+    index.add(wide)
+    buf = np.zeros(wide.size + 1, np.uint8)  # C-contiguous but not 8-byte aligned
+    buf[1:] = wide.ravel()
+    D, I = brute_knn(wide_bits, wide_bits, np.arange(30), 4)
+    assert_search_equals(index, buf[1:].reshape(wide.shape), 4, D, I)
 
 
 def test_tie_rule_is_smaller_id_regardless_of_insertion_order():
@@ -186,7 +194,7 @@ def test_range_search_on_empty_index_and_no_queries():
 # ------------------------------------------------------------------------- add / remove
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(problem=code_problems(min_n=1), data=st.data())
 def test_add_in_batches_equals_one_add(problem, data):
     n = len(problem.ids)
@@ -197,7 +205,7 @@ def test_add_in_batches_equals_one_add(problem, data):
     # the batches come in an order that makes later ids smaller (merge path)
     order = np.argsort(-problem.ids, kind="stable")
     batched = FlatIndex(problem.n_bits)
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         sel = order[lo:hi]
         returned = batched.add(problem.db[sel], ids=problem.ids[sel])
         np.testing.assert_array_equal(returned, problem.ids[sel])
@@ -227,7 +235,7 @@ def test_add_without_ids_numbers_from_one_past_largest_id_ever_added():
     assert index.add(codes[:1]).tolist() == [53]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(problem=code_problems(min_n=1), data=st.data())
 def test_remove_never_renumbers(problem, data):
     n = len(problem.ids)
@@ -250,7 +258,7 @@ def test_remove_never_renumbers(problem, data):
     radius = problem.n_bits // 3
     for got, want in zip(index.range_search(problem.queries, radius),
                          brute_range(problem.q_bits, problem.db_bits[keep],
-                                     problem.ids[keep], radius)):
+                                     problem.ids[keep], radius), strict=True):
         np.testing.assert_array_equal(got, want)
     # adding back after a removal still works and keeps the tie rule
     if len(drop):

@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,10 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) ->
     if cls is None:
         raise ValueError(f"{path}: unknown class {meta['class']!r} in {_META}; known: "
                          f"{sorted(_REGISTRY)}.")
-    return cls._from_state(meta["params"], meta["state"], arrays)
+    try:
+        return cls._from_state(meta["params"], meta["state"], arrays)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: the saved {meta['class']} is inconsistent: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------
@@ -140,7 +144,8 @@ def write_dir(path: str | os.PathLike, class_name: str, params: Mapping[str, Any
     }
     if old_meta is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()  # unlike mkdtemp (0700) this honours the umask, like any directory
         try:
             meta["arrays"] = _write_arrays(tmp, arrays, generation)
             _write_meta(tmp, meta)
@@ -184,10 +189,36 @@ def _read_meta(path: Path) -> dict[str, Any]:
             f"{path} was written in format version {version!r}; this hashlearn reads versions "
             f"up to {FORMAT_VERSION}. Upgrade hashlearn to load it."
         )
-    for key in ("class", "params", "state", "arrays"):
-        if key not in meta:
-            raise ValueError(f"{meta_path} is corrupted: the {key!r} entry is missing.")
+    _check_structure(meta, meta_path)
     return meta
+
+
+_ARRAY_FILE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.g[0-9]+\.npy")
+
+
+def _check_structure(meta: dict[str, Any], meta_path: Path) -> None:
+    """Every entry :func:`read_dir` and ``_from_state`` rely on, with its type."""
+
+    def corrupted(what: str) -> ValueError:
+        return ValueError(f"{meta_path} is corrupted: {what}.")
+
+    if not isinstance(meta.get("class"), str):
+        raise corrupted("'class' must be a class name")
+    for key in ("params", "state", "arrays"):
+        if not isinstance(meta.get(key), dict):
+            raise corrupted(f"{key!r} must be a JSON object")
+    for name, entry in meta["arrays"].items():
+        if not isinstance(entry, dict):
+            raise corrupted(f"array entry {name!r} must be a JSON object")
+        file, shape = entry.get("file"), entry.get("shape")
+        if not isinstance(file, str) or not _ARRAY_FILE.fullmatch(file):
+            # a plain file name inside the save: never a path that leaves the directory
+            raise corrupted(f"array {name!r} has an invalid file name {file!r}")
+        if not (isinstance(shape, list) and all(isinstance(v, int) for v in shape)):
+            raise corrupted(f"array {name!r} has an invalid shape {shape!r}")
+        for key in ("dtype", "sha256"):
+            if not isinstance(entry.get(key), str):
+                raise corrupted(f"array {name!r} has no valid {key!r}")
 
 
 def read_dir(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True

@@ -162,9 +162,24 @@ class Searcher:
             return self.index.search(codes, k, n_threads=n_threads)
         n_cand = max(k, self.n_candidates or max(10 * k, 100))
         _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
-        return self._rerank(_dense(X), cand, k)
+        return self._rerank(_dense(X), self._vector_positions(cand), cand, k)
 
-    def _rerank(self, queries: np.ndarray, cand: np.ndarray, k: int
+    def _vector_positions(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of the kept vectors for candidate ids (-1 stays -1); unknown ids raise."""
+        pos = np.searchsorted(self._vector_ids, ids)
+        found = np.zeros(ids.shape, bool)
+        inside = pos < len(self._vector_ids)
+        found[inside] = self._vector_ids[pos[inside]] == ids[inside]
+        unknown = (ids >= 0) & ~found
+        if unknown.any():
+            raise ValueError(
+                f"the index holds ids without vectors to re-rank by, e.g. "
+                f"{ids[unknown][:5].tolist()}; add the database through Searcher.add (or use "
+                "rerank=None)."
+            )
+        return np.where(found, pos, -1)
+
+    def _rerank(self, queries: np.ndarray, cand_pos: np.ndarray, cand: np.ndarray, k: int
                 ) -> tuple[np.ndarray, np.ndarray]:
         fn = _RERANKERS[self.rerank] if isinstance(self.rerank, str) else self.rerank
         m = len(queries)
@@ -173,10 +188,11 @@ class Searcher:
         block = max(1, 2**22 // max(1, cand.shape[1] * queries.shape[1]))
         for start in range(0, m, block):
             stop = min(m, start + block)
-            ids = cand[start:stop]
-            pos = np.searchsorted(self._vector_ids, np.maximum(ids, 0))
-            pos = np.minimum(pos, len(self._vector_ids) - 1)
-            dist = np.asarray(fn(queries[start:stop], self._vectors[pos]), dtype=np.float64)
+            ids, pos = cand[start:stop], cand_pos[start:stop]
+            if not len(self._vector_ids):  # empty database: every candidate is padding
+                break
+            dist = np.asarray(fn(queries[start:stop], self._vectors[np.maximum(pos, 0)]),
+                              dtype=np.float64)
             if dist.shape != ids.shape:
                 raise ValueError(f"rerank returned shape {dist.shape}; expected {ids.shape}.")
             dist = np.where(ids >= 0, dist, np.inf)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
-from sklearn.utils.validation import check_array, check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn._validation import check_int
 from hashlearn.codes import pack_bits
@@ -133,19 +133,21 @@ class BaseHasher(TransformerMixin, BaseEstimator):
         return self._project(X) >= 0
 
     def _check_X(self, X, *, reset: bool):
-        name = type(self).__name__
         if sp.issparse(X) and not self.accept_sparse:
-            raise TypeError(f"{name} needs dense input; got a scipy.sparse matrix. Use "
-                            "X.toarray() if it fits in memory.")
-        X = check_array(X, accept_sparse="csr" if self.accept_sparse else False,
-                        dtype=(np.float64, np.float32), ensure_min_samples=1 if reset else 0,
-                        input_name="X")
-        if reset:
-            self.n_features_in_ = X.shape[1]
-        elif X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {name} was fitted with "
-                             f"{self.n_features_in_} features.")
-        return X
+            raise TypeError(f"{type(self).__name__} needs dense input; got a scipy.sparse "
+                            "matrix. Use X.toarray() if it fits in memory.")
+        return validate_data(self, X, reset=reset,
+                             accept_sparse="csr" if self.accept_sparse else False,
+                             dtype=(np.float64, np.float32),
+                             ensure_min_samples=1 if reset else 0)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = self.accept_sparse
+        tags.target_tags.required = self.supervised
+        if tags.transformer_tags is not None:
+            tags.transformer_tags.preserves_dtype = []  # codes are uint8 whatever X was
+        return tags
 
     # ---------------------------------------------------------------------- persistence
 

@@ -1,0 +1,288 @@
+"""Searcher: hasher + index + re-ranking, against brute-force pipelines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.exceptions import NotFittedError
+from sklearn.neighbors import NearestNeighbors
+
+from conftest import brute_knn, unpack_le
+from hashlearn.hashers import RandomHyperplaneLSH
+from hashlearn.index import FlatIndex
+from hashlearn.search import Searcher, available_rerankers
+
+N_BITS = 32
+
+
+@pytest.fixture(scope="module")
+def split():
+    """Digits split into a database with shuffled, sparse ids and held-out queries."""
+    from sklearn.datasets import load_digits
+
+    X = load_digits().data.astype(np.float64)  # small integers: exact distances
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(len(X))
+    db, queries = X[perm[:1500]], X[perm[1500:1580]]
+    ids = rng.permutation(1500).astype(np.int64) * 7 + 3
+    return db, ids, queries
+
+
+def make_searcher(db, ids, rerank=None, n_candidates=None, n_bits=N_BITS, index="flat"):
+    hasher = RandomHyperplaneLSH(n_bits=n_bits, random_state=0)
+    s = Searcher(hasher, index=index, rerank=rerank, n_candidates=n_candidates)
+    return s.fit(db).add(db, ids=ids)
+
+
+def hamming_candidates(hasher, db, ids, queries, n_cand):
+    """Hamming top-n_cand by brute force on unpacked bits (ties by smaller id)."""
+    b = hasher.n_bits
+    return brute_knn(unpack_le(hasher.encode(queries), b), unpack_le(hasher.encode(db), b),
+                     ids, n_cand)[1]
+
+
+def rerank_oracle(db, ids, queries, cand, k, dist_fn):
+    """Order each query's candidates by (exact distance, id); pad with -1 / inf."""
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    D = np.full((len(queries), k), np.inf)
+    I_out = np.full((len(queries), k), -1, np.int64)
+    for q in range(len(queries)):
+        c = cand[q][cand[q] >= 0]
+        d = np.array([dist_fn(queries[q], db[row_of[int(i)]]) for i in c])
+        order = np.lexsort((c, d))[:k]
+        D[q, : len(order)] = d[order]
+        I_out[q, : len(order)] = c[order]
+    return D, I_out
+
+
+def sq_dist(a, b):
+    diff = a.astype(np.int64) - b.astype(np.int64)  # exact on integer-valued digits
+    return float(diff @ diff)
+
+
+# ---------------------------------------------------------------------------- no rerank
+
+
+def test_without_rerank_equals_encode_plus_flat_index(split):
+    db, ids, queries = split
+    s = make_searcher(db, ids)
+    D, I = s.search(queries, 15)
+    hasher = RandomHyperplaneLSH(n_bits=N_BITS, random_state=0).fit(db)
+    index = FlatIndex(N_BITS)
+    index.add(hasher.encode(db), ids=ids)
+    eD, eI = index.search(hasher.encode(queries), 15)
+    assert D.dtype == np.int32 and I.dtype == np.int64
+    np.testing.assert_array_equal(D, eD)
+    np.testing.assert_array_equal(I, eI)
+    # and that is the brute-force Hamming k-NN
+    np.testing.assert_array_equal(I, hamming_candidates(hasher, db, ids, queries, 15))
+
+
+# -------------------------------------------------------------------------------- rerank
+
+
+@pytest.mark.parametrize("n_candidates,k", [(None, 5), (50, 10), (13, 13), (200, 1)])
+def test_euclidean_rerank_equals_brute_force_rerank_of_hamming_candidates(split, n_candidates,
+                                                                          k):
+    db, ids, queries = split
+    s = make_searcher(db, ids, rerank="euclidean", n_candidates=n_candidates)
+    D, I = s.search(queries, k)
+    n_cand = max(k, n_candidates or max(10 * k, 100))
+    cand = hamming_candidates(s.hasher, db, ids, queries, n_cand)
+    eD, eI = rerank_oracle(db, ids, queries, cand, k, sq_dist)
+    np.testing.assert_array_equal(I, eI)
+    np.testing.assert_allclose(D, np.sqrt(eD), rtol=1e-6)
+
+
+def test_rerank_with_all_candidates_is_exact_euclidean_knn(split):
+    db, ids, queries = split
+    k = 10
+    s = make_searcher(db, ids, rerank="euclidean", n_candidates=len(db) + 25)
+    D, I = s.search(queries, k)
+    nn = NearestNeighbors(n_neighbors=k, algorithm="brute", metric="euclidean").fit(db)
+    sk_D, sk_rows = nn.kneighbors(queries)
+    np.testing.assert_allclose(D, sk_D, rtol=1e-6, atol=1e-6)
+    # sklearn orders exact ties arbitrarily; the searcher breaks them by smaller id
+    all_cand = np.tile(ids, (len(queries), 1))
+    eD, eI = rerank_oracle(db, ids, queries, all_cand, k, sq_dist)
+    np.testing.assert_array_equal(I, eI)
+    np.testing.assert_allclose(np.sort(sk_D, axis=1), np.sqrt(eD), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("sqeuclidean", sq_dist),
+    ("inner_product", lambda q, x: -float(q.astype(np.int64) @ x.astype(np.int64))),
+])
+def test_other_named_rerankers(split, name, fn):
+    db, ids, queries = split
+    assert name in available_rerankers()
+    s = make_searcher(db, ids, rerank=name, n_candidates=60)
+    D, I = s.search(queries, 7)
+    cand = hamming_candidates(s.hasher, db, ids, queries, 60)
+    eD, eI = rerank_oracle(db, ids, queries, cand, 7, fn)
+    np.testing.assert_array_equal(I, eI)
+    np.testing.assert_allclose(D, eD, rtol=1e-6)
+
+
+def test_cosine_reranker(split):
+    db, ids, queries = split
+    s = make_searcher(db, ids, rerank="cosine", n_candidates=60)
+    D, I = s.search(queries, 7)
+    cand = hamming_candidates(s.hasher, db, ids, queries, 60)
+
+    def cos_dist(q, x):
+        return 1.0 - float(q @ x) / (np.linalg.norm(q) * np.linalg.norm(x))
+
+    eD, _ = rerank_oracle(db, ids, queries, cand, 7, cos_dist)
+    np.testing.assert_allclose(D, eD, rtol=1e-5, atol=1e-6)  # float ties may swap ids
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    for q in range(len(queries)):
+        assert set(I[q].tolist()) <= set(cand[q].tolist())
+        got = [cos_dist(queries[q], db[row_of[int(i)]]) for i in I[q]]
+        np.testing.assert_allclose(got, D[q], rtol=1e-5, atol=1e-6)
+
+
+def test_callable_reranker(split):
+    db, ids, queries = split
+    calls = []
+
+    def manhattan(q, c):
+        assert q.ndim == 2 and c.ndim == 3 and c.shape[0] == q.shape[0]
+        calls.append(c.shape)
+        return np.abs(c - q[:, None, :]).sum(axis=2)
+
+    s = make_searcher(db, ids, rerank=manhattan, n_candidates=40)
+    D, I = s.search(queries, 6)
+    assert calls
+    cand = hamming_candidates(s.hasher, db, ids, queries, 40)
+    eD, eI = rerank_oracle(db, ids, queries, cand, 6,
+                           lambda q, x: float(np.abs(q - x).sum()))
+    np.testing.assert_array_equal(I, eI)
+    np.testing.assert_allclose(D, eD, rtol=1e-6)
+
+
+def test_reranker_returning_a_wrong_shape_is_an_error(split):
+    db, ids, queries = split
+    s = make_searcher(db[:100], ids[:100], rerank=lambda q, c: np.zeros(len(q)))
+    with pytest.raises(ValueError, match="shape"):
+        s.search(queries[:3], 4)
+
+
+def test_adding_in_batches_keeps_vectors_matched_to_ids(split):
+    db, ids, queries = split
+    once = make_searcher(db, ids, rerank="euclidean", n_candidates=80)
+    order = np.argsort(-ids)  # later batches have smaller ids
+    s = Searcher(RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank="euclidean",
+                 n_candidates=80).fit(db)
+    for part in np.array_split(order, 4):
+        s.add(db[part], ids=ids[part])
+    for a, b in zip(s.search(queries, 9), once.search(queries, 9), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sparse_input(split):
+    db, ids, queries = split
+    dense = make_searcher(db, ids, rerank="euclidean", n_candidates=50)
+    hasher = RandomHyperplaneLSH(n_bits=N_BITS, random_state=0)
+    sparse = Searcher(hasher, rerank="euclidean", n_candidates=50).fit(sp.csr_matrix(db))
+    sparse.add(sp.csr_matrix(db), ids=ids)
+    for a, b in zip(sparse.search(sp.csr_matrix(queries), 5), dense.search(queries, 5),
+                    strict=True):
+        np.testing.assert_allclose(a, b)
+
+
+# ------------------------------------------------------------------------- remove / pad
+
+
+@pytest.mark.parametrize("rerank", [None, "euclidean"])
+def test_remove_removes_from_index_and_vectors(split, rerank):
+    db, ids, queries = split
+    s = make_searcher(db, ids, rerank=rerank, n_candidates=100)
+    rng = np.random.default_rng(4)
+    drop = rng.choice(len(db), size=600, replace=False)
+    keep = np.setdiff1d(np.arange(len(db)), drop)
+    assert s.remove(ids[drop]) == 600
+    assert len(s.index) == len(keep)
+    D, I = s.search(queries, 8)
+    assert not np.isin(I, ids[drop]).any()
+    fresh = Searcher(RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank=rerank,
+                     n_candidates=100).fit(db)  # same hash functions
+    fresh.add(db[keep], ids=ids[keep])
+    fD, fI = fresh.search(queries, 8)
+    np.testing.assert_array_equal(I, fI)
+    np.testing.assert_array_equal(D, fD)
+    with pytest.raises(ValueError):
+        s.remove(ids[drop[:3]])  # already gone
+    assert len(s.index) == len(keep)
+    np.testing.assert_array_equal(s.search(queries, 8)[1], fI)
+
+
+def test_k_larger_than_database_pads(split):
+    db, ids, queries = split
+    s = make_searcher(db[:5], ids[:5], rerank="euclidean")
+    D, I = s.search(queries[:3], 8)
+    assert D.shape == I.shape == (3, 8)
+    assert np.all(I[:, 5:] == -1) and np.all(np.isinf(D[:, 5:]))
+    assert sorted(I[0, :5].tolist()) == sorted(ids[:5].tolist())
+    assert np.all(np.isfinite(D[:, :5]))
+    s = make_searcher(db[:5], ids[:5])
+    D, I = s.search(queries[:3], 8)
+    assert np.all(I[:, 5:] == -1) and np.all(D[:, 5:] == -1)
+
+
+@pytest.mark.parametrize("rerank", [None, "euclidean"])
+def test_empty_database_pads_instead_of_raising(split, rerank):
+    """'Fewer than k results pad with -1, never raise' also holds for an empty database."""
+    db, ids, queries = split
+    s = Searcher(RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank=rerank).fit(db)
+    D, I = s.search(queries[:2], 3)
+    assert I.tolist() == [[-1] * 3] * 2
+    s.add(db[:4], ids=ids[:4])
+    s.remove(ids[:4])
+    D, I = s.search(queries[:2], 3)
+    assert I.tolist() == [[-1] * 3] * 2
+
+
+def test_rerank_over_an_index_with_codes_it_has_no_vectors_for_is_refused(split):
+    """Ids the searcher holds no vectors for must not be re-ranked with other ids' vectors."""
+    db, ids, queries = split
+    hasher = RandomHyperplaneLSH(n_bits=N_BITS, random_state=0).fit(db)
+    prefilled = FlatIndex(N_BITS)
+    prefilled.add(hasher.encode(db[:500]), ids=ids[:500])
+    with pytest.raises(ValueError):
+        s = Searcher(hasher, index=prefilled, rerank="euclidean")
+        s.add(db[500:600], ids=ids[500:600])
+        s.search(queries[:3], 3)
+
+
+# ---------------------------------------------------------------------------- arguments
+
+
+def test_bad_arguments_raise(split):
+    db, ids, queries = split
+    hasher = RandomHyperplaneLSH(n_bits=N_BITS, random_state=0)
+    with pytest.raises(ValueError, match="16-bit"):
+        Searcher(hasher, index=FlatIndex(16))
+    with pytest.raises(ValueError, match="euclidean"):  # lists what is available
+        Searcher(hasher, rerank="manhattan")
+    with pytest.raises(TypeError, match="rerank"):
+        Searcher(hasher, rerank=3)
+    with pytest.raises(TypeError, match="hasher"):
+        Searcher(object())
+    with pytest.raises(TypeError, match="index"):
+        Searcher(hasher, index=42)
+    with pytest.raises(ValueError, match="flat"):
+        Searcher(hasher, index="no-such-index")
+    with pytest.raises(ValueError, match="n_candidates"):
+        Searcher(hasher, n_candidates=0)
+    s = Searcher(hasher)
+    with pytest.raises(NotFittedError):
+        s.add(db)
+    s.fit(db).add(db[:50])
+    with pytest.raises(ValueError, match="'k'"):
+        s.search(queries, 0)
+    with pytest.raises(ValueError, match="features"):
+        s.search(queries[:, :10], 3)
+    explicit = Searcher(hasher, index=FlatIndex(N_BITS))
+    assert explicit.index.n_bits == N_BITS
