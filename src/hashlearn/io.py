@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "save", "load", "persistable", "write_dir", "read_dir"]
+__all__ = ["FORMAT_VERSION", "Persistable", "save", "load", "persistable", "write_dir", "read_dir"]
 
 FORMAT_NAME = "hashlearn"
 FORMAT_VERSION = 1
@@ -47,6 +47,22 @@ def persistable(cls: type) -> type:
     """
     _REGISTRY[cls.__name__] = cls
     return cls
+
+
+class Persistable:
+    """Mixin giving ``save(path)`` and ``Class.load(path, mmap=..., verify=...)``."""
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save to the directory ``path`` atomically (no pickle; see :mod:`hashlearn.io`)."""
+        save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, mmap: bool = False, verify: bool = True):
+        """Load what :meth:`save` wrote; ``mmap=True`` maps the arrays read-only."""
+        obj = load(path, mmap=mmap, verify=verify)
+        if not isinstance(obj, cls):
+            raise TypeError(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}.")
+        return obj
 
 
 def save(obj: Any, path: str | os.PathLike) -> None:

@@ -23,6 +23,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn._validation import check_int
 from hashlearn.codes import pack_bits
+from hashlearn.io import Persistable
 from hashlearn.supervision import check_pairs
 
 __all__ = ["BaseHasher", "register_hasher", "make_hasher", "available_hashers"]
@@ -54,7 +55,7 @@ def available_hashers() -> dict[str, type[BaseHasher]]:
     return dict(sorted(_HASHERS.items()))
 
 
-class BaseHasher(TransformerMixin, BaseEstimator):
+class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
     """Base class of binary hash function families.
 
     Subclasses implement ``_fit(X, y, pairs, similar)`` and either ``_project(X)`` (bits
@@ -104,23 +105,6 @@ class BaseHasher(TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         return self._project(self._check_X(X, reset=False))
 
-    def save(self, path) -> None:
-        """Save the fitted hasher to the directory ``path`` (no pickle; see hashlearn.io)."""
-        from hashlearn import io
-
-        check_is_fitted(self)
-        io.save(self, path)
-
-    @classmethod
-    def load(cls, path, *, mmap: bool = False, verify: bool = True):
-        """Load a hasher saved by :meth:`save`."""
-        from hashlearn import io
-
-        obj = io.load(path, mmap=mmap, verify=verify)
-        if not isinstance(obj, cls):
-            raise TypeError(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}.")
-        return obj
-
     # ------------------------------------------------------------------- for subclasses
 
     def _fit(self, X, y, pairs, similar) -> None:  # pragma: no cover - abstract
@@ -152,6 +136,7 @@ class BaseHasher(TransformerMixin, BaseEstimator):
     # ---------------------------------------------------------------------- persistence
 
     def _get_state(self):
+        check_is_fitted(self)
         params = self.get_params(deep=False)
         for key, value in params.items():
             if not (value is None or isinstance(value, (str, bool, numbers.Real))):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from hashlearn._validation import check_codes, check_int
+from hashlearn.io import Persistable
 
 __all__ = ["BinaryIndex", "register_index", "make_index", "available_indexes"]
 
@@ -51,7 +52,7 @@ def available_indexes() -> list[str]:
     return sorted(_INDEXES)
 
 
-class BinaryIndex:
+class BinaryIndex(Persistable):
     """Base class of indexes over packed binary codes of ``n_bits`` bits."""
 
     registry_name = ""
@@ -69,22 +70,6 @@ class BinaryIndex:
 
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
-
-    def save(self, path) -> None:
-        """Save to the directory ``path`` atomically (see :mod:`hashlearn.io`)."""
-        from hashlearn import io
-
-        io.save(self, path)
-
-    @classmethod
-    def load(cls, path, *, mmap: bool = False, verify: bool = True):
-        """Load an index saved by :meth:`save`; ``mmap=True`` maps its arrays read-only."""
-        from hashlearn import io
-
-        obj = io.load(path, mmap=mmap, verify=verify)
-        if not isinstance(obj, cls):
-            raise TypeError(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}.")
-        return obj
 
     def _check_queries(self, queries) -> np.ndarray:
         return check_codes(queries, self.n_bits, "queries")
