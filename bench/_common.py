@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +19,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
+
+from hashlearn.experiments._common import markdown_table  # noqa: E402, F401
+from hashlearn.experiments._common import write_section as _write_section  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
@@ -56,19 +58,4 @@ def machine() -> str:
 
 def write_section(name: str, markdown: str) -> None:
     """Replace (or append) the section ``name`` of docs/results.md between markers."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{markdown.rstrip()}\n{end}"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Measured results\n"
-    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else (
-        text.rstrip() + "\n\n" + block + "\n")
-    tmp = RESULTS.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, RESULTS)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    _write_section(RESULTS, name, markdown)

@@ -18,6 +18,7 @@ from hashlearn import __version__
 from hashlearn._parallel import available_cores
 from hashlearn.datasets import FASHION_MNIST_DIR, FASHION_MNIST_INSTALL, fashion_mnist_available
 from hashlearn.demo import DATASETS, OUTPUT_FILES, DemoParameterError, format_table, run_demo
+from hashlearn.experiments import EXPERIMENTS, get_experiment
 from hashlearn.hashers import available_hashers
 from hashlearn.index import available_indexes
 
@@ -136,3 +137,38 @@ def info() -> None:
     width = max(len(key) for key, _ in lines)
     for key, value in lines:
         click.echo(f"{key:<{width}}  {value}")
+
+
+@main.command()
+@click.argument("name", type=click.Choice(sorted(EXPERIMENTS)))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Directory for tables and plots.  [default: "
+                                 "reproduce-out/NAME]")
+@click.option("--quick", is_flag=True, help="Small settings for a fast check.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the splits and of the stochastic methods.")
+@click.option("--results", "results_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Also write the report as a section of this markdown file "
+                                 "(e.g. docs/results.md).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, hidden=True,
+              help="Directory of the Fashion-MNIST IDX files (default: the Debian path).")
+def reproduce(name: str, out_dir: Path | None, quick: bool, seed: int,
+              results_file: Path | None, data_dir: Path | None) -> None:
+    """Reproduce a paper's experiments on real data: tables, PNG plots, a markdown report.
+
+    NAME is one of the experiments; the report is printed and written to OUT/results.md.
+    """
+    from tqdm import tqdm
+
+    from hashlearn.experiments._common import write_section
+
+    out_dir = out_dir or Path("reproduce-out") / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress = functools.partial(tqdm, file=sys.stderr, leave=False)
+    report = get_experiment(name).run(out_dir, quick=quick, seed=seed, data_dir=data_dir,
+                                      progress=progress)
+    (out_dir / "results.md").write_text(report.rstrip() + "\n")
+    if results_file is not None:
+        write_section(results_file, f"reproduce-{name}", report)
+    click.echo(report)
+    click.echo(f"\nwrote {out_dir}")

@@ -73,19 +73,24 @@ class Searcher:
 
     Parameters
     ----------
-    hasher : BaseHasher
-        Any hashlearn hasher (fitted or not).
+    hasher : BaseHasher or bucketer
+        Any hashlearn hasher (fitted or not), or a bucketer with ``keys(X)`` (a search forest,
+        k-means trees, LSH tables) paired with a candidate index such as ``TableIndex``.
     index : BinaryIndex or str, default="flat"
         An index over ``hasher.n_bits``-bit codes, or a registry name for
         :func:`hashlearn.index.make_index`.
     rerank : None, str or callable
-        ``None`` returns Hamming distances. A name from :func:`available_rerankers`
+        ``None`` returns Hamming distances. ``"metric"`` re-ranks by the hasher's learned
+        metric (its ``metric_distances(queries, candidates)``, e.g. ITML's Mahalanobis
+        distance). A name from :func:`available_rerankers`
         (``"euclidean"``, ``"sqeuclidean"``, ``"cosine"``, ``"inner_product"`` -- reported as
         its negative, so smaller is nearer) or ``fn(queries (b, d), candidates (b, c, d))``
         re-ranks the Hamming candidates by that distance on the original vectors, which the
         searcher then keeps.
     n_candidates : int, optional
-        Hamming candidates re-ranked per query (default ``max(10 * k, 100)``).
+        Candidates re-ranked per query: for a Hamming index the nearest ``n_candidates``
+        (default ``max(10 * k, 100)``); for an index with ``candidates(...)`` (tables,
+        sorted permutations) the first ``n_candidates`` of each list (default: all).
 
     Examples
     --------
@@ -99,21 +104,32 @@ class Searcher:
 
     def __init__(self, hasher: BaseHasher, index: BinaryIndex | str = "flat",
                  rerank: str | Reranker | None = None, n_candidates: int | None = None):
-        if not isinstance(hasher, BaseHasher):
-            raise TypeError(f"hasher must be a hashlearn hasher. Got {type(hasher).__name__}.")
+        if not (isinstance(hasher, BaseHasher) or _is_bucketer(hasher)):
+            raise TypeError(f"hasher must be a hashlearn hasher (encode) or bucketer (keys). "
+                            f"Got {type(hasher).__name__}.")
         if isinstance(index, str):
+            if not hasattr(hasher, "n_bits"):
+                raise TypeError("a bucketer needs an index object such as TableIndex, not a "
+                                "registry name.")
             index = make_index(index, n_bits=hasher.n_bits)
-        if not isinstance(index, BinaryIndex):
+        if not (isinstance(index, BinaryIndex) or _is_candidate_index(index)):
             raise TypeError(f"index must be a hashlearn index or a registry name. "
                             f"Got {type(index).__name__}.")
-        if index.n_bits != hasher.n_bits:
+        if isinstance(index, BinaryIndex) and index.n_bits != getattr(hasher, "n_bits", None):
             raise ValueError(f"index holds {index.n_bits}-bit codes but the hasher makes "
-                             f"{hasher.n_bits}-bit codes.")
-        if isinstance(rerank, str) and rerank not in _RERANKERS:
+                             f"{getattr(hasher, 'n_bits', 'no')}-bit codes.")
+        if rerank == "metric":
+            if not callable(getattr(hasher, "metric_distances", None)):
+                raise ValueError(f"rerank='metric' needs a hasher with a learned metric "
+                                 f"(metric_distances); {type(hasher).__name__} has none.")
+        elif isinstance(rerank, str) and rerank not in _RERANKERS:
             raise ValueError(f"Unknown rerank {rerank!r}; available: {available_rerankers()} "
                              "or a callable.")
         if rerank is not None and not isinstance(rerank, str) and not callable(rerank):
             raise TypeError("rerank must be None, a name or a callable.")
+        if rerank is None and not isinstance(index, BinaryIndex):
+            raise ValueError(f"{type(index).__name__} returns candidates without distances; "
+                             "pass rerank=... to rank them.")
         if n_candidates is not None:
             check_int(n_candidates, "n_candidates", "Searcher")
         self.hasher = hasher
@@ -131,7 +147,7 @@ class Searcher:
     def add(self, X, ids=None) -> Searcher:
         """Encode the rows of ``X`` and add them to the index (keeping them if re-ranking)."""
         check_is_fitted(self.hasher)
-        new_ids = self.index.add(self.hasher.encode(X), ids)
+        new_ids = np.asarray(self.index.add(self._encode(X), ids))
         if self.rerank is not None:
             vectors = _dense(X)
             all_ids = np.concatenate([self._vector_ids, new_ids])
@@ -157,12 +173,19 @@ class Searcher:
         of the re-ranking metric. Padded with ``-1`` ids (and ``-1`` / ``inf`` distances).
         """
         k = check_int(k, "k", "Searcher.search")
-        codes = self.hasher.encode(X)
+        codes = self._encode(X)
         if self.rerank is None:
             return self.index.search(codes, k, n_threads=n_threads)
-        n_cand = max(k, self.n_candidates or max(10 * k, 100))
-        _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
+        if callable(getattr(self.index, "candidates", None)):
+            cand = _pad_candidates(self.index.candidates(codes), self.n_candidates)
+        else:
+            n_cand = max(k, self.n_candidates or max(10 * k, 100))
+            _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
         return self._rerank(_dense(X), self._vector_positions(cand), cand, k)
+
+    def _encode(self, X):
+        return self.hasher.encode(X) if isinstance(self.hasher, BaseHasher) else \
+            self.hasher.keys(X)
 
     def _vector_positions(self, ids: np.ndarray) -> np.ndarray:
         """Rows of the kept vectors for candidate ids (-1 stays -1); unknown ids raise."""
@@ -181,7 +204,10 @@ class Searcher:
 
     def _rerank(self, queries: np.ndarray, cand_pos: np.ndarray, cand: np.ndarray, k: int
                 ) -> tuple[np.ndarray, np.ndarray]:
-        fn = _RERANKERS[self.rerank] if isinstance(self.rerank, str) else self.rerank
+        if self.rerank == "metric":
+            fn = self.hasher.metric_distances
+        else:
+            fn = _RERANKERS[self.rerank] if isinstance(self.rerank, str) else self.rerank
         m = len(queries)
         out_d = np.full((m, k), np.inf, np.float32)
         out_i = np.full((m, k), -1, np.int64)
@@ -203,6 +229,28 @@ class Searcher:
             out_d[start:stop, :width] = dist[rows, order]
             out_i[start:stop, :width] = ids[rows, order]
         return out_d, out_i
+
+
+def _is_bucketer(obj) -> bool:
+    """Bucketers (search forests, k-means trees, LSH tables) give integer keys, not codes."""
+    return callable(getattr(obj, "keys", None)) and callable(getattr(obj, "fit", None))
+
+
+def _is_candidate_index(obj) -> bool:
+    return callable(getattr(obj, "candidates", None)) and callable(getattr(obj, "add", None))
+
+
+def _pad_candidates(lists, limit: int | None) -> np.ndarray:
+    """Per-query candidate lists -- id arrays or ``(ids, counts)`` pairs, in the index's order
+    of preference -- as one ``(m, c)`` int64 array padded with -1 (first ``limit`` kept)."""
+    lists = [np.asarray(c[0] if isinstance(c, tuple) else c, np.int64) for c in lists]
+    if limit is not None:
+        lists = [c[:limit] for c in lists]
+    width = max((len(c) for c in lists), default=0)
+    out = np.full((len(lists), max(width, 1)), -1, np.int64)
+    for row, c in enumerate(lists):
+        out[row, :len(c)] = c
+    return out
 
 
 def _dense(X) -> np.ndarray:

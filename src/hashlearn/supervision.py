@@ -1,15 +1,32 @@
-"""Supervision for learned codes and metrics: similar / dissimilar pairs.
+"""Supervision for learned codes, metrics and search trees: pairs, thresholds, neighbours.
 
 Every supervised method in hashlearn takes either labels, ``fit(X, y)``, or explicit pairs,
 ``fit(X, pairs=P, similar=s)`` with ``P`` an ``(m, 2)`` array of row indices into ``X`` and
-``s`` a boolean array of length ``m`` (True: the two rows are similar).
+``s`` a boolean array of length ``m`` (True: the two rows are similar). :func:`resolve_pairs`
+turns either form into checked pairs, so every method reads supervision the same way.
+
+Neighbour-based supervision (minimal-loss-hashing.txt §6.1, binary-codes-survey.txt §5): two
+points are neighbours when their Euclidean distance is below a threshold chosen so that each
+training point has ``K`` neighbours on average (:func:`neighbor_threshold`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_array
 
-__all__ = ["check_pairs"]
+from hashlearn._validation import check_int
+
+__all__ = [
+    "check_pairs",
+    "resolve_pairs",
+    "pairs_from_labels",
+    "neighbor_threshold",
+    "neighbors_within",
+    "pairs_from_neighbors",
+    "sample_pairs",
+]
 
 
 def check_pairs(pairs, similar, n_samples: int, owner: str) -> tuple[np.ndarray, np.ndarray]:
@@ -36,3 +53,160 @@ def check_pairs(pairs, similar, n_samples: int, owner: str) -> tuple[np.ndarray,
             raise ValueError(f"similar passed to {owner} must be booleans (or 0/1).")
         similar_arr = similar_arr.astype(bool)
     return pairs_arr, similar_arr
+
+
+def _check_labels(y, n_samples: int, owner: str) -> np.ndarray:
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != n_samples:
+        raise ValueError(f"y passed to {owner} must be one label per row of X ({n_samples}). "
+                         f"Got shape {y.shape}.")
+    if len(np.unique(y)) < 2:
+        raise ValueError(f"y passed to {owner} holds a single class, so there are no "
+                         "dissimilar pairs to learn from; pass at least two classes.")
+    return y
+
+
+def pairs_from_labels(y, n_pairs: int, *, similar_fraction: float = 0.5, random_state=None,
+                      owner: str = "pairs_from_labels") -> tuple[np.ndarray, np.ndarray]:
+    """Sample ``n_pairs`` distinct-row pairs: about ``similar_fraction`` of them from the same
+    class (similar), the rest from different classes (dissimilar).
+
+    Similar pairs pick a random anchor, then a random other member of its class (classes
+    with one member are skipped); dissimilar pairs are drawn uniformly and rejected while
+    labels agree. Returns ``(pairs int64 (n_pairs, 2), similar bool (n_pairs,))``.
+    """
+    y = _check_labels(y, len(np.asarray(y)), owner)
+    n_pairs = check_int(n_pairs, "n_pairs", owner)
+    if not 0.0 <= similar_fraction <= 1.0:
+        raise ValueError(f"similar_fraction passed to {owner} must be in [0, 1]. "
+                         f"Got {similar_fraction!r}.")
+    rng = check_random_state(random_state)
+    _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
+    order = np.argsort(codes, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    n_sim = int(round(n_pairs * similar_fraction))
+    if n_sim and counts.max() < 2:
+        raise ValueError(f"y passed to {owner} has no class with two members, so there are no "
+                         "similar pairs.")
+    # similar: anchor among rows whose class has >= 2 members, partner another class member
+    eligible = np.flatnonzero(counts[codes] >= 2)
+    a = eligible[rng.randint(len(eligible), size=n_sim)]
+    c = codes[a]
+    offset = rng.randint(counts[c] - 1)  # skip the anchor's own slot
+    rank_a = np.empty(len(y), np.int64)
+    rank_a[order] = np.arange(len(y)) - starts[codes[order]]
+    offset = offset + (offset >= rank_a[a])
+    b = order[starts[c] + offset]
+    # dissimilar: uniform pairs, redrawn while labels agree
+    n_dis = n_pairs - n_sim
+    da = rng.randint(len(y), size=n_dis)
+    db = rng.randint(len(y), size=n_dis)
+    bad = codes[da] == codes[db]
+    while bad.any():
+        db[bad] = rng.randint(len(y), size=int(bad.sum()))
+        bad = codes[da] == codes[db]
+    pairs = np.stack([np.concatenate([a, da]), np.concatenate([b, db])], axis=1)
+    similar = np.concatenate([np.ones(n_sim, bool), np.zeros(n_dis, bool)])
+    perm = rng.permutation(n_pairs)
+    return pairs[perm].astype(np.int64), similar[perm]
+
+
+def resolve_pairs(X, y, pairs, similar, *, n_pairs: int, owner: str, random_state=None,
+                  similar_fraction: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Supervision as checked pairs, from explicit ``pairs``/``similar`` or from labels ``y``.
+
+    Exactly one of ``y`` and ``pairs`` must be given; with labels, ``n_pairs`` pairs are
+    sampled by :func:`pairs_from_labels`.
+    """
+    n_samples = X.shape[0]
+    if pairs is not None and y is not None:
+        raise ValueError(f"{owner} takes labels y or pairs=..., not both.")
+    if pairs is not None:
+        return check_pairs(pairs, similar, n_samples, owner)
+    if similar is not None:
+        raise ValueError(f"{owner} got similar=... without pairs=...")
+    if y is None:
+        raise ValueError(f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
+                         "fit(X, pairs=P, similar=s).")
+    _check_labels(y, n_samples, owner)
+    return pairs_from_labels(y, n_pairs, similar_fraction=similar_fraction,
+                             random_state=random_state, owner=owner)
+
+
+def _sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    d = (A * A).sum(1)[:, None] - 2.0 * A @ B.T + (B * B).sum(1)[None, :]
+    return np.maximum(d, 0.0)
+
+
+def neighbor_threshold(X, n_neighbors: int, *, max_rows: int = 5000, random_state=0) -> float:
+    """Euclidean distance threshold giving each point ``n_neighbors`` neighbours on average.
+
+    The MLH protocol (minimal-loss-hashing.txt §6.1): a pair is similar when its distance is
+    below this threshold. Self-pairs do not count. For more than ``max_rows`` points the
+    threshold is estimated on a random subset of rows against all points, which keeps the
+    average exact in expectation.
+    """
+    X = check_array(X, dtype=np.float64)
+    n = X.shape[0]
+    n_neighbors = check_int(n_neighbors, "n_neighbors", "neighbor_threshold", high=n - 1)
+    rng = check_random_state(random_state)
+    rows = np.arange(n) if n <= max_rows else np.sort(rng.choice(n, max_rows, replace=False))
+    dists = []
+    for start in range(0, len(rows), 512):
+        block = rows[start:start + 512]
+        d = _sq_dists(X[block], X)
+        d[np.arange(len(block)), block] = np.inf  # exclude self
+        dists.append(d.ravel())
+    d = np.concatenate(dists)
+    # the (n_neighbors * len(rows))-th smallest of the len(rows) * (n - 1) finite distances
+    kth = n_neighbors * len(rows) - 1
+    return float(np.sqrt(np.partition(d, kth)[kth]))
+
+
+def neighbors_within(X_query, X_db, threshold: float) -> np.ndarray:
+    """Boolean ``(m, n)`` matrix: ``True`` where the Euclidean distance is <= ``threshold``."""
+    Q = check_array(X_query, dtype=np.float64)
+    D = check_array(X_db, dtype=np.float64)
+    return _sq_dists(Q, D) <= threshold * threshold
+
+
+def sample_pairs(n_samples: int, n_pairs: int, random_state=None) -> np.ndarray:
+    """``n_pairs`` uniform random pairs of distinct rows, int64 ``(n_pairs, 2)``."""
+    n_samples = check_int(n_samples, "n_samples", "sample_pairs", low=2)
+    n_pairs = check_int(n_pairs, "n_pairs", "sample_pairs")
+    rng = check_random_state(random_state)
+    a = rng.randint(n_samples, size=n_pairs)
+    b = (a + 1 + rng.randint(n_samples - 1, size=n_pairs)) % n_samples
+    return np.stack([a, b], axis=1).astype(np.int64)
+
+
+def pairs_from_neighbors(X, n_neighbors: int, n_pairs: int, *, similar_fraction: float = 0.5,
+                         random_state=None) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs labelled by the Euclidean neighbour threshold of :func:`neighbor_threshold`.
+
+    ``similar_fraction`` of the pairs join a point to one of its neighbours within the
+    threshold (the rest are uniform random pairs, labelled by the threshold too, so most are
+    dissimilar). Returns ``(pairs, similar)`` as :func:`check_pairs` does.
+    """
+    X = check_array(X, dtype=np.float64)
+    rng = check_random_state(random_state)
+    thr = neighbor_threshold(X, n_neighbors, random_state=rng)
+    n = X.shape[0]
+    n_sim = int(round(n_pairs * similar_fraction))
+    anchors = rng.randint(n, size=n_sim)
+    partners = np.empty(n_sim, np.int64)
+    for start in range(0, n_sim, 512):
+        block = anchors[start:start + 512]
+        within = _sq_dists(X[block], X) <= thr * thr
+        within[np.arange(len(block)), block] = False
+        for j, row in enumerate(within):
+            cand = np.flatnonzero(row)
+            partners[start + j] = cand[rng.randint(len(cand))] if len(cand) else -1
+    keep = partners >= 0
+    sim_pairs = np.stack([anchors[keep], partners[keep]], axis=1)
+    rand_pairs = sample_pairs(n, n_pairs - len(sim_pairs), rng)
+    d = ((X[rand_pairs[:, 0]] - X[rand_pairs[:, 1]]) ** 2).sum(1)
+    pairs = np.concatenate([sim_pairs, rand_pairs]).astype(np.int64)
+    similar = np.concatenate([np.ones(len(sim_pairs), bool), d <= thr * thr])
+    perm = rng.permutation(len(pairs))
+    return pairs[perm], similar[perm]
