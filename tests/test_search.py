@@ -286,3 +286,70 @@ def test_bad_arguments_raise(split):
         s.search(queries[:, :10], 3)
     explicit = Searcher(hasher, index=FlatIndex(N_BITS))
     assert explicit.index.n_bits == N_BITS
+
+
+# ------------------------------------------------------- candidate indexes, learned metric
+
+
+class _EuclideanMetricLSH(RandomHyperplaneLSH):
+    """LSH whose 'learned metric' is the Euclidean distance (wiring test for rerank='metric')."""
+
+    def metric_distances(self, queries, candidates):
+        return np.sqrt(((candidates - queries[:, None, :]) ** 2).sum(-1))
+
+
+class _ListIndex:
+    """A candidate index: every query gets the same fixed id list, with counts."""
+
+    def __init__(self, order):
+        self.order = np.asarray(order, np.int64)
+        self.added = None
+
+    def add(self, keys, ids=None):
+        self.added = len(keys)
+        return np.arange(len(keys)) if ids is None else np.asarray(ids)
+
+    def candidates(self, keys):
+        return [(self.order, np.ones(len(self.order), np.int64)) for _ in range(len(keys))]
+
+
+class _KeysBucketer:
+    def fit(self, X, y=None):
+        return self
+
+    def keys(self, X):
+        return np.zeros((len(X), 2), np.int64)
+
+
+def test_rerank_metric_uses_the_hashers_metric(split):
+    db, ids, queries = split
+    plain = make_searcher(db, ids, rerank="euclidean")
+    hasher = _EuclideanMetricLSH(n_bits=N_BITS, random_state=0)
+    learned = Searcher(hasher, rerank="metric").fit(db).add(db, ids=ids)
+    for a, b in zip(plain.search(queries, 5), learned.search(queries, 5), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="learned metric"):
+        Searcher(RandomHyperplaneLSH(N_BITS), rerank="metric")
+
+
+def test_candidate_index_with_bucketer_reranks_its_lists(split):
+    db, ids, queries = split
+    subset = ids[::3]
+    s = Searcher(_KeysBucketer(), _ListIndex(subset), rerank="euclidean").fit(db)
+    s.add(db, ids=ids)
+    D, I = s.search(queries, 4)
+    pos = np.searchsorted(np.sort(ids), subset)
+    order = np.argsort(ids)
+    cand_vecs = db[order][pos]
+    d = np.sqrt(((queries[:, None, :] - cand_vecs[None]) ** 2).sum(-1))
+    best = np.lexsort((np.broadcast_to(subset, d.shape), d), axis=-1)[:, :4]
+    np.testing.assert_array_equal(I, subset[best])
+    # n_candidates keeps the first entries of each list only
+    s2 = Searcher(_KeysBucketer(), _ListIndex(subset), rerank="euclidean", n_candidates=2)
+    _, I2 = s2.fit(db).add(db, ids=ids).search(queries, 4)
+    assert set(I2[I2 >= 0].tolist()) <= set(subset[:2].tolist())
+    assert (I2[:, 2:] == -1).all()
+    with pytest.raises(ValueError, match="pass rerank"):
+        Searcher(_KeysBucketer(), _ListIndex(subset))
+    with pytest.raises(TypeError, match="registry name"):
+        Searcher(_KeysBucketer(), "flat", rerank="euclidean")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from hashlearn._validation import check_int
@@ -146,7 +147,8 @@ class Searcher:
 
     def add(self, X, ids=None) -> Searcher:
         """Encode the rows of ``X`` and add them to the index (keeping them if re-ranking)."""
-        check_is_fitted(self.hasher)
+        if isinstance(self.hasher, BaseEstimator):
+            check_is_fitted(self.hasher)
         new_ids = np.asarray(self.index.add(self._encode(X), ids))
         if self.rerank is not None:
             vectors = _dense(X)

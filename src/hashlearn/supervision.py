@@ -158,9 +158,11 @@ def neighbor_threshold(X, n_neighbors: int, *, max_rows: int = 5000, random_stat
         d[np.arange(len(block)), block] = np.inf  # exclude self
         dists.append(d.ravel())
     d = np.concatenate(dists)
-    # the (n_neighbors * len(rows))-th smallest of the len(rows) * (n - 1) finite distances
+    # halfway between the (K * rows)-th and the next smallest distance, so rounding in the
+    # distance computation cannot move a pair across the threshold
     kth = n_neighbors * len(rows) - 1
-    return float(np.sqrt(np.partition(d, kth)[kth]))
+    part = np.partition(d, [kth, kth + 1])
+    return float((np.sqrt(part[kth]) + np.sqrt(part[kth + 1])) / 2)
 
 
 def neighbors_within(X_query, X_db, threshold: float) -> np.ndarray:
