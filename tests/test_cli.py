@@ -122,3 +122,20 @@ def test_missing_fashion_mnist_names_the_package(tmp_path):
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_demo_hashers_option_restricts_and_validates(tmp_path):
+    rows = run_demo(out_dir=tmp_path / "a", bits=(8,), n_queries=20, n_train=200,
+                    hashers=["lsh"])
+    assert [row["hasher"] for row in rows] == ["lsh", EXACT_ROW]
+    result = CliRunner().invoke(main, ["demo", "--hashers", "lsh,nope", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "hashers" in result.output
+
+
+def test_reproduce_lists_the_experiments():
+    result = CliRunner().invoke(main, ["reproduce", "--help"])
+    assert result.exit_code == 0
+    for name in ("learned-metric", "mlh", "search-forest", "rank-codes", "survey"):
+        assert name in result.output.replace("\n", "").replace(" ", "")
+    result = CliRunner().invoke(main, ["reproduce", "nope"])
+    assert result.exit_code == 2

@@ -72,11 +72,13 @@ def main() -> None:
 @click.option("--quick", is_flag=True,
               help="Small settings for a fast check: bits 16,32, 100 queries, 1000 "
                    "training items.")
+@click.option("--hashers", "hasher_names", default=None, metavar="NAMES",
+              help="Comma-separated hasher names (see `hashlearn info`).  [default: all]")
 @click.option("-v", "--verbose", is_flag=True, help="Report each stage on stderr.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, hidden=True,
               help="Directory of the Fashion-MNIST IDX files (default: the Debian path).")
 def demo(dataset: str, bits: tuple[int, ...] | None, out_dir: Path, n_queries: int | None,
-         n_train: int | None, seed: int, quick: bool, verbose: bool,
+         n_train: int | None, seed: int, quick: bool, hasher_names: str | None, verbose: bool,
          data_dir: Path | None) -> None:
     """Train every hasher at each code length and evaluate it against exact search.
 
@@ -97,7 +99,9 @@ def demo(dataset: str, bits: tuple[int, ...] | None, out_dir: Path, n_queries: i
     try:
         rows = run_demo(dataset, bits or (16, 32, 64), out_dir, n_queries=n_queries,
                         n_train=n_train, random_state=seed, verbose=verbose,
-                        progress=progress, data_dir=data_dir)
+                        progress=progress, data_dir=data_dir,
+                        hashers=None if hasher_names is None else [
+                            name.strip() for name in hasher_names.split(",")])
     except DemoParameterError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(format_table(rows))

@@ -325,7 +325,8 @@ def run_demo(dataset: str = "digits", bits: Sequence[int] = (16, 32, 64),
              out_dir: str | os.PathLike = "demo-out", n_queries: int | None = None,
              n_train: int | None = None, random_state: int = 0, verbose: bool = False,
              progress: Progress | None = None,
-             data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+             data_dir: str | os.PathLike | None = None,
+             hashers: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Train every registered hasher at every code length in ``bits`` and evaluate it.
 
     See the module docstring for the protocol. Returns one row (a dict of measures, with the
@@ -334,7 +335,8 @@ def run_demo(dataset: str = "digits", bits: Sequence[int] = (16, 32, 64),
 
     ``progress`` wraps the iterable of runs, called as ``progress(runs, total=n, desc=...)``
     (``tqdm.tqdm`` fits; ``verbose=True`` without it uses tqdm). ``data_dir`` is the
-    Fashion-MNIST directory (default: the Debian package's); a missing dataset raises
+    Fashion-MNIST directory (default: the Debian package's). ``hashers`` restricts the run to
+    those registry names (default: every registered hasher). A missing dataset raises
     ``FileNotFoundError`` naming ``apt-get install -y dataset-fashion-mnist``. Parameters out
     of range raise :class:`DemoParameterError` (a ``ValueError``) before any training.
     """
@@ -352,7 +354,14 @@ def run_demo(dataset: str = "digits", bits: Sequence[int] = (16, 32, 64),
     _log(verbose, f"loading {dataset}")
     data = _split(dataset, n_queries, n_train, data_dir, rng)
     truth, exact_row = _ground_truth(data, verbose)
-    hashers = available_hashers()
+    registered = available_hashers()
+    if hashers is None:
+        hashers = list(registered)
+    elif isinstance(hashers, str) or not hashers or any(h not in registered for h in hashers):
+        raise DemoParameterError(f"The 'hashers' parameter of run_demo must be a non-empty "
+                                 f"list of names from {sorted(registered)}. Got {hashers!r} "
+                                 "instead.")
+    hashers = {name: registered[name] for name in dict.fromkeys(hashers)}
     runs = [(name, b) for name in hashers for b in bits]
     if progress is None and verbose:
         from tqdm import tqdm
