@@ -5,33 +5,93 @@ Learn binary codes from data (``hashlearn.hashers``), index a database of codes
 truth (``hashlearn.evaluate``). See ``DESIGN.md`` for how the papers map to modules.
 """
 
-from hashlearn import codes, datasets, evaluate, io
+from hashlearn import codes, datasets, evaluate, io, kernels, supervision
 from hashlearn.codes import hamming_cdist, hamming_distance, pack_bits, unpack_bits
-from hashlearn.datasets import load_digits, load_fashion_mnist
-from hashlearn.hashers import BaseHasher, RandomHyperplaneLSH, make_hasher
-from hashlearn.index import FlatIndex, make_index
+from hashlearn.datasets import load_digits, load_fashion_mnist, load_stdlib_docstrings
+from hashlearn.distributed import ShardedIndex
+from hashlearn.evaluate import hamming_neighbors, knn_regress
+from hashlearn.forest import BoostedSearchForest, KMeansTree, LSHTables
+from hashlearn.hashers import (
+    BaseHasher,
+    BinaryReconstructiveEmbedding,
+    BoostedSimilarityHashing,
+    IterativeQuantization,
+    KernelizedLSH,
+    KernelMetricLSH,
+    MetricLSH,
+    MinHash,
+    MinimalLossHashing,
+    PCAHashing,
+    RandomHyperplaneLSH,
+    RankHashing,
+    RBMHashing,
+    ShiftInvariantKernelHashing,
+    SpectralHashing,
+    make_hasher,
+)
+from hashlearn.index import (
+    Cascade,
+    FlatIndex,
+    HammingBallIndex,
+    MinHashLSHIndex,
+    MultiIndexHashing,
+    PermutationIndex,
+    TableIndex,
+    make_index,
+)
 from hashlearn.io import load, save
+from hashlearn.metric import ITML, KernelITML
 from hashlearn.search import Searcher
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BaseHasher",
+    "BinaryReconstructiveEmbedding",
+    "BoostedSearchForest",
+    "BoostedSimilarityHashing",
+    "Cascade",
     "FlatIndex",
+    "HammingBallIndex",
+    "ITML",
+    "IterativeQuantization",
+    "KMeansTree",
+    "KernelITML",
+    "KernelMetricLSH",
+    "KernelizedLSH",
+    "LSHTables",
+    "MetricLSH",
+    "MinHash",
+    "MinHashLSHIndex",
+    "MinimalLossHashing",
+    "MultiIndexHashing",
+    "PCAHashing",
+    "PermutationIndex",
+    "RBMHashing",
     "RandomHyperplaneLSH",
+    "RankHashing",
     "Searcher",
+    "ShardedIndex",
+    "ShiftInvariantKernelHashing",
+    "SpectralHashing",
+    "TableIndex",
     "codes",
     "datasets",
     "evaluate",
     "hamming_cdist",
     "hamming_distance",
+    "hamming_neighbors",
     "io",
+    "kernels",
+    "knn_regress",
     "load",
     "load_digits",
     "load_fashion_mnist",
+    "load_stdlib_docstrings",
     "make_hasher",
     "make_index",
     "pack_bits",
     "save",
+    "supervision",
     "unpack_bits",
 ]

@@ -349,3 +349,232 @@ def range_fill(db, n, queries, n_words, radius, n_bits, lims, out_d, out_p, q_st
             hist[d] += 1
             out_d[slot] = d
             out_p[slot] = tmp_p[j]
+
+
+# ---------------------------------------------------------------------------------------
+# multi-index hashing (Norouzi, Punjani & Fleet, CVPR 2012)
+# ---------------------------------------------------------------------------------------
+#
+# The m substring tables are concatenated into flat arrays, table ``s`` occupying
+# ``keys[key_lo[s]:key_hi[s]]``, ``offsets[off_lo[s]:...]`` and postings indexed by those
+# offsets (postings are database *positions*). A dense table (``dense[s]``) has no keys:
+# its offsets are direct-addressed by the substring value (2**len + 1 entries).
+
+
+@njit(nogil=True, cache=True)
+def substring_keys(words, n, n_words, start, length, out):
+    """``out[i]`` = bits ``start:start+length`` (``length <= 63``) of code ``i`` as int64."""
+    w = start // 64
+    o = np.uint64(start % 64)
+    mask = (np.uint64(1) << np.uint64(length)) - np.uint64(1)
+    spill = start % 64 + length > 64
+    for i in range(n):
+        x = words[i * n_words + w] >> o
+        if spill:
+            x |= words[i * n_words + w + 1] << (np.uint64(64) - o)
+        out[i] = np.int64(x & mask)
+
+
+@njit(nogil=True, inline="always")
+def _query_substrings(queries, qo, sub_start, sub_len, out):
+    for s in range(sub_start.shape[0]):
+        start = sub_start[s]
+        length = sub_len[s]
+        w = start // 64
+        o = np.uint64(start % 64)
+        x = queries[qo + w] >> o
+        if start % 64 + length > 64:
+            x |= queries[qo + w + 1] << (np.uint64(64) - o)
+        out[s] = np.int64(x & ((np.uint64(1) << np.uint64(length)) - np.uint64(1)))
+
+
+@njit(nogil=True, inline="always")
+def _bucket(s, key, dense, key_lo, key_hi, keys, off_lo, offsets):
+    """Posting range ``(start, stop)`` of ``key`` in table ``s`` (empty if absent)."""
+    if dense[s]:
+        base = off_lo[s] + key
+        return offsets[base], offsets[base + 1]
+    lo = key_lo[s]
+    hi = key_hi[s]
+    while lo < hi:  # binary search (as hashlearn._postings.find, on a slice)
+        mid = (lo + hi) >> 1
+        if keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < key_hi[s] and keys[lo] == key:
+        base = off_lo[s] + (lo - key_lo[s])
+        return offsets[base], offsets[base + 1]
+    return 0, 0
+
+
+@njit(nogil=True, inline="always")
+def _insert_best(best_d, best_p, cnt, k, d, p):
+    """Insert ``(d, p)`` into the sorted top-k lists (by distance, then position)."""
+    if cnt == k:
+        if d > best_d[k - 1] or (d == best_d[k - 1] and p > best_p[k - 1]):
+            return cnt
+        j = k - 1
+    else:
+        j = cnt
+        cnt += 1
+    while j > 0 and (best_d[j - 1] > d or (best_d[j - 1] == d and best_p[j - 1] > p)):
+        best_d[j] = best_d[j - 1]
+        best_p[j] = best_p[j - 1]
+        j -= 1
+    best_d[j] = d
+    best_p[j] = p
+    return cnt
+
+
+@njit(nogil=True, inline="always")
+def _next_mask(mask):
+    """Next larger integer with the same popcount (Gosper's hack, uint64)."""
+    c = mask & (~mask + np.uint64(1))
+    r = mask + c
+    return (((r ^ mask) >> np.uint64(2)) // c) | r
+
+
+@njit(nogil=True, cache=True)
+def mih_knn(db, n, n_words, queries, q_start, q_end, k, sub_start, sub_len, dense, key_lo,
+            key_hi, keys, off_lo, offsets, postings, out_d, out_p):
+    """Exact k-NN of queries ``q_start:q_end`` by multi-index hashing.
+
+    Substring radii grow 0, 1, 2, ...; after table ``s`` has been probed at radius ``r``
+    (and tables ``> s`` at ``r - 1``) every code not yet seen has, by the pigeonhole
+    principle, full distance ``>= r * m + s + 1`` (Norouzi et al. 2012, Prop. 1 and its
+    refinement in §4). Search stops once the k-th best distance is below that bound, so the
+    result (ties by smaller position) equals the linear scan's. A query whose probes exceed
+    ``n`` falls back to scanning the codes not yet seen, bounding its cost by a linear scan.
+    """
+    m = sub_start.shape[0]
+    seen = np.zeros(n, np.int32)
+    qkeys = np.empty(m, np.int64)
+    best_d = np.empty(k, np.int64)
+    best_p = np.empty(k, np.int64)
+    max_len = 0
+    for s in range(m):
+        max_len = max(max_len, sub_len[s])
+    for qi in range(q_start, q_end):
+        stamp = qi - q_start + 1
+        qo = qi * n_words
+        _query_substrings(queries, qo, sub_start, sub_len, qkeys)
+        cnt = 0
+        n_seen = 0
+        work = 0
+        done = False
+        r = 0
+        while not done and r <= max_len:
+            for s in range(m):
+                length = sub_len[s]
+                if r <= length:
+                    limit = np.uint64(1) << np.uint64(length)
+                    mask = (np.uint64(1) << np.uint64(r)) - np.uint64(1)
+                    qk = np.uint64(qkeys[s])
+                    while mask < limit:
+                        key = np.int64(qk ^ mask)
+                        b0, b1 = _bucket(s, key, dense, key_lo, key_hi, keys, off_lo, offsets)
+                        work += 1 + (b1 - b0)
+                        for j in range(b0, b1):
+                            p = postings[j]
+                            if seen[p] != stamp:
+                                seen[p] = stamp
+                                n_seen += 1
+                                d = _hamming(db, p * n_words, queries, qo, n_words)
+                                cnt = _insert_best(best_d, best_p, cnt, k, d, p)
+                        if r == 0:
+                            break
+                        mask = _next_mask(mask)
+                if n_seen == n or (cnt == k and best_d[k - 1] < r * m + s + 1):
+                    done = True
+                    break
+                if work > n:  # cheaper to finish by a linear scan
+                    for p in range(n):
+                        if seen[p] != stamp:
+                            seen[p] = stamp
+                            d = _hamming(db, p * n_words, queries, qo, n_words)
+                            cnt = _insert_best(best_d, best_p, cnt, k, d, p)
+                    done = True
+                    break
+            r += 1
+        for j in range(k):
+            if j < cnt:
+                out_d[qi, j] = best_d[j]
+                out_p[qi, j] = best_p[j]
+            else:
+                out_d[qi, j] = -1
+                out_p[qi, j] = -1
+
+
+@njit(nogil=True, cache=True)
+def mih_range(db, n, n_words, queries, q_start, q_end, radius, sub_start, sub_len, dense,
+              key_lo, key_hi, keys, off_lo, offsets, postings, lims, out_d, out_p, counts):
+    """Range search (distance ``<= radius``) by multi-index hashing.
+
+    A code within ``radius`` has some substring within ``radius // m`` of the query's
+    (pigeonhole), so probing every table to that radius finds all of them. With
+    ``counts`` given (``lims`` empty) it counts; otherwise it fills the CSR rows sorted by
+    (distance, position). Falls back to a linear scan when probing would cost more.
+    """
+    m = sub_start.shape[0]
+    counting = lims.shape[0] == 0
+    seen = np.zeros(n, np.int32)
+    qkeys = np.empty(m, np.int64)
+    r_max = radius // m
+    probes = 0
+    for s in range(m):
+        length = sub_len[s]
+        c = 1
+        for t in range(1, min(r_max, length) + 1):
+            c = c * (length - t + 1) // t
+            probes += c
+    buf_d = np.empty(64, np.int64)
+    buf_p = np.empty(64, np.int64)
+    for qi in range(q_start, q_end):
+        stamp = qi - q_start + 1
+        qo = qi * n_words
+        found = 0
+        if probes + m > n:
+            for p in range(n):
+                d = _hamming(db, p * n_words, queries, qo, n_words)
+                if d <= radius:
+                    if found == buf_d.shape[0]:
+                        buf_d = np.concatenate((buf_d, np.empty(found, np.int64)))
+                        buf_p = np.concatenate((buf_p, np.empty(found, np.int64)))
+                    buf_d[found] = d
+                    buf_p[found] = p
+                    found += 1
+        else:
+            _query_substrings(queries, qo, sub_start, sub_len, qkeys)
+            for s in range(m):
+                length = sub_len[s]
+                limit = np.uint64(1) << np.uint64(length)
+                qk = np.uint64(qkeys[s])
+                for r in range(min(r_max, length) + 1):
+                    mask = (np.uint64(1) << np.uint64(r)) - np.uint64(1)
+                    while mask < limit:
+                        key = np.int64(qk ^ mask)
+                        b0, b1 = _bucket(s, key, dense, key_lo, key_hi, keys, off_lo, offsets)
+                        for j in range(b0, b1):
+                            p = postings[j]
+                            if seen[p] != stamp:
+                                seen[p] = stamp
+                                d = _hamming(db, p * n_words, queries, qo, n_words)
+                                if d <= radius:
+                                    if found == buf_d.shape[0]:
+                                        buf_d = np.concatenate((buf_d, np.empty(found, np.int64)))
+                                        buf_p = np.concatenate((buf_p, np.empty(found, np.int64)))
+                                    buf_d[found] = d
+                                    buf_p[found] = p
+                                    found += 1
+                        if r == 0:
+                            break
+                        mask = _next_mask(mask)
+        if counting:
+            counts[qi] = found
+        else:
+            order = np.argsort(buf_d[:found] * (n + 1) + buf_p[:found])
+            start = lims[qi]
+            for j in range(found):
+                out_d[start + j] = buf_d[order[j]]
+                out_p[start + j] = buf_p[order[j]]

@@ -176,3 +176,37 @@ def reproduce(name: str, out_dir: Path | None, quick: bool, seed: int,
         write_section(results_file, f"reproduce-{name}", report)
     click.echo(report)
     click.echo(f"\nwrote {out_dir}")
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks run locally (recall-QPS sweeps)."""
+
+
+@bench.command("ann")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("bench-out"), show_default=True, help="Directory for the outputs.")
+@click.option("--index", type=click.Choice(["mih", "flat"]), default="mih", show_default=True)
+@click.option("--bits", "n_bits", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Code length for vector datasets (Hamming datasets use their own).")
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--queries", "n_queries", type=click.IntRange(min=1), default=None,
+              help="Use only the first N test queries.")
+@click.option("--results", "results_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Also write the report as a section of this markdown file.")
+def bench_ann(file: Path, out_dir: Path, index: str, n_bits: int, k: int,
+              n_queries: int | None, results_file: Path | None) -> None:
+    """The ann-benchmarks recall-QPS sweep of FILE.hdf5, run locally; writes a plot."""
+    from tqdm import tqdm
+
+    from hashlearn.experiments import ann_bench
+    from hashlearn.experiments._common import write_section
+
+    progress = functools.partial(tqdm, file=sys.stderr, leave=False)
+    report = ann_bench.run_file(file, out_dir, index=index, n_bits=n_bits, k=k,
+                                n_queries=n_queries, progress=progress)
+    if results_file is not None:
+        write_section(results_file, f"bench-ann-{file.stem}", report)
+    click.echo(report)
+    click.echo(f"\nwrote {out_dir}")

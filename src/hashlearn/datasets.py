@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn import datasets as sk_datasets
 from sklearn.utils import check_random_state
 
@@ -37,6 +38,7 @@ __all__ = [
     "load_ann_benchmarks",
     "load_digits",
     "load_fashion_mnist",
+    "load_stdlib_docstrings",
     "make_blobs",
     "make_uniform",
     "read_bvecs",
@@ -91,6 +93,65 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's bundled digits: ``X`` float32 (1797, 64) with values 0..16, ``y`` int64."""
     X, y = sk_datasets.load_digits(return_X_y=True)
     return X.astype(np.float32), y.astype(np.int64)
+
+
+STDLIB_DOCSTRING_MODULES = (
+    "argparse", "ast", "asyncio.base_events", "calendar", "collections", "configparser",
+    "csv", "datetime", "decimal", "difflib", "email.message", "fractions", "ftplib",
+    "functools", "http.client", "imaplib", "inspect", "ipaddress", "logging", "mailbox",
+    "multiprocessing.managers", "nntplib", "os", "pathlib", "pickle", "pydoc", "random",
+    "shutil", "smtplib", "socket", "ssl", "statistics", "string", "subprocess", "tarfile",
+    "tempfile", "textwrap", "threading", "turtle", "typing", "unittest.case", "urllib.request",
+    "uuid", "xml.dom.minidom", "zipfile",
+)
+
+
+def load_stdlib_docstrings(min_docs: int = 20, min_words: int = 5
+                           ) -> tuple[sp.csr_matrix, np.ndarray]:
+    """A sparse bag-of-words classification set that ships with Python: stdlib docstrings.
+
+    Every class, function and method docstring of the modules in
+    :data:`STDLIB_DOCSTRING_MODULES` with at least ``min_words`` words is a document,
+    labelled by its module (label = index of the module among those kept); modules with
+    fewer than ``min_docs`` such docstrings are dropped. Sources are parsed with :mod:`ast`
+    (nothing is imported or executed, except the parent package of a dotted name to locate
+    the file). Features: word counts (lower-cased alphabetic tokens of 3+ letters, English
+    stop words removed, words in at least 2 documents), TF-IDF weighted and L2-normalised.
+    Returns ``(X scipy.sparse.csr_matrix float32, y int64)``; deterministic for a given
+    Python version (the docstrings are those of the running interpreter's stdlib).
+    """
+    import ast
+    import importlib.util
+
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    owner = "load_stdlib_docstrings"
+    min_docs = check_int(min_docs, "min_docs", owner)
+    min_words = check_int(min_words, "min_words", owner)
+    texts: list[str] = []
+    labels: list[int] = []
+    label = 0
+    for name in STDLIB_DOCSTRING_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        docs = []
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc.split()) >= min_words:
+                    docs.append(doc)
+        if len(docs) >= min_docs:
+            texts.extend(docs)
+            labels.extend([label] * len(docs))
+            label += 1
+    if label < 2:
+        raise ValueError(f"{owner} found fewer than 2 modules with {min_docs} docstrings.")
+    vectorizer = TfidfVectorizer(lowercase=True, token_pattern=r"(?u)\b[a-zA-Z]{3,}\b",
+                                 stop_words="english", min_df=2, dtype=np.float32)
+    X = vectorizer.fit_transform(texts).tocsr()
+    return X, np.asarray(labels, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------------------

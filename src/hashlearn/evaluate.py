@@ -55,6 +55,9 @@ __all__ = [
     "mean_average_precision",
     "knn_classify",
     "knn_classification_error",
+    "hamming_neighbors",
+    "knn_regress",
+    "bin_threshold",
     "knn_classify_exact",
     "fraction_searched",
 ]
@@ -656,3 +659,87 @@ def fraction_searched(n_candidates: np.ndarray, n_db: int) -> float:
                          f"[0, {n_db}]. Got shape {n_candidates.shape}, max "
                          f"{n_candidates.max(initial=0)}.")
     return float(n_candidates.mean() / n_db)
+
+
+# ------------------------------------------------ neighbour selection by Hamming thresholds
+
+def bin_threshold(distances: np.ndarray, n_bins: int) -> np.ndarray:
+    """Per row, the distance of its ``n_bins``-th nearest non-empty bin (its largest if fewer).
+
+    The relative threshold of lambdarank-bit-vectors.txt, Sec. 3.5.2: the items at distance
+    ``<= bin_threshold`` are those in the ``n_bins`` nearest non-empty Hamming bins, ties kept.
+    ``distances`` ``(m, n)`` non-negative ints; negative entries (padding) are ignored.
+    Returns int64 ``(m,)`` (``-1`` for a row without any entry).
+    """
+    owner = "bin_threshold"
+    d = _check_int_array(distances, "distances", owner, ndim=2)
+    n_bins = check_int(n_bins, "n_bins", owner)
+    out = np.full(d.shape[0], -1, np.int64)
+    for rows in _query_blocks(*d.shape):
+        s = np.sort(d[rows], axis=1)
+        valid = s >= 0
+        new_bin = valid.copy()
+        new_bin[:, 1:] &= s[:, 1:] != s[:, :-1]
+        rank = np.cumsum(new_bin, axis=1)
+        out[rows] = np.where(valid & (rank <= n_bins), s, -1).max(axis=1, initial=-1)
+    return out
+
+
+def hamming_neighbors(distances: np.ndarray, *, radius: int | None = None,
+                      n_bins: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Neighbours selected by an absolute or a relative Hamming threshold, ties kept.
+
+    lambdarank-bit-vectors.txt, Sec. 3.5.2: ``radius`` (absolute threshold) selects every item
+    at distance ``<= radius`` (possibly none); ``n_bins`` (relative threshold ``k``) selects the
+    items in the ``n_bins`` nearest non-empty distance bins (never empty unless the database
+    is). Exactly one of the two. ``distances`` ``(m, n)``: query-by-database Hamming
+    distances. Returns ``(lims, D, I)`` in CSR form (query ``i``: ``I[lims[i]:lims[i+1]]``),
+    sorted by (distance, column index).
+    """
+    owner = "hamming_neighbors"
+    d = _check_distances(distances, owner)
+    if (radius is None) == (n_bins is None):
+        raise ValueError(f"{owner} takes exactly one of 'radius' (absolute threshold) and "
+                         f"'n_bins' (relative threshold). Got radius={radius!r}, "
+                         f"n_bins={n_bins!r}.")
+    if radius is not None:
+        threshold = np.full(d.shape[0], check_int(radius, "radius", owner, low=0))
+    else:
+        threshold = bin_threshold(d, n_bins)
+    keep = d <= threshold[:, None]
+    lims = np.zeros(d.shape[0] + 1, np.int64)
+    np.cumsum(keep.sum(axis=1), out=lims[1:])
+    rows, cols = np.nonzero(keep)
+    order = np.lexsort((cols, d[rows, cols], rows))
+    rows, cols = rows[order], cols[order]
+    return lims, d[rows, cols].astype(np.int32), cols.astype(np.int64)
+
+
+@_document("""
+
+    Exactly one of ``radius`` / ``k`` (see :func:`knn_classify`). Every selected neighbour
+    counts once (ties kept, unweighted mean), as in the regression score of
+    lambdarank-bit-vectors.txt, eq. 11; a query with no neighbour (absolute threshold)
+    predicts ``nan``.
+""")
+def knn_regress(distances: np.ndarray, db_targets: np.ndarray, radius: int | None = None,
+                k: int | None = None) -> np.ndarray:
+    """k-NN regression: the mean target of the selected neighbours, ``(m,)`` float64."""
+    owner = "knn_regress"
+    d = _check_distances(distances, owner)
+    targets = np.asarray(db_targets, dtype=np.float64)
+    if targets.shape != (d.shape[1],) or not np.all(np.isfinite(targets)):
+        raise ValueError(f"db_targets of {owner} must be {d.shape[1]} finite numbers, one per "
+                         f"database item. Got shape {targets.shape}.")
+    if (radius is None) == (k is None):
+        raise ValueError(f"{owner} takes exactly one of 'radius' (absolute threshold) and 'k' "
+                         f"(relative threshold). Got radius={radius!r}, k={k!r}.")
+    if radius is not None:
+        threshold = np.full(d.shape[0], check_int(radius, "radius", owner, low=0))
+    else:
+        threshold = bin_threshold(d, check_int(k, "k", owner))
+    keep = d <= threshold[:, None]
+    count = keep.sum(axis=1)
+    total = np.where(keep, targets[None, :], 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)

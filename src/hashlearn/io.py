@@ -15,6 +15,15 @@ first, then ``meta.json`` is replaced atomically (``os.replace``), and only then
 previous generation's files deleted. A process killed at any point leaves either the old or
 the new ``meta.json``, each with all of its arrays intact. (Renaming a whole directory over an
 existing one is not atomic on POSIX, hence the two-step scheme.)
+
+Appending rows (:func:`append_rows`, used by :meth:`hashlearn.index.FlatIndex.open`). Rows are
+appended *in place* to the end of an array's ``.npy`` file, past the bytes ``meta.json``
+describes, fsynced, and only then is ``meta.json`` replaced with the longer shape and one more
+checksum (one per appended block: ``appended: [{"rows", "sha256"}]``; the original
+``sha256`` keeps covering the bytes of the original save). The ``.npy`` header keeps the
+original shape; the shape in ``meta.json`` is authoritative. A crash before the replace
+leaves trailing bytes the old ``meta.json`` does not cover, so the old index still loads and
+verifies; the next append truncates them first. An append costs O(new rows), never a copy.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "Persistable", "save", "load", "persistable", "write_dir", "read_dir"]
+__all__ = ["FORMAT_VERSION", "Persistable", "save", "load", "persistable", "write_dir", "read_dir",
+           "append_rows"]
 
 FORMAT_NAME = "hashlearn"
 FORMAT_VERSION = 1
@@ -91,12 +101,109 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) ->
 # ------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, start: int = 0, stop: int | None = None) -> str:
+    """sha256 of the bytes ``start:stop`` of a file (the whole file by default)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
+        f.seek(start)
+        left = None if stop is None else stop - start
+        while left is None or left > 0:
+            chunk = f.read(1 << 22 if left is None else min(1 << 22, left))
+            if not chunk:
+                break
             h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
     return h.hexdigest()
+
+
+def _npy_layout(file: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(header shape, dtype, data offset)`` of a C-order ``.npy`` file."""
+    with open(file, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        if fortran or dtype.hasobject:
+            raise ValueError("only C-order arrays of plain dtypes can be appended to")
+        return tuple(shape), dtype, f.tell()
+
+
+def _load_appended(file: Path, entry: dict[str, Any], *, mmap: bool, verify: bool) -> np.ndarray:
+    """An array grown by :func:`append_rows`: shape from ``meta.json``, blocks verified."""
+    header_shape, dtype, offset = _npy_layout(file)
+    shape = tuple(entry["shape"])
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    if header_shape[1:] != shape[1:] or dtype.str != entry["dtype"]:
+        raise ValueError(f"{file}: header {header_shape} {dtype.str} does not match meta.json")
+    end = offset + shape[0] * row_bytes
+    if file.stat().st_size < end:
+        raise ValueError(f"{file} is truncated: {file.stat().st_size} bytes, expected at least "
+                         f"{end}.")
+    if verify:
+        stop = offset + header_shape[0] * row_bytes
+        ranges = [(0, stop, entry["sha256"])]
+        for block in entry["appended"]:
+            ranges.append((stop, stop + block["rows"] * row_bytes, block["sha256"]))
+            stop += block["rows"] * row_bytes
+        for start, stop, digest in ranges:
+            if _sha256(file, start, stop) != digest:
+                raise ValueError(f"{file}: checksum mismatch in bytes {start}:{stop}; the file "
+                                 "was modified or truncated after saving.")
+    if shape[0] == 0:
+        return np.zeros(shape, dtype)
+    if mmap:
+        return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
+    with open(file, "rb") as f:
+        f.seek(offset)
+        return np.fromfile(f, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+
+def append_rows(path: str | os.PathLike, rows: Mapping[str, np.ndarray],
+                state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Append ``rows[name]`` along axis 0 to the saved arrays ``name`` of ``path``, in place.
+
+    Every array named must exist, with the same dtype and trailing shape. ``state`` entries
+    replace those of the saved JSON state. The new ``meta.json`` is written atomically after
+    the data is on disk (see the module docstring); returns it.
+    """
+    path = Path(path)
+    meta = _read_meta(path)
+    prepared = {}
+    for name, new in rows.items():
+        entry = meta["arrays"].get(name)
+        if entry is None:
+            raise ValueError(f"{path} has no array {name!r} to append to.")
+        new = np.ascontiguousarray(new)
+        if new.dtype.str != entry["dtype"] or list(new.shape[1:]) != entry["shape"][1:]:
+            raise ValueError(f"rows for {name!r} must have dtype {entry['dtype']} and shape "
+                             f"(m, {entry['shape'][1:]}); got {new.dtype.str} {new.shape}.")
+        prepared[name] = (entry, new)
+    if any("appended" not in entry for entry, _ in prepared.values()):
+        # first make meta.json checksum the current bytes as a range, so bytes of a crashed
+        # append past them never invalidate it
+        for entry, _ in prepared.values():
+            entry.setdefault("appended", [])
+        _write_meta(path, meta)
+    for entry, new in prepared.values():
+        file = path / entry["file"]
+        header_shape, dtype, offset = _npy_layout(file)
+        row_bytes = new.itemsize * int(np.prod(new.shape[1:], dtype=np.int64))
+        end = offset + entry["shape"][0] * row_bytes
+        with open(file, "r+b") as f:
+            f.truncate(end)  # bytes of an append that crashed before its meta.json
+            f.seek(end)
+            f.write(new.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        entry.setdefault("appended", []).append(
+            {"rows": int(new.shape[0]), "sha256": _sha256(file, end, end + new.nbytes)})
+        entry["shape"][0] += int(new.shape[0])
+    if state:
+        meta["state"].update(state)
+    _write_meta(path, meta)
+    return meta
 
 
 def _fsync_file(path: Path) -> None:
@@ -247,6 +354,12 @@ def read_dir(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True
         file = path / entry["file"]
         if not file.is_file():
             raise ValueError(f"{path}: array file {entry['file']} is missing.")
+        if "appended" in entry:
+            try:
+                arrays[name] = _load_appended(file, entry, mmap=mmap, verify=verify)
+            except (OSError, EOFError, KeyError, TypeError) as exc:
+                raise ValueError(f"{file} is corrupted or truncated: {exc}") from None
+            continue
         if verify and _sha256(file) != entry["sha256"]:
             raise ValueError(
                 f"{file}: checksum mismatch; the file was modified or truncated after saving."

@@ -185,6 +185,60 @@ class Searcher:
             _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
         return self._rerank(_dense(X), self._vector_positions(cand), cand, k)
 
+    def neighbors(self, X, *, radius: int | None = None, n_bins: int | None = None,
+                  n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Neighbours by an absolute or relative Hamming threshold, ties kept: ``(lims, D, I)``.
+
+        lambdarank-bit-vectors.txt, Sec. 3.5.2. ``radius``: every item at Hamming distance
+        ``<= radius``. ``n_bins``: every item in the query's ``n_bins`` nearest non-empty
+        distance bins (for k-NN classification with a relative threshold). Exactly one.
+        CSR form as ``range_search`` (sorted by (distance, id)); needs a Hamming index, and
+        ignores re-ranking. Relative thresholds are found by growing ``search`` until a
+        result lies beyond the ``n_bins``-th bin, then one ``range_search`` per threshold.
+        """
+        if not isinstance(self.index, BinaryIndex):
+            raise TypeError("Searcher.neighbors needs a Hamming index (BinaryIndex).")
+        if (radius is None) == (n_bins is None):
+            raise ValueError("Searcher.neighbors takes exactly one of 'radius' (absolute "
+                             f"threshold) and 'n_bins' (relative threshold). Got "
+                             f"radius={radius!r}, n_bins={n_bins!r}.")
+        codes = self._encode(X)
+        if radius is not None:
+            return self.index.range_search(codes, radius, n_threads=n_threads)
+        n_bins = check_int(n_bins, "n_bins", "Searcher.neighbors")
+        m, n = codes.shape[0], len(self.index)
+        threshold = np.full(m, -1, np.int64)
+        todo = np.arange(m)
+        k = min(max(4 * n_bins, 64), max(n, 1))
+        while todo.size and n:
+            D, _ = self.index.search(codes[todo], k, n_threads=n_threads)
+            s = np.where(D >= 0, D, np.iinfo(np.int32).max)
+            new_bin = np.ones(s.shape, bool)
+            new_bin[:, 1:] = s[:, 1:] != s[:, :-1]
+            rank = np.cumsum(new_bin & (D >= 0), axis=1)
+            bin_d = np.where((rank <= n_bins) & (D >= 0), D, -1).max(axis=1)
+            complete = (rank[:, -1] > n_bins) | (D[:, -1] < 0) | (k >= n)
+            threshold[todo[complete]] = bin_d[complete]
+            todo = todo[~complete]
+            k = min(2 * k, n)
+        parts = {}
+        for t in np.unique(threshold[threshold >= 0]):
+            rows = np.flatnonzero(threshold == t)
+            parts[int(t)] = (rows, self.index.range_search(codes[rows], int(t),
+                                                           n_threads=n_threads))
+        counts = np.zeros(m, np.int64)
+        for rows, (lims, _, _) in parts.values():
+            counts[rows] = np.diff(lims)
+        out_lims = np.zeros(m + 1, np.int64)
+        np.cumsum(counts, out=out_lims[1:])
+        out_d = np.empty(out_lims[-1], np.int32)
+        out_i = np.empty(out_lims[-1], np.int64)
+        for rows, (lims, D, ids) in parts.values():
+            for j, row in enumerate(rows):
+                dst = slice(out_lims[row], out_lims[row + 1])
+                out_d[dst], out_i[dst] = D[lims[j]:lims[j + 1]], ids[lims[j]:lims[j + 1]]
+        return out_lims, out_d, out_i
+
     def _encode(self, X):
         return self.hasher.encode(X) if isinstance(self.hasher, BaseHasher) else \
             self.hasher.keys(X)

@@ -25,6 +25,7 @@ EXPERIMENTS: dict[str, str] = {
     "search-forest": "hashlearn.experiments.search_forest",
     "rank-codes": "hashlearn.experiments.rank_codes",
     "survey": "hashlearn.experiments.survey",
+    "ann-bench": "hashlearn.experiments.ann_bench",
 }
 
 

@@ -1,10 +1,18 @@
-"""Search structures over binary codes (and, later, integer bucket keys).
+"""Search structures over binary codes and integer bucket keys.
 
-All indexes follow :mod:`hashlearn.index.base`'s faiss-like conventions and are built by
-name through :func:`make_index`.
+Binary-code indexes follow :mod:`hashlearn.index.base`'s faiss-like conventions and are built
+by name through :func:`make_index`; ``TableIndex`` and ``MinHashLSHIndex`` hold integer keys.
 """
 
 from hashlearn.index.base import BinaryIndex, available_indexes, make_index, register_index
+from hashlearn.index.cascade import Cascade
 from hashlearn.index.flat import FlatIndex
+from hashlearn.index.hamming_ball import HammingBallIndex
+from hashlearn.index.mih import MultiIndexHashing
+from hashlearn.index.minhash_lsh import MinHashLSHIndex
+from hashlearn.index.permutation import PermutationIndex
+from hashlearn.index.table import TableIndex
 
-__all__ = ["BinaryIndex", "FlatIndex", "available_indexes", "make_index", "register_index"]
+__all__ = ["BinaryIndex", "Cascade", "FlatIndex", "HammingBallIndex", "MinHashLSHIndex",
+           "MultiIndexHashing", "PermutationIndex", "TableIndex", "available_indexes",
+           "make_index", "register_index"]

@@ -8,9 +8,11 @@ against, and the index to use up to a few million codes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from hashlearn import _kernels
+from hashlearn import _kernels, io
 from hashlearn._parallel import parallel_chunks
 from hashlearn._validation import check_codes, check_ids
 from hashlearn.codes import as_words
@@ -53,6 +55,7 @@ class FlatIndex(BinaryIndex):
         self._ids = np.zeros(0, np.int64)
         self._n = 0
         self._next_id = 0
+        self._path: Path | None = None  # set by open(): adds and removes write through
 
     def __len__(self) -> int:
         return self._n
@@ -98,7 +101,9 @@ class FlatIndex(BinaryIndex):
             order = np.argsort(new_ids, kind="stable")
             sorted_ids, words = new_ids[order], words[order]
         self._next_id = max(self._next_id, int(sorted_ids[-1]) + 1)
-        if self._n and sorted_ids[0] < self._ids[self._n - 1]:
+        if self._path is not None:
+            self._write_through(words, sorted_ids)
+        elif self._n and sorted_ids[0] < self._ids[self._n - 1]:
             self._merge(words, sorted_ids)
         else:
             self._append(words, sorted_ids)
@@ -122,6 +127,37 @@ class FlatIndex(BinaryIndex):
         all_words = np.concatenate([self._words[: self._n], words])
         order = np.argsort(all_ids, kind="stable")
         self._words, self._ids, self._n = all_words[order], all_ids[order], len(all_ids)
+
+    # ------------------------------------------------------------------------- on disk
+
+    @classmethod
+    def open(cls, path, *, verify: bool = False) -> FlatIndex:
+        """Open a saved index memory-mapped, for searching and **appending in place**.
+
+        Opening reads only ``meta.json`` (instant at any size unless ``verify``); searches
+        page the codes in from the file. ``add`` on the opened index writes through: codes
+        whose ids are all larger than the stored ones are appended to the array files and
+        ``meta.json`` is replaced atomically (:func:`hashlearn.io.append_rows`, O(new
+        codes)); other adds and ``remove`` save a new generation (O(n)). One writer at a
+        time; readers that loaded the index earlier keep seeing their version.
+        """
+        index = cls.load(path, mmap=True, verify=verify)
+        index._path = Path(path)
+        return index
+
+    def _write_through(self, words: np.ndarray, sorted_ids: np.ndarray) -> None:
+        if self._n == 0 or sorted_ids[0] > self._ids[self._n - 1]:
+            io.append_rows(self._path, {"words": words, "ids": sorted_ids},
+                           {"next_id": self._next_id})
+        else:
+            self._merge(words, sorted_ids)
+            io.save(self, self._path)
+        self._remap()
+
+    def _remap(self) -> None:
+        reopened = type(self).load(self._path, mmap=True, verify=False)
+        self._words, self._ids, self._n = reopened._words, reopened._ids, reopened._n
+        self._next_id = reopened._next_id
 
     def remove(self, ids, *, missing: str = "raise") -> int:
         """Remove the codes with these ids; the other ids stay as they are.
@@ -148,6 +184,9 @@ class FlatIndex(BinaryIndex):
             self._words = self._words[: self._n][keep]
             self._ids = current[keep]
             self._n = len(self._ids)
+            if self._path is not None:
+                io.save(self, self._path)
+                self._remap()
         return removed
 
     # ---------------------------------------------------------------------------- search

@@ -1,0 +1,281 @@
+"""The ann-benchmarks recall-QPS sweep, run locally: ``hashlearn bench ann FILE.hdf5``.
+
+:class:`HashlearnANN` is the algorithm wrapped by the ann-benchmarks plug-in in
+``contrib/ann_benchmarks/`` (it has the harness's ``fit`` / ``set_query_arguments`` /
+``query`` / ``batch_query`` / ``get_batch_results`` methods), so the local sweep and the
+harness measure the same code:
+
+* **Hamming datasets** (ann-benchmarks stores them as unpacked booleans, metric
+  ``"hamming"``): the rows are packed into binary codes and searched *exactly* with
+  :class:`~hashlearn.index.mih.MultiIndexHashing` (or FlatIndex); one query setting.
+* **Euclidean / angular datasets**: vectors are encoded by a hasher (random-hyperplane LSH
+  by default), the ``n_candidates`` nearest codes are fetched from the index and re-ranked
+  by the exact distance on the original vectors; the sweep runs over ``n_candidates``.
+
+:func:`sweep` times every setting (queries one at a time, as ann-benchmarks does, and in a
+batch), computes recall@k against the file's ground truth (ann-benchmarks' convention: a
+returned item counts when its true distance is within the k-th true distance + 1e-3), and
+writes a table, a JSON file and a recall-QPS plot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hashlearn.codes import pack_bits
+from hashlearn.hashers.lsh import RandomHyperplaneLSH
+from hashlearn.index.flat import FlatIndex
+from hashlearn.index.mih import MultiIndexHashing
+
+__all__ = ["HashlearnANN", "sweep", "run_file", "query_argument_groups"]
+
+_INDEXES = {"mih": MultiIndexHashing, "flat": FlatIndex}
+
+
+class HashlearnANN:
+    """A hashlearn index in the shape ann-benchmarks expects (see the module docstring).
+
+    Parameters
+    ----------
+    metric : {"hamming", "euclidean", "angular"}
+    index : {"mih", "flat"}
+        Binary index holding the codes.
+    n_bits : int
+        Code length for vector datasets (Hamming datasets use their own dimension).
+    """
+
+    def __init__(self, metric: str, index: str = "mih", n_bits: int = 64):
+        if metric not in ("hamming", "euclidean", "angular"):
+            raise ValueError(f"metric must be 'hamming', 'euclidean' or 'angular'. Got "
+                             f"{metric!r}.")
+        if index not in _INDEXES:
+            raise ValueError(f"index must be one of {sorted(_INDEXES)}. Got {index!r}.")
+        self.metric, self.index_name, self.n_bits = metric, index, int(n_bits)
+        self.n_candidates = 100
+        self._results = None
+        self.name = f"hashlearn-{index}({metric}, {n_bits})"
+
+    def fit(self, X: np.ndarray) -> None:
+        if self.metric == "hamming":
+            self.n_bits = X.shape[1]
+            self._hasher = None
+            codes = pack_bits(np.asarray(X).astype(np.uint8) != 0)
+        else:
+            X = np.ascontiguousarray(X, np.float32)
+            if self.metric == "angular":
+                X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-30)
+            self._X = X
+            self._hasher = RandomHyperplaneLSH(self.n_bits, random_state=0).fit(
+                X[np.random.default_rng(0).permutation(len(X))[:20_000]])
+            codes = self._hasher.encode(X)
+        self._index = _INDEXES[self.index_name](self.n_bits)
+        self._index.add(codes)
+        if hasattr(self._index, "build"):
+            self._index.build()
+
+    def set_query_arguments(self, n_candidates: int = 100) -> None:
+        self.n_candidates = int(n_candidates)
+        if self.metric == "hamming":  # exact search: nothing to tune
+            self.name = f"hashlearn-{self.index_name}(hamming, {self.n_bits}, exact)"
+        else:
+            self.name = (f"hashlearn-{self.index_name}({self.metric}, {self.n_bits}, "
+                         f"n_candidates={self.n_candidates})")
+
+    def _encode_queries(self, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.metric == "hamming":
+            return pack_bits(np.asarray(Q).astype(np.uint8) != 0), None
+        Q = np.ascontiguousarray(Q, np.float32)
+        if self.metric == "angular":
+            Q = Q / np.maximum(np.linalg.norm(Q, axis=1, keepdims=True), 1e-30)
+        return self._hasher.encode(Q), Q
+
+    def _search(self, Q: np.ndarray, n: int, n_threads: int | None) -> np.ndarray:
+        codes, vectors = self._encode_queries(Q)
+        if vectors is None:
+            return self._index.search(codes, n, n_threads=n_threads)[1]
+        _, cand = self._index.search(codes, max(n, self.n_candidates), n_threads=n_threads)
+        safe = np.maximum(cand, 0)
+        diff = self._X[safe] - vectors[:, None, :]
+        dist = np.einsum("bcd,bcd->bc", diff, diff)
+        dist[cand < 0] = np.inf
+        order = np.argsort(dist, axis=1, kind="stable")[:, :n]
+        return np.where(np.take_along_axis(dist, order, 1) < np.inf,
+                        np.take_along_axis(cand, order, 1), -1)
+
+    def query(self, v: np.ndarray, n: int) -> np.ndarray:
+        ids = self._search(np.asarray(v)[None, :], n, 1)[0]
+        return ids[ids >= 0]
+
+    def batch_query(self, X: np.ndarray, n: int) -> None:
+        self._results = self._search(X, n, None)
+
+    def get_batch_results(self) -> list[np.ndarray]:
+        return [row[row >= 0] for row in self._results]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def query_argument_groups(metric: str) -> list[int]:
+    """The ``n_candidates`` settings swept (one setting for exact Hamming search)."""
+    return [0] if metric == "hamming" else [10, 20, 50, 100, 200, 500, 1000]
+
+
+def _true_distances(metric, train, test, ids):
+    safe = np.maximum(ids, 0)
+    if metric == "hamming":
+        a, b = train[safe].astype(bool), test[:, None, :].astype(bool)
+        d = (a != b).sum(axis=2).astype(np.float64)
+    else:
+        tr, te = train.astype(np.float32), test.astype(np.float32)
+        if metric == "angular":
+            tr = tr / np.maximum(np.linalg.norm(tr, axis=1, keepdims=True), 1e-30)
+            te = te / np.maximum(np.linalg.norm(te, axis=1, keepdims=True), 1e-30)
+            d = 1.0 - np.einsum("bcd,bd->bc", tr[safe], te)
+        else:
+            d = np.sqrt(((tr[safe] - te[:, None, :]) ** 2).sum(axis=2))
+    d[ids < 0] = np.inf
+    return d
+
+
+def recall_at_k(metric, train, test, found, true_distances, k, epsilon=1e-3):
+    """ann-benchmarks' recall: found items within the k-th true distance (+ epsilon)."""
+    d = _true_distances(metric, train, test, found[:, :k])
+    threshold = true_distances[:, k - 1][:, None] + epsilon
+    return float(np.mean((d <= threshold).sum(axis=1) / k))
+
+
+def sweep(dataset, *, index: str = "mih", n_bits: int = 64, k: int = 10,
+          n_queries: int | None = None, progress=None) -> list[dict]:
+    """Build once, then time each query setting; one row per setting."""
+    metric = dataset.distance.lower()
+    if metric not in ("hamming", "euclidean", "angular"):
+        raise ValueError(f"unsupported ann-benchmarks distance {dataset.distance!r}.")
+    test = dataset.test if n_queries is None else dataset.test[:n_queries]
+    true_d = dataset.distances[: len(test)].astype(np.float64)
+    if metric == "hamming":  # ann-benchmarks stores Jaccard-style fractions for some sets
+        true_d = _true_distances(metric, dataset.train, test, dataset.neighbors[: len(test)])
+    algo = HashlearnANN(metric, index, n_bits)
+    start = time.perf_counter()
+    algo.fit(dataset.train)
+    build_s = time.perf_counter() - start
+    rows = []
+    settings = query_argument_groups(metric)
+    for n_candidates in (progress(settings) if progress else settings):
+        algo.set_query_arguments(max(n_candidates, k))
+        start = time.perf_counter()
+        single = np.full((len(test), k), -1, np.int64)
+        for i, v in enumerate(test):
+            got = algo.query(v, k)
+            single[i, : len(got)] = got
+        single_s = time.perf_counter() - start
+        start = time.perf_counter()
+        algo.batch_query(test, k)
+        batch_s = time.perf_counter() - start
+        batch = algo._results
+        rows.append({
+            "algorithm": str(algo), "n_candidates": n_candidates if metric != "hamming" else 0,
+            "recall": round(recall_at_k(metric, dataset.train, test, single, true_d, k), 4),
+            "recall_batch": round(recall_at_k(metric, dataset.train, test, batch, true_d, k), 4),
+            "QPS": round(len(test) / single_s, 1), "batch_QPS": round(len(test) / batch_s, 1),
+            "build_s": round(build_s, 2),
+        })
+    return rows
+
+
+def _plot(rows, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hashlearn.plots import atomic_path
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("QPS", "one query at a time"), ("batch_QPS", "batched")):
+        pts = sorted((r["recall"], r[key]) for r in rows)
+        ax.plot(*zip(*pts, strict=True), marker="o", label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("recall@k")
+    ax.set_ylabel("queries per second")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def run_file(path, out_dir, *, index: str = "mih", n_bits: int = 64, k: int = 10,
+             n_queries: int | None = None, progress=None) -> str:
+    """Sweep one ann-benchmarks HDF5 file; write ``ann_<name>.{md,json,png}`` to out_dir."""
+    from hashlearn.datasets import load_ann_benchmarks
+    from hashlearn.experiments._common import markdown_table
+
+    path, out_dir = Path(path), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dataset = load_ann_benchmarks(path)
+    rows = sweep(dataset, index=index, n_bits=n_bits, k=k, n_queries=n_queries,
+                 progress=progress)
+    stem = f"ann_{path.stem}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+    _plot(rows, out_dir / f"{stem}.png", f"{path.name}: recall@{k} vs QPS")
+    cols = list(rows[0])
+    md = "\n".join([
+        f"ann-benchmarks sweep of `{path.name}` ({dataset.distance}, {len(dataset.train):,} "
+        f"train, {len(dataset.test) if n_queries is None else n_queries} queries, k={k}).",
+        "", markdown_table(cols, [[r[c] for c in cols] for r in rows]), "",
+        f"![recall-QPS]({stem}.png)"])
+    (out_dir / f"{stem}.md").write_text(md + "\n")
+    return md
+
+
+def _write_demo_file(path: Path, *, metric: str, n: int = 20_000, n_test: int = 200,
+                     d: int = 64, seed: int = 0) -> Path:
+    """A small ann-benchmarks-format HDF5 file (clustered data) with exact ground truth."""
+    import h5py
+
+    from hashlearn.evaluate import exact_knn
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(50, d))
+    X = (centres[rng.integers(0, 50, n + n_test)] + 0.3 * rng.normal(size=(n + n_test, d)))
+    if metric == "hamming":
+        X = X > 0
+        train, test = X[:n], X[n:]
+        dist = (test[:, None, :] != train[None, :, :]).sum(axis=2)
+        nbrs = np.argsort(dist, axis=1, kind="stable")[:, :100]
+        dists = np.take_along_axis(dist, nbrs, 1).astype(np.float32)
+    else:
+        X = X.astype(np.float32)
+        train, test = X[:n], X[n:]
+        dists, nbrs = exact_knn(train, test, 100, "euclidean")
+    with h5py.File(path, "w") as f:
+        f.attrs["distance"] = metric
+        f.attrs["type"] = "dense"
+        f.create_dataset("train", data=train)
+        f.create_dataset("test", data=test)
+        f.create_dataset("neighbors", data=np.asarray(nbrs, np.int32))
+        f.create_dataset("distances", data=np.asarray(dists, np.float32))
+    return path
+
+
+def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
+        progress=None) -> str:
+    """Experiment entry point: the sweep on synthetic ann-benchmarks files (Hamming and
+    Euclidean) written into ``out_dir`` (real files: ``hashlearn bench ann FILE.hdf5``)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = 5_000 if quick else 100_000
+    parts = []
+    for metric in ("hamming", "euclidean"):
+        path = _write_demo_file(out_dir / f"synthetic-{metric}.hdf5", metric=metric, n=n,
+                                seed=seed)
+        parts.append(run_file(path, out_dir, n_queries=100 if quick else None,
+                              progress=progress))
+        path.unlink()
+    return "\n\n".join(parts)

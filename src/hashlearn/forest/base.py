@@ -1,0 +1,218 @@
+"""Bucketers: estimators mapping each item to one integer key per table.
+
+A bucketer (boosted-search-forest.txt §3.4) is the learned half of an inverted index: a
+forest of search trees sends an item to one leaf per tree, LSH tables to one bucket per
+table, and the leaf / bucket numbers are the "index words" under which
+:class:`hashlearn.index.table.TableIndex` files the item. Every bucketer has
+``fit(X, y=None)``, ``keys(X) -> (n, n_tables) int64`` and ``n_tables``.
+
+Key layout: bits 0..39 hold the leaf or bucket number, bits 40..62 a 23-bit tag
+(``key_tag_``) derived from the bucketer's learned arrays, so an index built by one bucketer
+can recognise (and refuse) the keys of another.
+
+This module also holds the binary hyperplane tree shared by the boosted search forest
+(projection and stump splits) and the bisecting k-means tree: internal node ``v`` sends
+``x`` to ``left_[v]`` when ``s_v(x) > threshold_[v]`` and to ``right_[v]`` otherwise, with
+``s_v(x) = x[feature_[v]]`` (a stump) or ``s_v(x) = proj_[-feature_[v] - 1] . x`` (a
+hyperplane, the paper's ``p^T x + b > 0`` with ``threshold = -b``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+from typing import Any
+
+import numba
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
+from hashlearn.io import Persistable
+
+__all__ = ["BaseBucketer", "TreeBuilder", "tree_leaves"]
+
+
+class BaseBucketer(Persistable, BaseEstimator):
+    """Base class of bucketers: ``fit(X, y=None)``, ``keys(X)``, ``n_tables``.
+
+    Subclasses implement ``_fit(X, y)`` (setting learned attributes ending in ``_``) and
+    ``_local_keys(X) -> (n, n_tables) int64`` with values in ``[0, 2**40)``.
+    """
+
+    n_tables: int  # a parameter (LSHTables) or a property (forests: n_trees)
+
+    def fit(self, X, y=None):
+        """Learn the tables from ``X`` (and ``y`` where the bucketer uses labels)."""
+        X = validate_data(self, X, reset=True, dtype=np.float64, ensure_min_samples=2)
+        if y is not None:
+            y = np.asarray(y)
+            if y.shape != (X.shape[0],):
+                raise ValueError(f"y must have shape ({X.shape[0]},), one label per row of X. "
+                                 f"Got shape {y.shape}.")
+        self._fit(X, y)
+        self.key_tag_ = self._compute_tag()
+        return self
+
+    def keys(self, X) -> np.ndarray:
+        """One key per table for every row of ``X``: int64 ``(n, n_tables)``."""
+        check_is_fitted(self, "key_tag_")
+        X = validate_data(self, X, reset=False, dtype=np.float64, ensure_min_samples=0)
+        local = self._local_keys(np.ascontiguousarray(X))
+        return local | np.int64(self.key_tag_ << KEY_TAG_SHIFT)
+
+    def leaves(self, X) -> np.ndarray:
+        """Keys without the tag: the leaf / bucket number in each table."""
+        return self.keys(X) & KEY_LOCAL_MASK
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def _fit(self, X, y) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _local_keys(self, X) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _compute_tag(self) -> int:
+        h = hashlib.sha256(type(self).__name__.encode())
+        for key in sorted(vars(self)):
+            value = getattr(self, key)
+            if key.endswith("_") and not key.startswith("_") and key != "key_tag_":
+                h.update(key.encode())
+                h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray)
+                         else repr(value).encode())
+        return int.from_bytes(h.digest()[:4], "little") & ((1 << 23) - 1)
+
+    # ------------------------------------------------------------------ persistence
+
+    def _get_state(self):
+        check_is_fitted(self, "key_tag_")
+        params = self.get_params(deep=False)
+        for key, value in params.items():
+            if not (value is None or isinstance(value, (str, bool, numbers.Real))):
+                raise TypeError(f"cannot save {type(self).__name__}: parameter {key}={value!r} "
+                                "is not a number, string, bool or None (pass random_state as "
+                                "an int).")
+        state: dict[str, Any] = {}
+        arrays: dict[str, np.ndarray] = {}
+        for key, value in vars(self).items():
+            if not key.endswith("_") or key.startswith("_"):
+                continue
+            if isinstance(value, np.ndarray):
+                arrays[key] = value
+            elif value is None or isinstance(value, (str, bool, numbers.Real)):
+                state[key] = value
+            else:
+                raise TypeError(f"cannot save attribute {key} of type {type(value).__name__}.")
+        return params, state, arrays
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        obj = cls(**params)
+        for key, value in {**state, **arrays}.items():
+            setattr(obj, key, value)
+        return obj
+
+
+# ------------------------------------------------------------------------ binary trees
+
+class TreeBuilder:
+    """Accumulates the nodes of binary hyperplane / stump trees into flat arrays."""
+
+    def __init__(self, n_features: int):
+        self.n_features = n_features
+        self.left: list[int] = []
+        self.right: list[int] = []
+        self.feature: list[int] = []
+        self.threshold: list[float] = []
+        self.leaf_id: list[int] = []
+        self.proj: list[np.ndarray] = []
+        self.roots: list[int] = []
+        self.n_leaves: list[int] = []
+
+    def new_node(self) -> int:
+        self.left.append(-1)
+        self.right.append(-1)
+        self.feature.append(0)
+        self.threshold.append(0.0)
+        self.leaf_id.append(-1)
+        return len(self.left) - 1
+
+    def set_split(self, node: int, feature: int | None, direction: np.ndarray | None,
+                  threshold: float) -> tuple[int, int]:
+        """Make ``node`` internal; ``feature`` for a stump or ``direction`` for a hyperplane.
+        Returns the new (left, right) children: left takes ``s(x) > threshold``."""
+        if feature is None:
+            self.proj.append(np.asarray(direction, np.float64))
+            self.feature[node] = -len(self.proj)
+        else:
+            self.feature[node] = int(feature)
+        self.threshold[node] = float(threshold)
+        left, right = self.new_node(), self.new_node()
+        self.left[node], self.right[node] = left, right
+        return left, right
+
+    def finish_tree(self, root: int) -> None:
+        """Number the leaves of the tree under ``root`` (depth-first, left first)."""
+        count, stack = 0, [root]
+        while stack:
+            v = stack.pop()
+            if self.left[v] < 0:
+                self.leaf_id[v] = count
+                count += 1
+            else:
+                stack.append(self.right[v])
+                stack.append(self.left[v])
+        self.roots.append(root)
+        self.n_leaves.append(count)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        proj = (np.stack(self.proj) if self.proj
+                else np.zeros((0, self.n_features), np.float64))
+        return {
+            "roots_": np.asarray(self.roots, np.int64),
+            "left_": np.asarray(self.left, np.int64),
+            "right_": np.asarray(self.right, np.int64),
+            "feature_": np.asarray(self.feature, np.int64),
+            "threshold_": np.asarray(self.threshold, np.float64),
+            "leaf_id_": np.asarray(self.leaf_id, np.int64),
+            "proj_": proj,
+            "n_leaves_": np.asarray(self.n_leaves, np.int64),
+        }
+
+
+@numba.njit(cache=True, nogil=True)
+def _tree_leaves_kernel(X, roots, left, right, feature, threshold, leaf_id, proj, out):
+    n, d = X.shape
+    for i in range(n):
+        for t in range(roots.shape[0]):
+            v = roots[t]
+            while left[v] >= 0:
+                f = feature[v]
+                if f >= 0:
+                    s = X[i, f]
+                else:
+                    row = -f - 1
+                    s = 0.0
+                    for j in range(d):
+                        s += proj[row, j] * X[i, j]
+                v = left[v] if s > threshold[v] else right[v]
+            out[i, t] = leaf_id[v]
+
+
+def tree_leaves(X: np.ndarray, arrays) -> np.ndarray:
+    """Leaf number of every row of ``X`` in every tree: int64 ``(n, n_trees)``.
+
+    ``arrays`` is an object with the attributes of :meth:`TreeBuilder.arrays`.
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    out = np.empty((X.shape[0], len(arrays.roots_)), np.int64)
+    block = 65536
+    for start in range(0, X.shape[0], block):
+        stop = min(X.shape[0], start + block)
+        _tree_leaves_kernel(X[start:stop], arrays.roots_, arrays.left_, arrays.right_,
+                            arrays.feature_, arrays.threshold_, arrays.leaf_id_,
+                            np.ascontiguousarray(arrays.proj_, dtype=np.float64),
+                            out[start:stop])
+    return out

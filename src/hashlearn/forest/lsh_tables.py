@@ -1,0 +1,72 @@
+"""LSH tables: the data-independent baseline of boosted-search-forest.txt (§4, "multiple sets
+of LSH codes").
+
+Each of ``n_tables`` tables concatenates ``bits_per_table`` random-hyperplane bits
+(Charikar's sign-random-projection LSH, survey §3.1) of the centred data,
+``h(x) = 1(r . (x - mu) > 0)`` with ``r ~ N(0, I)``; the table's key is the integer whose bit
+``j`` is the table's ``j``-th bit. Items sharing a key in any table are candidates (Gionis,
+Indyk & Motwani's multi-table scheme), so the inverted :class:`~hashlearn.index.table.TableIndex`
+serves them like the leaves of a search forest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from hashlearn._validation import check_int
+from hashlearn.forest.base import BaseBucketer
+from hashlearn.io import persistable
+
+__all__ = ["LSHTables"]
+
+
+@persistable
+class LSHTables(BaseBucketer):
+    """``n_tables`` tables of ``bits_per_table`` random-hyperplane bits each.
+
+    Parameters
+    ----------
+    n_tables : int
+        Number of tables L (keys per item).
+    bits_per_table : int
+        Bits concatenated into one table's key, in [1, 40]: ``2**bits_per_table`` buckets.
+    random_state : int, RandomState or None
+
+    Attributes
+    ----------
+    directions_ : ndarray (n_tables * bits_per_table, n_features)
+        Gaussian hyperplane normals; rows ``l*b .. (l+1)*b - 1`` form table ``l``.
+    offsets_ : ndarray (n_tables * bits_per_table,)
+        ``directions_ @ mean(X)``: the hyperplanes pass through the data mean.
+
+    Examples
+    --------
+    >>> from hashlearn.datasets import load_digits
+    >>> from hashlearn.forest.lsh_tables import LSHTables
+    >>> X, _ = load_digits()
+    >>> LSHTables(4, 8, random_state=0).fit(X).leaves(X[:2]).shape
+    (2, 4)
+    """
+
+    def __init__(self, n_tables: int = 8, bits_per_table: int = 12, random_state=None):
+        self.n_tables = n_tables
+        self.bits_per_table = bits_per_table
+        self.random_state = random_state
+
+    def _fit(self, X, y) -> None:
+        n_tables = check_int(self.n_tables, "n_tables", "LSHTables")
+        bits = check_int(self.bits_per_table, "bits_per_table", "LSHTables", high=40)
+        rng = check_random_state(self.random_state)
+        self.directions_ = rng.standard_normal((n_tables * bits, X.shape[1]))
+        self.offsets_ = self.directions_ @ X.mean(axis=0)
+
+    def _local_keys(self, X) -> np.ndarray:
+        b = self.bits_per_table
+        weights = np.left_shift(np.int64(1), np.arange(b, dtype=np.int64))
+        out = np.empty((X.shape[0], self.n_tables), np.int64)
+        for start in range(0, X.shape[0], 65536):
+            block = X[start:start + 65536]
+            bits = (block @ self.directions_.T > self.offsets_).reshape(len(block), -1, b)
+            out[start:start + len(block)] = bits.astype(np.int64) @ weights
+        return out

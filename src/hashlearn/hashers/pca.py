@@ -1,0 +1,145 @@
+"""PCA hashing and iterative quantization (PCA-ITQ), the linear unsupervised baselines.
+
+**PCAHashing** (the PCAH baseline of the hashing literature; binary-codes-survey.txt §4.2 uses
+the same principal directions as the first step of spectral hashing): centre the data, project
+onto the top ``n_bits`` principal directions :math:`V` and threshold at zero,
+:math:`b(x) = [V^T (x - \\mu) \\ge 0]`.
+
+**IterativeQuantization** (Gong & Lazebnik, CVPR 2011; not one of the project papers but the
+baseline every user expects): after the PCA projection :math:`v = V^T (x - \\mu)`, find the
+orthogonal rotation :math:`R` minimising the quantization loss
+:math:`\\|B - V R\\|_F^2` over codes :math:`B \\in \\{-1, 1\\}^{n \\times b}` by alternating
+:math:`B = \\operatorname{sgn}(VR)` and the orthogonal Procrustes step
+:math:`R = \\hat U U^T` from the SVD :math:`B^T V = U S \\hat U^T`. Bits are
+:math:`[R^T V^T (x - \\mu) \\ge 0]`.
+
+Both need ``n_bits <= min(n_samples, n_features)`` (a code cannot have more principal
+directions than the data has); larger ``n_bits`` raise a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from hashlearn._validation import check_int
+from hashlearn.hashers.base import BaseHasher, register_hasher
+from hashlearn.io import persistable
+
+__all__ = ["PCAHashing", "IterativeQuantization", "principal_directions"]
+
+
+def principal_directions(X: np.ndarray, n_components: int, owner: str
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, top ``n_components`` principal directions ``(d, c)`` and their variances.
+
+    Raises ``ValueError`` when ``n_components > min(n_samples, n_features)``. The sign of each
+    direction is fixed (largest-magnitude entry positive) so results do not depend on the
+    LAPACK build.
+    """
+    n, d = X.shape
+    if n_components > min(n, d):
+        raise ValueError(
+            f"{owner} needs n_bits <= min(n_samples, n_features) = min({n}, {d}) = "
+            f"{min(n, d)} principal directions; got n_bits={n_components}. Use fewer bits or "
+            "a hasher without this limit (e.g. RandomHyperplaneLSH, SpectralHashing)."
+        )
+    mean = X.mean(axis=0)
+    Xc = np.asarray(X - mean, dtype=np.float64)
+    # eigendecomposition of the d x d covariance (d is small after PCA-style preprocessing)
+    if d <= 2000:
+        cov = Xc.T @ Xc / max(n - 1, 1)
+        evals, evecs = np.linalg.eigh(cov)
+        order = np.argsort(evals)[::-1][:n_components]
+        comps, var = evecs[:, order], np.maximum(evals[order], 0.0)
+    else:
+        _, s, vt = np.linalg.svd(Xc, full_matrices=False)
+        comps, var = vt[:n_components].T, s[:n_components] ** 2 / max(n - 1, 1)
+    signs = np.sign(comps[np.argmax(np.abs(comps), axis=0), np.arange(comps.shape[1])])
+    signs[signs == 0] = 1.0
+    return mean, comps * signs, var
+
+
+@persistable
+@register_hasher("pca")
+class PCAHashing(BaseHasher):
+    """Sign of the top ``n_bits`` principal projections (PCAH).
+
+    Parameters
+    ----------
+    n_bits : int
+        Code length; at most ``min(n_samples, n_features)`` of the training data.
+
+    Attributes
+    ----------
+    mean_ : ndarray (n_features,)
+    components_ : ndarray (n_bits, n_features)
+        Principal directions, by decreasing variance.
+    explained_variance_ : ndarray (n_bits,)
+    """
+
+    def __init__(self, n_bits: int = 32):
+        self.n_bits = n_bits
+
+    def _fit(self, X, y, pairs, similar) -> None:
+        mean, comps, var = principal_directions(X, self.n_bits, type(self).__name__)
+        self.mean_ = mean
+        self.components_ = comps.T.copy()
+        self.explained_variance_ = var
+
+    def _project(self, X) -> np.ndarray:
+        return (X - self.mean_) @ self.components_.T
+
+
+@persistable
+@register_hasher("itq")
+class IterativeQuantization(BaseHasher):
+    """PCA followed by the ITQ rotation (Gong & Lazebnik 2011, eq. 2 and its Procrustes step).
+
+    Parameters
+    ----------
+    n_bits : int
+        Code length; at most ``min(n_samples, n_features)`` of the training data.
+    n_iter : int, default=50
+        Alternations of the code step and the rotation step.
+    random_state : int, RandomState or None
+        Seed of the initial random orthogonal rotation.
+
+    Attributes
+    ----------
+    mean_ : ndarray (n_features,)
+    components_ : ndarray (n_bits, n_features)
+        Rotated projection :math:`(V R)^T`; bits are ``components_ @ (x - mean_) >= 0``.
+    rotation_ : ndarray (n_bits, n_bits)
+        The learned orthogonal :math:`R`.
+    quantization_loss_ : ndarray (n_iter,)
+        :math:`\\|B - VR\\|_F^2 / n` after each iteration (non-increasing).
+    """
+
+    def __init__(self, n_bits: int = 32, n_iter: int = 50, random_state=None):
+        self.n_bits = n_bits
+        self.n_iter = n_iter
+        self.random_state = random_state
+
+    def _fit(self, X, y, pairs, similar) -> None:
+        owner = type(self).__name__
+        n_iter = check_int(self.n_iter, "n_iter", owner, low=0)
+        rng = check_random_state(self.random_state)
+        mean, comps, _ = principal_directions(X, self.n_bits, owner)
+        V = (X - mean) @ comps
+        q, r = np.linalg.qr(rng.standard_normal((self.n_bits, self.n_bits)))
+        R = q * np.sign(np.diag(r))
+        losses = np.empty(n_iter)
+        for it in range(n_iter):
+            Z = V @ R
+            B = np.where(Z >= 0, 1.0, -1.0)
+            u, _, vt = np.linalg.svd(B.T @ V)
+            R = (u @ vt).T
+            losses[it] = np.sum((B - V @ R) ** 2) / len(X)
+        self.mean_ = mean
+        self.rotation_ = R
+        self.components_ = (comps @ R).T.copy()
+        self.quantization_loss_ = losses
+
+    def _project(self, X) -> np.ndarray:
+        return (X - self.mean_) @ self.components_.T

@@ -1,0 +1,405 @@
+"""Task-specific bit vectors learned by ranking: RankNet and LambdaRank codes.
+
+lambdarank-bit-vectors.txt (Sec. 3): a bit vector is the rounded output of a sigmoid layer,
+
+.. math:: h_j(v) = \\sigma(b_j + \\textstyle\\sum_i W_{ij} v_i), \\qquad b_j = [h_j \\ge 1/2]
+   \\quad (1)
+
+and documents are ranked for a query by the *relaxed Hamming score*
+
+.. math:: \\hat s_i = \\textstyle\\sum_j h_{qj}(1 - h_{ij}) + (1 - h_{qj}) h_{ij} \\quad (2)
+
+which equals the Hamming distance on binary vectors and is differentiable in ``W``. For a
+triplet (query, document a that should rank higher, document b), RankNet models
+:math:`P(a \\succ b) = 1 / (1 + e^{\\hat s_a - \\hat s_b})` (3) and minimises the cross-entropy
+:math:`C = -\\log P(a \\succ b)` (4) with target 1. LambdaRank (5) multiplies each pair's
+RankNet gradient by :math:`|\\Delta S|`, the change of the task's score ``S`` when ``a`` and
+``b`` swap places in the current Hamming ranking; only swaps between a document inside the
+query's ``k`` nearest non-empty Hamming bins and one outside them, both within the nearest
+``max(B/3, k+1)`` bins, are considered (Sec. 3.5.3-3.5.4). Scores:
+
+* classification (eq. 6-7): the correct label's vote margin among the selected neighbours,
+  capped once the majority is right: :math:`S_C = \\min(c_{l_q} - \\max_{l \\ne l_q} c_l, 1)`
+  (our reading of eq. 7: a swap that brings the correct label one vote closer to the
+  majority counts, one that only piles up votes after the majority is won does not);
+* retrieval (eq. 8): :math:`S_R = \\sum_{i \\le L} l_{d_i}`, the number of relevant documents
+  retrieved (relevant = among the query's ``n_neighbors`` Euclidean nearest neighbours);
+* regression (eq. 11): :math:`S = -\\frac1L \\sum_i (t_q - t_{d_i})^2`.
+
+Training follows Fig. 3: ``W`` from :math:`N(0, 10^{-3})`, per step ``queries_per_step``
+queries each with ``docs_per_query`` random documents, the gradient averaged over the
+queries, fixed step size and momentum 0.8 (an exponentially decaying sum of past gradients).
+Everything is vectorised over the batch of queries (numpy). Inputs are standardised per
+feature first (dense: centred and scaled; sparse: scaled by the column RMS, kept sparse);
+that affine map is folded into the projection, so ``encode`` takes raw inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils import check_random_state
+
+from hashlearn._validation import check_int, check_real
+from hashlearn.hashers.base import BaseHasher, register_hasher
+from hashlearn.io import persistable
+
+__all__ = ["RankHashing", "check_triplets"]
+
+_OBJECTIVES = ("ranknet", "lambdarank")
+_TASKS = ("classification", "retrieval", "regression")
+
+
+def check_triplets(triplets, n_samples: int, owner: str) -> np.ndarray:
+    """Validate ``(m, 3)`` int triplets ``(query, more relevant doc, less relevant doc)``."""
+    arr = np.asarray(triplets)
+    if arr.ndim != 2 or arr.shape[1] != 3 or arr.shape[0] == 0:
+        raise ValueError(f"triplets of {owner} must be a non-empty (m, 3) array of row indices "
+                         f"(query, relevant, irrelevant). Got shape {arr.shape}.")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"triplets of {owner} must be integers. Got dtype {arr.dtype}.")
+    if arr.min() < 0 or arr.max() >= n_samples:
+        raise ValueError(f"triplets of {owner} index rows of X: values must be in "
+                         f"[0, {n_samples - 1}]. Got values in [{arr.min()}, {arr.max()}].")
+    return arr.astype(np.int64)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def _bin_thresholds(dist: np.ndarray, k: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the k-th and the ``window``-th smallest distinct value (largest if fewer)."""
+    s = np.sort(dist, axis=1)
+    new_bin = np.ones(s.shape, bool)
+    new_bin[:, 1:] = s[:, 1:] != s[:, :-1]
+    rank = np.cumsum(new_bin, axis=1)
+    top = np.where(rank <= k, s, -1).max(axis=1)
+    win = np.where(rank <= window, s, -1).max(axis=1)
+    return top, win
+
+
+@persistable
+@register_hasher("rank")
+class RankHashing(BaseHasher):
+    """Bit vectors learned with RankNet or LambdaRank for a task's own measure.
+
+    lambdarank-bit-vectors.txt, eq. 1-8 and 11, Fig. 3.
+
+    Parameters
+    ----------
+    n_bits : int, default=32
+        Code length ``B``.
+    objective : {"ranknet", "lambdarank"}, default="lambdarank"
+        RankNet cross-entropy (eq. 3-4) or its LambdaRank re-weighting by ``|ΔS|`` (eq. 5).
+    task : {"classification", "retrieval", "regression"}, default="classification"
+        What ``fit`` learns from: class labels ``y`` (same label = relevant), nothing (a
+        document is relevant to a query if it is among its ``n_neighbors`` Euclidean nearest
+        training rows) or real targets ``y`` (closer target ranks higher).
+    learning_rate : float, default=0.05
+        Fixed step size.
+    momentum : float, default=0.8
+        Decay of the running sum of past gradients.
+    queries_per_step : int, default=100
+        Queries whose gradients are averaged per update.
+    docs_per_query : int, default=100
+        Random training documents ranked for each query (the paper's subsampling).
+    n_epochs : int, default=10
+        Passes over the training rows as queries.
+    k : int, default=3
+        Relative threshold used by LambdaRank: the query's ``k`` nearest non-empty Hamming
+        bins are its selected neighbours.
+    radius : int or None, default=None
+        For ``task="retrieval"``: absolute threshold (distance ``<= radius``) of the
+        retrieved set in eq. 8; ``None`` uses the relative threshold ``k`` (as the other
+        tasks). The retrieved set is never empty: the nearest non-empty bin always counts.
+    n_neighbors : int, default=50
+        Relevant set size of ``task="retrieval"`` (the paper's 50-NN task).
+    random_state : int, RandomState or None
+        Seeds initialisation and sampling; the same seed gives identical codes.
+
+    Attributes
+    ----------
+    weights_ : ndarray (n_features, n_bits)
+        ``W`` in the standardised input space; ``bias_`` (n_bits,) the biases ``b``.
+    mean_, scale_ : ndarray (n_features,)
+        The per-feature standardisation folded into :meth:`project`.
+    loss_curve_ : ndarray (n_epochs,)
+        Mean RankNet cross-entropy (4) of the training pairs per epoch.
+
+    ``fit(X, y)``, ``fit(X)`` (retrieval), or ``fit(X, triplets=T)`` with explicit
+    ``(query, more relevant, less relevant)`` row triplets (RankNet on those triplets).
+    Accepts scipy.sparse input.
+    """
+
+    accept_sparse = True
+    supervised = True  # labels / targets; fit relaxes this for task="retrieval" and triplets
+
+    def __init__(self, n_bits: int = 32, objective: str = "lambdarank",
+                 task: str = "classification", learning_rate: float = 0.05,
+                 momentum: float = 0.8, queries_per_step: int = 100,
+                 docs_per_query: int = 100, n_epochs: int = 10, k: int = 3,
+                 radius: int | None = None, n_neighbors: int = 50, random_state=None):
+        self.n_bits = n_bits
+        self.objective = objective
+        self.task = task
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.queries_per_step = queries_per_step
+        self.docs_per_query = docs_per_query
+        self.n_epochs = n_epochs
+        self.k = k
+        self.radius = radius
+        self.n_neighbors = n_neighbors
+        self.random_state = random_state
+
+    # ----------------------------------------------------------------------------- fit
+
+    def fit(self, X, y=None, *, pairs=None, similar=None, triplets=None):
+        """Learn ``W`` (see the class docstring for what each task needs)."""
+        self._triplets = triplets
+        # _fit checks what the task needs (retrieval and triplets need no labels), with
+        # messages naming the task; the class attribute still tells callers to pass labels
+        self.supervised = False
+        try:
+            return super().fit(X, y, pairs=pairs, similar=similar)
+        finally:
+            del self._triplets, self.supervised
+
+    def _check_params(self) -> None:
+        owner = type(self).__name__
+        if self.objective not in _OBJECTIVES:
+            raise ValueError(f"The 'objective' parameter of {owner} must be one of "
+                             f"{_OBJECTIVES}. Got {self.objective!r} instead.")
+        if self.task not in _TASKS:
+            raise ValueError(f"The 'task' parameter of {owner} must be one of {_TASKS}. "
+                             f"Got {self.task!r} instead.")
+        check_real(self.learning_rate, "learning_rate", owner, low=0, low_open=True)
+        check_real(self.momentum, "momentum", owner, low=0, high=1)
+        check_int(self.queries_per_step, "queries_per_step", owner)
+        check_int(self.docs_per_query, "docs_per_query", owner, low=2)
+        check_int(self.n_epochs, "n_epochs", owner, low=0)
+        check_int(self.k, "k", owner)
+        check_int(self.n_neighbors, "n_neighbors", owner)
+        if self.radius is not None:
+            check_int(self.radius, "radius", owner, low=0, high=self.n_bits)
+
+    def _fit(self, X, y, pairs, similar) -> None:
+        owner = type(self).__name__
+        self._check_params()
+        if pairs is not None:
+            raise ValueError(f"{owner} learns from labels, targets or triplets=..., not pairs.")
+        n = X.shape[0]
+        triplets = None
+        if self._triplets is not None:
+            if y is not None:
+                raise ValueError(f"{owner}.fit takes y or triplets, not both.")
+            triplets = check_triplets(self._triplets, n, owner)
+        elif self.task == "classification":
+            if y is None:
+                raise ValueError(f"{owner}(task='classification') needs class labels: call "
+                                 "fit(X, y).")
+            classes, y = np.unique(y, return_inverse=True)
+            if classes.size < 2:
+                raise ValueError(f"{owner}(task='classification') needs at least 2 classes. "
+                                 f"Got {classes.size}.")
+        elif self.task == "regression":
+            if y is None:
+                raise ValueError(f"{owner}(task='regression') needs real targets: call "
+                                 "fit(X, y).")
+            y = np.asarray(y, dtype=np.float64)
+            if not np.all(np.isfinite(y)):
+                raise ValueError(f"y of {owner}(task='regression') must be finite.")
+        elif y is not None:
+            raise ValueError(f"{owner}(task='retrieval') defines relevance by Euclidean "
+                             "neighbours and takes no y; use triplets=... for your own.")
+        if n < 2:
+            raise ValueError(f"{owner} needs at least 2 training rows. Got {n}.")
+        rng = check_random_state(self.random_state)
+        Xs = self._standardize_fit(X)
+        d, B = X.shape[1], self.n_bits
+        self.weights_ = rng.normal(0.0, np.sqrt(1e-3), size=(d, B))
+        self.bias_ = np.zeros(B)
+        neighbors = None
+        if triplets is None and self.task == "retrieval":
+            neighbors = self._training_neighbors(X, min(self.n_neighbors, n - 1))
+        velocity_w = np.zeros_like(self.weights_)
+        velocity_b = np.zeros_like(self.bias_)
+        losses = []
+        for _ in range(self.n_epochs):
+            epoch_loss, epoch_pairs = 0.0, 0
+            if triplets is not None:
+                order = rng.permutation(len(triplets))
+                batches = [triplets[order[s:s + self.queries_per_step * self.docs_per_query]]
+                           for s in range(0, len(order),
+                                          self.queries_per_step * self.docs_per_query)]
+            else:
+                order = rng.permutation(n)
+                batches = [order[s:s + self.queries_per_step]
+                           for s in range(0, n, self.queries_per_step)]
+            for batch in batches:
+                if triplets is not None:
+                    grad_w, grad_b, loss, n_pairs = self._triplet_gradient(Xs, batch)
+                else:
+                    grad_w, grad_b, loss, n_pairs = self._query_gradient(
+                        Xs, y, neighbors, batch, rng)
+                epoch_loss += loss
+                epoch_pairs += n_pairs
+                velocity_w = self.momentum * velocity_w - self.learning_rate * grad_w
+                velocity_b = self.momentum * velocity_b - self.learning_rate * grad_b
+                self.weights_ += velocity_w
+                self.bias_ += velocity_b
+            losses.append(epoch_loss / max(epoch_pairs, 1))
+        self.loss_curve_ = np.asarray(losses, dtype=np.float64)
+
+    def _standardize_fit(self, X):
+        if sp.issparse(X):
+            self.mean_ = np.zeros(X.shape[1])
+            scale = np.sqrt(np.asarray(X.multiply(X).mean(axis=0)).ravel())
+        else:
+            self.mean_ = X.mean(axis=0).astype(np.float64)
+            scale = X.std(axis=0).astype(np.float64)
+        self.scale_ = np.where(scale > 0, scale, 1.0)
+        if sp.issparse(X):
+            return sp.csr_matrix(X.multiply(1.0 / self.scale_[None, :]), dtype=np.float64)
+        return ((X - self.mean_) / self.scale_).astype(np.float64)
+
+    @staticmethod
+    def _training_neighbors(X, n_neighbors: int) -> np.ndarray:
+        from hashlearn.evaluate import exact_knn
+
+        _, ids = exact_knn(X, X, n_neighbors + 1)
+        return np.sort(ids[:, 1:], axis=1)  # drop the row itself (first, distance 0)
+
+    # ------------------------------------------------------------------------ gradients
+
+    def _forward(self, Xs, rows: np.ndarray) -> np.ndarray:
+        return _sigmoid(np.asarray(Xs[rows] @ self.weights_) + self.bias_)
+
+    def _backward(self, Xs, rows: np.ndarray, grad_h: np.ndarray, h: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Chain rule through eq. 1: ``dC/dW = X^T (dC/dh * h (1 - h))``."""
+        grad_z = grad_h * h * (1.0 - h)
+        return np.asarray(Xs[rows].T @ grad_z), grad_z.sum(axis=0)
+
+    def _triplet_gradient(self, Xs, batch: np.ndarray):
+        q, a, b = batch[:, 0], batch[:, 1], batch[:, 2]
+        rows = np.concatenate([q, a, b])
+        h = self._forward(Xs, rows)
+        hq, ha, hb = np.split(h, 3)
+        s_a = (hq + ha - 2 * hq * ha).sum(axis=1)  # eq. 2
+        s_b = (hq + hb - 2 * hq * hb).sum(axis=1)
+        diff = s_a - s_b
+        lam = _sigmoid(diff)  # dC/ds_a of C = log(1 + exp(s_a - s_b)), eq. 3-4
+        loss = float(np.logaddexp(0.0, diff).sum())
+        m = len(batch)
+        g_q = lam[:, None] * ((1 - 2 * ha) - (1 - 2 * hb))
+        g_a = lam[:, None] * (1 - 2 * hq)
+        g_b = -lam[:, None] * (1 - 2 * hq)
+        grad_w, grad_b = self._backward(Xs, rows, np.concatenate([g_q, g_a, g_b]) / m, h)
+        return grad_w, grad_b, loss, m
+
+    def _query_gradient(self, Xs, y, neighbors, queries: np.ndarray, rng):
+        n = Xs.shape[0]
+        Q, D, B = queries.size, min(self.docs_per_query, n - 1), self.n_bits
+        docs = rng.randint(0, n - 1, size=(Q, D))
+        docs += docs >= queries[:, None]  # never the query itself
+        rows = np.concatenate([queries, docs.ravel()])
+        h = self._forward(Xs, rows)
+        hq, hd = h[:Q], h[Q:].reshape(Q, D, B)
+        score = (hq[:, None, :] + hd - 2 * hq[:, None, :] * hd).sum(axis=2)  # eq. 2
+        gain = self._gain(y, neighbors, queries, docs)  # (Q, D): larger = more relevant
+        qi, ai, bi = np.nonzero(gain[:, :, None] > gain[:, None, :])  # a should outrank b
+        diff = score[qi, ai] - score[qi, bi]  # s_a - s_b
+        lam = _sigmoid(diff)  # RankNet dC/ds_a of C = log(1 + exp(s_a - s_b)), eq. 3-4
+        loss = float(np.logaddexp(0.0, diff).sum())
+        if self.objective == "lambdarank":
+            lam = lam * self._delta_score(hq, hd, gain, y, queries, docs, qi, ai, bi)
+        # dC/ds_i: + as the higher-ranked member of a pair, - as the lower one
+        lam_doc = (np.bincount(qi * D + ai, lam, Q * D)
+                   - np.bincount(qi * D + bi, lam, Q * D)).reshape(Q, D)
+        g_d = lam_doc[:, :, None] * (1 - 2 * hq[:, None, :])
+        g_q = (lam_doc[:, :, None] * (1 - 2 * hd)).sum(axis=1)
+        grad_h = np.concatenate([g_q, g_d.reshape(Q * D, B)]) / Q
+        grad_w, grad_b = self._backward(Xs, rows, grad_h, h)
+        return grad_w, grad_b, loss, len(qi)
+
+    def _gain(self, y, neighbors, queries, docs) -> np.ndarray:
+        if self.task == "classification":
+            return (y[docs] == y[queries][:, None]).astype(np.float64)
+        if self.task == "regression":
+            return -((y[docs] - y[queries][:, None]) ** 2)
+        nb = neighbors[queries]  # (Q, K) sorted
+        pos = np.minimum(np.array([np.searchsorted(nb[i], docs[i]) for i in range(len(docs))]),
+                         nb.shape[1] - 1)
+        return (np.take_along_axis(nb, pos, axis=1) == docs).astype(np.float64)
+
+    def _delta_score(self, hq, hd, gain, y, queries, docs, qi, ai, bi) -> np.ndarray:
+        """``|ΔS|`` of swapping documents ``ai`` and ``bi`` of query ``qi`` in the current
+        Hamming ranking (Sec. 3.5); zero unless one is inside the selected bins and the
+        other outside them but within the nearest ``max(B/3, k+1)`` bins."""
+        bq = hq >= 0.5
+        bd = hd >= 0.5
+        dist = (bq[:, None, :] != bd).sum(axis=2)  # true Hamming distances, (Q, D)
+        window = max(self.n_bits // 3, self.k + 1)
+        top, win = _bin_thresholds(dist, self.k, window)
+        if self.task == "retrieval" and self.radius is not None:
+            top = np.maximum(np.minimum(top, self.radius), dist.min(axis=1))
+        inside = dist <= top[:, None]
+        in_window = dist <= win[:, None]
+        outside = in_window & ~inside
+        straddle = (inside[qi, ai] & outside[qi, bi]) | (outside[qi, ai] & inside[qi, bi])
+        if self.task == "retrieval":
+            delta = np.abs(gain[qi, ai] - gain[qi, bi])
+        elif self.task == "regression":
+            delta = np.abs(gain[qi, ai] - gain[qi, bi]) / inside.sum(axis=1)[qi]
+        else:
+            per_irrelevant = self._classification_delta(y, queries, docs, inside)
+            delta = np.maximum(per_irrelevant[qi, ai], per_irrelevant[qi, bi])
+        return np.where(straddle, delta, 0.0)
+
+    @staticmethod
+    def _classification_delta(y, queries, docs, inside) -> np.ndarray:
+        """|ΔS_C| for swapping a relevant and an irrelevant document (eq. 7, see module)."""
+        Q, D = docs.shape
+        n_classes = int(y.max()) + 1
+        labels = y[docs]
+        yq = y[queries]
+        counts = np.zeros((Q, n_classes))
+        np.add.at(counts, (np.repeat(np.arange(Q), D), labels.ravel()), inside.ravel())
+        correct = counts[np.arange(Q), yq]
+        other = counts.copy()
+        other[np.arange(Q), yq] = -np.inf
+        order = np.argsort(-other, axis=1)
+        first = other[np.arange(Q), order[:, 0]]
+        second = other[np.arange(Q), order[:, 1]] if n_classes > 1 else first
+        best_other = np.maximum(first, 0)
+        old = np.minimum(correct - best_other, 1)
+        m = labels  # class of each (irrelevant) document
+        cm = np.take_along_axis(counts, m, axis=1)
+        is_top = m == order[:, :1]
+        # relevant doc enters, irrelevant doc of class m (inside) leaves
+        other_after_in = np.where(is_top, np.maximum(cm - 1, np.maximum(second, 0)[:, None]),
+                                  best_other[:, None])
+        gain_in = np.abs(np.minimum(correct[:, None] + 1 - other_after_in, 1) - old[:, None])
+        # relevant doc (inside) leaves, irrelevant doc of class m enters
+        other_after_out = np.maximum(best_other[:, None], cm + 1)
+        gain_out = np.abs(np.minimum(correct[:, None] - 1 - other_after_out, 1) - old[:, None])
+        per_irrelevant = np.where(inside, gain_in, gain_out)  # (Q, D), indexed by the irrelevant
+        relevant = labels == yq[:, None]
+        # per document; for a (relevant, irrelevant) pair the irrelevant member decides |ΔS|
+        return np.where(relevant, 0.0, per_irrelevant)
+
+    # -------------------------------------------------------------------------- encode
+
+    def _project(self, X) -> np.ndarray:
+        """``b + W^T ((x - mean) / scale)``: positive exactly where ``h_j >= 1/2`` (eq. 1)."""
+        effective = self.weights_ / self.scale_[:, None]
+        offset = self.bias_ - self.mean_ @ effective
+        return np.asarray(X @ effective) + offset
+
+    def relaxed_hamming(self, X_query, X_docs) -> np.ndarray:
+        """The relaxed Hamming score (eq. 2) ``(m, n)`` between rows of two inputs."""
+        hq = _sigmoid(self.project(X_query))
+        hd = _sigmoid(self.project(X_docs))
+        return hq.sum(axis=1)[:, None] + hd.sum(axis=1)[None, :] - 2 * hq @ hd.T

@@ -1,0 +1,366 @@
+"""Hamming-ball lookup: binary codes used as hash-table addresses (semantic hashing).
+
+binary-codes-survey.txt §2.2 (Salakhutdinov & Hinton's semantic hashing; also the inverted
+index of lambdarank-bit-vectors.txt, Sec. 5.5): every database code is a key of a hash table
+whose posting list holds the items with that code. A query does not scan the database; it
+enumerates its *Hamming ball*, the codes at distance 0, 1, 2, ... from its own code, in order
+of distance, and looks each one up. A ball of radius ``r`` around a ``b``-bit code holds
+:math:`\\sum_{i \\le r} \\binom{b}{i}` codes (529 for b = 32, r = 2), so a query costs that
+many lookups whatever the database size.
+
+Storage is :mod:`hashlearn._postings` (sorted int64 keys + CSR posting lists of positions)
+plus a *directory* over the top ``p`` bits of the keys (``2^p`` about the number of distinct
+keys), so a lookup is one directory read and a binary search over a handful of keys, and an
+occupancy bitmap over the top ``p + 4`` bits (2 bytes per distinct code, cache-resident at
+1M codes) that answers the common case -- the probed code is absent -- in one cached read.
+
+Keys. Every code goes through a second, 64-bit mixing hash (splitmix64, chained over the
+code's 64-bit words) and keeps its top 63 bits as the table key; that spreads learned, skewed
+codes evenly over the directory. For codes longer than 32 bits (and, rarely, for shorter
+ones, since one bit of the hash is dropped) two codes can share a key. **Collisions are
+handled by verification**: each posting found for a probed code is checked by its true
+Hamming distance to the query and kept only when that distance equals the level being
+enumerated. An item whose key collides with a probed code at another distance is skipped
+there and found at its own level, so results are exactly those of
+:class:`~hashlearn.index.flat.FlatIndex`.
+
+Fallback. When the ball is bigger than the database (``sum_{i<=r} C(b, i) > len(index)``) a
+lookup per ball code costs more than comparing with every code -- in practice already when
+it is bigger than ``len(index) / probe_cost``, a probe being a random memory access and a
+scan step a streamed popcount -- so ``range_search`` scans
+(the flat index kept alongside) for that radius, and ``search(q, k)`` enumerates levels only
+while the ball stays smaller than the database and scans the queries that have not found ``k``
+items by then. Results are identical either way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from hashlearn._kernels import popcount64
+from hashlearn._parallel import parallel_chunks
+from hashlearn._postings import build_table
+from hashlearn._validation import check_real
+from hashlearn.codes import as_words
+from hashlearn.index.base import BinaryIndex, register_index
+from hashlearn.index.flat import FlatIndex
+from hashlearn.io import persistable
+
+__all__ = ["HammingBallIndex", "ball_size"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def ball_size(n_bits: int, radius: int) -> int:
+    """Number of codes within Hamming distance ``<= radius`` of a ``n_bits``-bit code."""
+    return sum(math.comb(n_bits, i) for i in range(min(radius, n_bits) + 1))
+
+
+@numba.njit(cache=True, nogil=True)
+def _splitmix(x):
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True)
+def _key(words, offset, n_words):
+    h = np.uint64(0)
+    for w in range(n_words):
+        h = _splitmix(h ^ words[offset + w])
+    return np.int64(h >> np.uint64(1))
+
+
+@numba.njit(cache=True, nogil=True)
+def _keys_of(words, n, n_words):
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        out[i] = _key(words, i * n_words, n_words)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_bitmap(keys, bitmap, bitmap_shift):
+    for i in range(keys.shape[0]):
+        b = keys[i] >> bitmap_shift
+        bitmap[b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup(keys, directory, shift, bitmap, bitmap_shift, key):
+    b = key >> bitmap_shift
+    if ((bitmap[b >> 6] >> np.uint64(b & 63)) & np.uint64(1)) == np.uint64(0):
+        return -1  # no key with these top bits: the common case, answered from cache
+    slot = key >> shift
+    lo, hi = directory[slot], directory[slot + 1]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < directory[slot + 1] and keys[lo] == key:
+        return lo
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _ball_chunk(db, n_words, keys, offsets, postings, directory, shift, bitmap, bitmap_shift,
+                queries, q_start, q_end, max_level, k, n_bits):
+    """Enumerate the Hamming ball of queries ``q_start:q_end`` level by level.
+
+    Stops a query after level ``max_level`` or after the first level at which it has ``k``
+    items (``k = 0``: never). Returns ``(counts, pos, dist)``: per query its number of
+    results, and the results concatenated in query order, sorted by (distance, position).
+    """
+    m = q_end - q_start
+    counts = np.zeros(m, np.int64)
+    cap = 1024
+    pos = np.empty(cap, np.int64)
+    dist = np.empty(cap, np.int32)
+    total = 0
+    probe = np.empty(n_words, np.uint64)
+    comb = np.empty(max(max_level, 1), np.int64)
+    for qi in range(m):
+        qo = (q_start + qi) * n_words
+        found = 0
+        for level in range(max_level + 1):
+            level_start = total
+            for i in range(level):
+                comb[i] = i
+            while True:
+                for w in range(n_words):
+                    probe[w] = queries[qo + w]
+                for i in range(level):
+                    bit = comb[i]
+                    probe[bit >> 6] ^= np.uint64(1) << np.uint64(bit & 63)
+                slot = _lookup(keys, directory, shift, bitmap, bitmap_shift,
+                               _key(probe, 0, n_words))
+                if slot >= 0:
+                    for j in range(offsets[slot], offsets[slot + 1]):
+                        p = postings[j]
+                        d = 0
+                        for w in range(n_words):
+                            d += popcount64(db[p * n_words + w] ^ queries[qo + w])
+                        if d != level:  # a key collision: this item belongs to another level
+                            continue
+                        if total == cap:
+                            cap *= 2
+                            new_pos = np.empty(cap, np.int64)
+                            new_dist = np.empty(cap, np.int32)
+                            new_pos[:total] = pos[:total]
+                            new_dist[:total] = dist[:total]
+                            pos, dist = new_pos, new_dist
+                        pos[total] = p
+                        dist[total] = level
+                        total += 1
+                # next combination of `level` bits out of n_bits
+                i = level - 1
+                while i >= 0 and comb[i] == n_bits - level + i:
+                    i -= 1
+                if i < 0:
+                    break
+                comb[i] += 1
+                for j in range(i + 1, level):
+                    comb[j] = comb[j - 1] + 1
+            if total - level_start > 1:
+                pos[level_start:total] = np.sort(pos[level_start:total])
+            found += total - level_start
+            if k > 0 and found >= k:
+                break
+        counts[qi] = found
+    return counts, pos[:total], dist[:total]
+
+
+@persistable
+@register_index("hamming-ball")
+class HammingBallIndex(BinaryIndex):
+    """Exact k-NN and range search by enumerating the query's Hamming ball.
+
+    Semantic hashing's address lookup (binary-codes-survey.txt §2.2): the cost of a query is
+    the number of codes in its ball (:func:`ball_size`), not the database size, which makes
+    it the fastest exact index for short codes and small radii (32 bits, radius <= 2).
+    Results are identical to :class:`~hashlearn.index.flat.FlatIndex` (same ties by smaller
+    id, same padding); see the module docstring for hashing, collisions and the fallback to
+    a scan when the ball is bigger than the database.
+
+    Parameters
+    ----------
+    n_bits : int
+        Code length in bits.
+    probe_cost : float, default=32.0
+        Cost of one ball probe (a random table lookup) in units of comparing one stored code
+        in a scan. A radius whose ball holds more than ``len(index) / probe_cost`` codes is
+        answered by a scan instead (``probe_cost=1``: only when the ball is bigger than the
+        database). Results are the same either way; only speed differs.
+
+    ``add`` rebuilds the table (``O(n log n)``): add in large batches. ``radius`` means
+    distance ``<= radius`` (faiss: ``< radius``).
+    """
+
+    def __init__(self, n_bits: int, probe_cost: float = 32.0):
+        super().__init__(n_bits)
+        self.probe_cost = check_real(probe_cost, "probe_cost", "HammingBallIndex", low=1.0)
+        self._flat = FlatIndex(n_bits)
+        self._build_table()
+
+    def __len__(self) -> int:
+        return len(self._flat)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Ids of the stored codes, ascending (read-only view)."""
+        return self._flat.ids
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Stored codes ``uint8 (n, code_size)`` in the order of :attr:`ids`."""
+        return self._flat.codes
+
+    @property
+    def n_keys(self) -> int:
+        """Number of distinct codes (occupied table entries)."""
+        return len(self._keys)
+
+    # ---------------------------------------------------------------------------- build
+
+    def _build_table(self) -> None:
+        n, n_words = len(self._flat), self._flat._n_words
+        db = self._flat._db_words()
+        keys = _keys_of(db, n, n_words) if n else np.zeros(0, np.int64)
+        self._keys, self._offsets, self._postings = build_table(keys, np.arange(n))
+        self._make_directory()
+
+    def _make_directory(self) -> None:
+        p = int(min(24, max(1, math.ceil(math.log2(max(len(self._keys), 2))))))
+        self._shift = 63 - p
+        bounds = np.arange(2 ** p + 1, dtype=np.int64) << np.int64(self._shift)
+        bounds[-1] = np.iinfo(np.int64).max
+        self._directory = np.searchsorted(self._keys, bounds).astype(np.int64)
+        self._directory[-1] = len(self._keys)
+        # occupancy bitmap over the top q bits of the keys (~16 bits per key, <= 128 MiB):
+        # most probed codes are absent, and this answers them without touching the table
+        q = int(min(30, max(6, math.ceil(math.log2(max(len(self._keys), 2))) + 4)))
+        self._bitmap_shift = 63 - q
+        self._bitmap = np.zeros(2 ** (q - 6), np.uint64)
+        _fill_bitmap(self._keys, self._bitmap, self._bitmap_shift)
+
+    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
+        """Add packed codes with optional distinct ids (see :meth:`FlatIndex.add`)."""
+        new_ids = self._flat.add(codes, ids)
+        if len(new_ids):
+            self._build_table()
+        return new_ids
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove codes by id; the other ids are kept (see :meth:`FlatIndex.remove`)."""
+        removed = self._flat.remove(ids, missing=missing)
+        if removed:
+            self._build_table()
+        return removed
+
+    # --------------------------------------------------------------------------- search
+
+    def _run_ball(self, queries: np.ndarray, max_level: int, k: int,
+                  n_threads: int | None):
+        m = queries.shape[0]
+        q_words = as_words(queries)
+        db, n_words = self._flat._db_words(), self._flat._n_words
+        chunks: dict[int, tuple] = {}
+
+        def run(start: int, stop: int) -> None:
+            chunks[start] = _ball_chunk(db, n_words, self._keys, self._offsets,
+                                        self._postings, self._directory, self._shift,
+                                        self._bitmap, self._bitmap_shift, q_words, start, stop, max_level, k, self.n_bits)
+
+        parallel_chunks(run, m, n_threads)
+        starts = sorted(chunks)
+        counts = np.concatenate([chunks[s][0] for s in starts]) if starts else np.zeros(0, int)
+        pos = np.concatenate([chunks[s][1] for s in starts]) if starts else np.zeros(0, int)
+        dist = np.concatenate([chunks[s][2] for s in starts]) if starts else np.zeros(0, int)
+        lims = np.zeros(m + 1, np.int64)
+        np.cumsum(counts, out=lims[1:])
+        return lims, dist.astype(np.int32), pos
+
+    def _max_level(self) -> int:
+        """Largest radius whose ball, times ``probe_cost``, is not bigger than the database
+        (-1 if none): beyond it a scan is cheaper."""
+        level, n = -1, len(self)
+        while level < self.n_bits and ball_size(self.n_bits, level + 1) * self.probe_cost <= n:
+            level += 1
+        return level
+
+    def range_search(self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All codes within distance ``<= radius``: ``(lims, D int32, I int64)`` (CSR).
+
+        Sorted by (distance, id). Scans instead when the ball of ``radius`` is bigger than
+        the database (same results).
+        """
+        queries = self._check_queries(queries)
+        radius = self._check_radius(radius)
+        if radius > self._max_level():
+            return self._flat.range_search(queries, radius, n_threads=n_threads)
+        lims, dist, pos = self._run_ball(queries, radius, 0, n_threads)
+        return lims, dist, self._flat._to_ids(pos)
+
+    def search(self, queries: np.ndarray, k: int, *, n_threads: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest codes: ``(D int32 (m, k), I int64 (m, k))``, exact.
+
+        The ball grows level by level until ``k`` items are found; queries that would need a
+        ball bigger than the database are answered by a scan. Sorted by (distance, id),
+        padded with -1.
+        """
+        queries = self._check_queries(queries)
+        k = self._check_k(k)
+        m = queries.shape[0]
+        D = np.full((m, k), -1, np.int32)
+        I = np.full((m, k), -1, np.int64)  # noqa: E741 - faiss's name
+        if m == 0 or len(self) == 0:
+            return D, I
+        k_eff = min(k, len(self))
+        max_level = self._max_level()
+        short = np.ones(m, bool)
+        if max_level >= 0:
+            lims, dist, pos = self._run_ball(queries, max_level, k_eff, n_threads)
+            counts = np.diff(lims)
+            short = counts < k_eff
+            rows = np.flatnonzero(~short)
+            if rows.size:
+                take = lims[rows][:, None] + np.arange(k_eff)[None, :]
+                D[rows, :k_eff] = dist[take]
+                I[rows, :k_eff] = self._flat._to_ids(pos[take])
+        if short.any():
+            D_scan, I_scan = self._flat.search(queries[short], k, n_threads=n_threads)
+            D[short], I[short] = D_scan, I_scan
+        return D, I
+
+    # ---------------------------------------------------------------------- persistence
+
+    def _get_state(self):
+        params, state, arrays = self._flat._get_state()
+        params = {**params, "probe_cost": self.probe_cost}
+        arrays = {**arrays, "keys": self._keys, "offsets": self._offsets,
+                  "postings": self._postings}
+        return params, state, arrays
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        """Table arrays load as saved (memory-mappable); directory and bitmap are rebuilt."""
+        index = cls(params["n_bits"], probe_cost=params.get("probe_cost", 32.0))
+        index._flat = FlatIndex._from_state(
+            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]})
+        index._keys, index._offsets = arrays["keys"], arrays["offsets"]
+        index._postings = arrays["postings"]
+        if (len(index._postings) != len(index._flat)
+                or len(index._offsets) != len(index._keys) + 1):
+            raise ValueError("saved HammingBallIndex arrays are inconsistent with each other.")
+        index._make_directory()
+        return index

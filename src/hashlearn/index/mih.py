@@ -1,0 +1,267 @@
+"""Multi-index hashing: exact sub-linear k-NN in Hamming space.
+
+Norouzi, Punjani & Fleet, "Fast search in Hamming space with multi-index hashing", CVPR 2012.
+Each ``b``-bit code is cut into ``m`` disjoint substrings of about ``b / m`` bits, and each
+substring position gets its own hash table (substring value -> ids). By the pigeonhole
+principle, two codes at Hamming distance ``d`` agree within ``floor(d / m)`` bits on at least
+one substring, so the neighbours of a query are found by probing each table with the
+query's substring and the substrings at radius ``0, 1, 2, ...`` around it. After table ``s``
+has been probed at radius ``r`` (the tables after it at ``r - 1``) every code not yet seen is
+at distance at least
+
+.. math:: d \\ge r\\,m + s + 1
+
+(the paper's Proposition 1 with its per-table refinement), so the search stops as soon as
+the k-th best verified distance is below that bound: the result is *exact*, and identical to
+:class:`~hashlearn.index.flat.FlatIndex` (ties by smaller id). Candidates are verified by
+their full Hamming distance in a numba kernel (:func:`hashlearn._kernels.mih_knn`).
+
+The default ``m`` is the paper's ``round(b / log2 n)`` (§5), which makes substrings about
+``log2 n`` bits long so a table bucket holds ~1 code. Tables are the sorted-keys + CSR
+posting lists of :mod:`hashlearn._postings`; a table whose key space ``2**len`` is at most
+``8 n`` (and ``len <= 24``) is stored dense, direct-addressed by the substring value, which
+saves the binary search. A query whose probing would cost more than a linear scan finishes
+by scanning the codes not yet seen, so the worst case is bounded by FlatIndex's cost.
+
+Tables hold database *positions* (codes are kept sorted by id in an internal FlatIndex), so
+they are rebuilt after ``add``/``remove``; build time is O(n m log n).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hashlearn import _kernels
+from hashlearn._parallel import parallel_chunks
+from hashlearn._postings import build_table
+from hashlearn._validation import check_int
+from hashlearn.codes import as_words
+from hashlearn.index.base import BinaryIndex, register_index
+from hashlearn.index.flat import FlatIndex
+from hashlearn.io import persistable
+
+__all__ = ["MultiIndexHashing"]
+
+_DENSE_MAX_BITS = 24
+_MAX_SUBSTRING_BITS = 63
+
+
+@persistable
+@register_index("mih")
+class MultiIndexHashing(BinaryIndex):
+    """Exact k-NN and range search by multi-index hashing (Norouzi et al., CVPR 2012).
+
+    Parameters
+    ----------
+    n_bits : int
+        Code length in bits.
+    n_substrings : int or "auto"
+        Number ``m`` of substring tables, in ``[ceil(n_bits / 63), n_bits]``. ``"auto"``
+        uses ``round(n_bits / log2(n))`` for the current database size ``n`` (re-chosen
+        whenever the tables are rebuilt), the paper's recommendation.
+
+    Notes
+    -----
+    ``search`` and ``range_search`` return exactly what :class:`FlatIndex` returns for the
+    same codes and ids (same ``(distance, id)`` order, ``-1`` padding, radius ``<= r``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.index.mih import MultiIndexHashing
+    >>> index = MultiIndexHashing(64)
+    >>> index.add(np.zeros((3, 8), np.uint8), ids=[10, 11, 12])
+    array([10, 11, 12])
+    >>> index.search(np.zeros((1, 8), np.uint8), k=2)[1].tolist()
+    [[10, 11]]
+    """
+
+    def __init__(self, n_bits: int, n_substrings: int | str = "auto"):
+        super().__init__(n_bits)
+        low = -(-self.n_bits // _MAX_SUBSTRING_BITS)
+        if not (isinstance(n_substrings, str) and n_substrings == "auto"):
+            check_int(n_substrings, "n_substrings", "MultiIndexHashing", low=low,
+                      high=self.n_bits)
+        self.n_substrings = n_substrings
+        self._flat = FlatIndex(self.n_bits)
+        self._tables: dict[str, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------------ properties
+
+    def __len__(self) -> int:
+        return len(self._flat)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Ids of the stored codes, ascending (read-only view)."""
+        return self._flat.ids
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Stored codes ``uint8 (n, code_size)`` in the order of :attr:`ids`."""
+        return self._flat.codes
+
+    @property
+    def n_substrings_(self) -> int:
+        """The number of substring tables in use (resolves ``"auto"``)."""
+        if self._tables is not None:
+            return len(self._tables["sub_start"])
+        return self._resolve_m(len(self))
+
+    def _resolve_m(self, n: int) -> int:
+        low = -(-self.n_bits // _MAX_SUBSTRING_BITS)
+        if self.n_substrings != "auto":
+            return int(self.n_substrings)
+        m = round(self.n_bits / math.log2(max(n, 2)))
+        return int(min(self.n_bits, max(low, m, 1)))
+
+    # -------------------------------------------------------------------------- building
+
+    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
+        """Add packed codes with optional distinct ids (see :meth:`FlatIndex.add`)."""
+        new_ids = self._flat.add(codes, ids)
+        if len(new_ids):
+            self._tables = None
+        return new_ids
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove codes by id; the other ids stay as they are (see :meth:`FlatIndex.remove`)."""
+        removed = self._flat.remove(ids, missing=missing)
+        if removed:
+            self._tables = None
+        return removed
+
+    def build(self) -> MultiIndexHashing:
+        """Build the substring tables now (otherwise done by the first search after an add)."""
+        if self._tables is None:
+            self._tables = self._build_tables()
+        return self
+
+    def _build_tables(self) -> dict[str, np.ndarray]:
+        n = len(self)
+        m = self._resolve_m(n)
+        bounds = [self.n_bits * s // m for s in range(m + 1)]
+        sub_start = np.asarray(bounds[:-1], np.int64)
+        sub_len = np.diff(bounds).astype(np.int64)
+        words = self._flat._db_words()
+        n_words = self._flat._n_words
+        positions = np.arange(n, dtype=np.int64)
+        key_parts, off_parts, post_parts = [], [], []
+        dense = np.zeros(m, np.bool_)
+        key_lo = np.zeros(m, np.int64)
+        key_hi = np.zeros(m, np.int64)
+        off_lo = np.zeros(m, np.int64)
+        n_keys = n_offsets = n_postings = 0
+        substring = np.empty(n, np.int64)
+        for s in range(m):
+            _kernels.substring_keys(words, n, n_words, int(sub_start[s]), int(sub_len[s]),
+                                    substring)
+            length = int(sub_len[s])
+            if length <= _DENSE_MAX_BITS and (1 << length) <= max(8 * n, 256):
+                counts = np.bincount(substring, minlength=1 << length)
+                offsets = np.zeros((1 << length) + 1, np.int64)
+                np.cumsum(counts, out=offsets[1:])
+                postings = np.argsort(substring, kind="stable").astype(np.int64)
+                keys = np.zeros(0, np.int64)
+                dense[s] = True
+            else:
+                keys, offsets, postings = build_table(substring, positions)
+            key_lo[s], key_hi[s] = n_keys, n_keys + len(keys)
+            off_lo[s] = n_offsets
+            key_parts.append(keys)
+            off_parts.append(offsets + n_postings)
+            post_parts.append(postings)
+            n_keys += len(keys)
+            n_offsets += len(offsets)
+            n_postings += len(postings)
+        return {
+            "sub_start": sub_start, "sub_len": sub_len, "dense": dense, "key_lo": key_lo,
+            "key_hi": key_hi, "off_lo": off_lo, "keys": np.concatenate(key_parts),
+            "offsets": np.concatenate(off_parts), "postings": np.concatenate(post_parts),
+        }
+
+    def _table_args(self) -> tuple:
+        t = self.build()._tables
+        return (t["sub_start"], t["sub_len"], t["dense"], t["key_lo"], t["key_hi"], t["keys"],
+                t["off_lo"], t["offsets"], t["postings"])
+
+    # ---------------------------------------------------------------------------- search
+
+    def search(self, queries: np.ndarray, k: int, *, n_threads: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest codes of each query: ``(D int32 (m, k), I int64 (m, k))``.
+
+        Exact: sorted by (distance, id) and padded with ``-1``, exactly as FlatIndex.
+        """
+        queries = self._check_queries(queries)
+        k = self._check_k(k)
+        n, m_q = len(self), queries.shape[0]
+        if m_q == 0 or n == 0 or k >= n:  # nothing to prune: the linear scan is optimal
+            return self._flat.search(queries, k, n_threads=n_threads)
+        dist = np.empty((m_q, k), np.int32)
+        pos = np.empty((m_q, k), np.int64)
+        db, q_words, n_words = self._flat._db_words(), as_words(queries), self._flat._n_words
+        tables = self._table_args()
+
+        def probe(start: int, stop: int) -> None:
+            _kernels.mih_knn(db, n, n_words, q_words, start, stop, k, *tables, dist, pos)
+
+        parallel_chunks(probe, m_q, n_threads)
+        return dist, self._flat._to_ids(pos)
+
+    def range_search(self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All codes within Hamming distance ``<= radius`` (faiss: ``< radius``).
+
+        Returns ``(lims int64 (m+1,), D int32, I int64)`` in CSR form, each query's results
+        sorted by (distance, id); identical to :meth:`FlatIndex.range_search`.
+        """
+        queries = self._check_queries(queries)
+        radius = self._check_radius(radius)
+        n, m_q = len(self), queries.shape[0]
+        if m_q == 0 or n == 0:
+            return self._flat.range_search(queries, radius, n_threads=n_threads)
+        db, q_words, n_words = self._flat._db_words(), as_words(queries), self._flat._n_words
+        tables = self._table_args()
+        counts = np.zeros(m_q, np.int64)
+        no_lims = np.zeros(0, np.int64)
+        no_d = np.zeros(0, np.int32)
+        no_p = np.zeros(0, np.int64)
+        parallel_chunks(lambda start, stop: _kernels.mih_range(
+            db, n, n_words, q_words, start, stop, radius, *tables, no_lims, no_d, no_p,
+            counts), m_q, n_threads)
+        lims = np.zeros(m_q + 1, np.int64)
+        np.cumsum(counts, out=lims[1:])
+        dist = np.empty(lims[-1], np.int32)
+        pos = np.empty(lims[-1], np.int64)
+        if lims[-1]:
+            parallel_chunks(lambda start, stop: _kernels.mih_range(
+                db, n, n_words, q_words, start, stop, radius, *tables, lims, dist, pos,
+                counts), m_q, n_threads)
+        return lims, dist, self._flat._to_ids(pos)
+
+    # ------------------------------------------------------------------------ persistence
+
+    def _get_state(self):
+        params, state, arrays = self._flat._get_state()
+        self.build()
+        arrays = dict(arrays, **{f"table_{name}": value for name, value in self._tables.items()})
+        return ({"n_bits": self.n_bits, "n_substrings": self.n_substrings}, state, arrays)
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        index = cls(params["n_bits"], params["n_substrings"])
+        index._flat = FlatIndex._from_state(
+            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]})
+        names = ("sub_start", "sub_len", "dense", "key_lo", "key_hi", "off_lo", "keys",
+                 "offsets", "postings")
+        tables = {name: arrays[f"table_{name}"] for name in names}
+        m = len(tables["sub_start"])
+        if (any(len(tables[name]) != m for name in names[:6])
+                or int(np.sum(tables["sub_len"])) != index.n_bits
+                or len(tables["postings"]) != m * len(index._flat)):
+            raise ValueError("the substring tables do not match the stored codes.")
+        index._tables = tables
+        return index

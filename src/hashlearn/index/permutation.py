@@ -1,0 +1,301 @@
+"""Charikar's sorted-permutation search in Hamming space (Charikar 2002, Sec. 3; used by
+Jain, Kulis & Grauman, Sec. 3.3; survey §2.4).
+
+``M = ceil(n^{1/(1+eps)})`` random permutations of the bit positions are drawn; for each, the
+database codes with their bits permuted are sorted lexicographically. A query's code,
+permuted the same way, is located in every sorted order by binary search, and the
+``window`` entries just above and just below that position are taken as candidates (codes
+that agree with the query on a long permuted prefix are likely near in Hamming distance).
+The union of the ``<= 2 * window * M`` candidates is ranked by exact Hamming distance. With
+``window=1`` that is the paper's "2M nearest examples found this way".
+
+``candidates(q)`` returns each query's candidate ids (nearest Hamming first, ties by id);
+``search(q, k)`` their top k; ``last_n_candidates_`` holds how many items each query of the
+last call examined, so ``last_n_candidates_ / len(index)`` is the fraction of the database
+searched. Sorted orders are rebuilt lazily after ``add`` / ``remove`` (and after ``load``:
+they are derived from the codes and ``random_state``, so they are not saved).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from sklearn.utils import check_random_state
+
+from hashlearn._validation import check_codes, check_ids, check_int, check_real
+from hashlearn.codes import unpack_bits
+from hashlearn.index.base import BinaryIndex, register_index
+from hashlearn.io import persistable
+
+__all__ = ["PermutationIndex"]
+
+
+# ----------------------------------------------------------------------------- kernels
+
+@numba.njit(cache=True, nogil=True)
+def _less(keys, o, row, q):
+    """keys[o, row] < q lexicographically (word 0 most significant)."""
+    for w in range(q.shape[0]):
+        a = keys[o, row, w]
+        if a != q[w]:
+            return a < q[w]
+    return False
+
+
+@numba.njit(cache=True, nogil=True)
+def _popcount(x):
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
+
+
+@numba.njit(cache=True, nogil=True)
+def permutation_candidates(keys, rows, query_keys, db_words, query_words, window, out_rows,
+                           out_dist, counts):
+    """For each query: binary-search every sorted order, take ``window`` entries on each
+    side, de-duplicate, and record the candidate rows with their Hamming distances.
+
+    keys (M, n, W) uint64 sorted per order; rows (M, n) database row of each entry;
+    query_keys (m, M, W); db_words (n, V) / query_words (m, V) codes as 64-bit words.
+    Writes out_rows / out_dist (m, cap) and counts (m,).
+    """
+    n_orders, n = rows.shape
+    m = query_keys.shape[0]
+    stamp = np.full(n, -1, np.int64)
+    for qi in range(m):
+        c = 0
+        for o in range(n_orders):
+            q = query_keys[qi, o]
+            lo = 0
+            hi = n
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if _less(keys, o, mid, q):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            start = max(0, lo - window)
+            stop = min(n, lo + window)
+            for pos in range(start, stop):
+                r = rows[o, pos]
+                if stamp[r] != qi:
+                    stamp[r] = qi
+                    dist = 0
+                    for v in range(db_words.shape[1]):
+                        dist += _popcount(db_words[r, v] ^ query_words[qi, v])
+                    out_rows[qi, c] = r
+                    out_dist[qi, c] = dist
+                    c += 1
+        counts[qi] = c
+
+
+# ----------------------------------------------------------------------------- index
+
+def _words(bits: np.ndarray) -> np.ndarray:
+    """Bit matrix (n, b) -> uint64 words (n, ceil(b/64)), bit 0 most significant."""
+    n, b = bits.shape
+    n_words = max(1, (b + 63) // 64)
+    padded = np.zeros((n, n_words * 64), np.uint8)
+    padded[:, :b] = bits
+    packed = np.packbits(padded, axis=1, bitorder="big")
+    return packed.view(">u8").astype(np.uint64).reshape(n, n_words)
+
+
+@persistable
+@register_index("permutation")
+class PermutationIndex(BinaryIndex):
+    """Approximate Hamming search over sorted random bit permutations (Charikar 2002).
+
+    Parameters
+    ----------
+    n_bits : int
+        Code length.
+    epsilon : float, default=1.5
+        Approximation parameter: ``M = ceil(n^{1/(1+epsilon)})`` permutations for ``n``
+        codes (the paper uses 1.5). Ignored when ``n_permutations`` is given.
+    n_permutations : int, optional
+        Fixed number of permutations ``M``.
+    window : int, default=1
+        Entries taken above and below the query's position in every sorted order.
+    random_state : int, default=0
+        Seed of the permutations (an int, so the index can be saved and rebuilt).
+
+    Radius means Hamming distance ``<= radius`` (``range_search`` is approximate: it
+    filters the candidates).
+    """
+
+    def __init__(self, n_bits: int, epsilon: float = 1.5, n_permutations: int | None = None,
+                 window: int = 1, random_state: int = 0):
+        super().__init__(n_bits)
+        owner = type(self).__name__
+        self.epsilon = check_real(epsilon, "epsilon", owner, low=0.0)
+        self.n_permutations = (None if n_permutations is None else
+                               check_int(n_permutations, "n_permutations", owner))
+        self.window = check_int(window, "window", owner)
+        self.random_state = check_int(random_state, "random_state", owner, low=0)
+        self._codes = np.zeros((0, self.code_size), np.uint8)
+        self._ids = np.zeros(0, np.int64)
+        self._next_id = 0
+        self._built: tuple | None = None
+        self.last_n_candidates_ = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Ids of the stored codes, in insertion order."""
+        return self._ids.copy()
+
+    @property
+    def n_orders(self) -> int:
+        """The number of sorted permutations ``M`` for the current database size."""
+        if self.n_permutations is not None:
+            return self.n_permutations
+        n = max(len(self), 1)
+        return max(1, math.ceil(n ** (1.0 / (1.0 + self.epsilon)) - 1e-9))
+
+    def permutations(self, n_orders: int | None = None) -> np.ndarray:
+        """The bit permutations ``(M, n_bits)``; the first ones do not depend on ``M``."""
+        rng = check_random_state(self.random_state)
+        count = self.n_orders if n_orders is None else n_orders
+        return np.array([rng.permutation(self.n_bits) for _ in range(count)],
+                        dtype=np.int64).reshape(count, self.n_bits)
+
+    # ---------------------------------------------------------------------- building
+
+    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
+        """Add packed codes with optional distinct ids (default: numbered on)."""
+        codes = check_codes(codes, self.n_bits, "codes")
+        m = codes.shape[0]
+        if ids is None:
+            new_ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
+        else:
+            new_ids = check_ids(ids, m)
+            present = np.isin(new_ids, self._ids)
+            if present.any():
+                raise ValueError(f"ids already in the index: {new_ids[present][:5].tolist()}.")
+        if m:
+            self._codes = np.concatenate([self._codes, codes])
+            self._ids = np.concatenate([self._ids, new_ids])
+            self._next_id = max(self._next_id, int(new_ids.max()) + 1)
+            self._built = None
+        return new_ids
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove codes by id (``missing="raise"`` or ``"ignore"`` unknown ids)."""
+        if missing not in ("raise", "ignore"):
+            raise ValueError(f"missing must be 'raise' or 'ignore'. Got {missing!r}.")
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise ValueError(f"ids must be a 1-D array of integers. Got shape {ids.shape}.")
+        if missing == "raise":
+            unknown = ~np.isin(ids, self._ids)
+            if unknown.any():
+                raise ValueError(f"ids not in the index: {ids[unknown][:5].tolist()}.")
+        keep = ~np.isin(self._ids, ids)
+        removed = int((~keep).sum())
+        if removed:
+            self._codes, self._ids = self._codes[keep], self._ids[keep]
+            self._built = None
+        return removed
+
+    def _build(self):
+        if self._built is None:
+            perms = self.permutations()
+            bits = unpack_bits(self._codes, self.n_bits)
+            n, n_orders = len(self), len(perms)
+            n_words = max(1, (self.n_bits + 63) // 64)
+            keys = np.empty((n_orders, n, n_words), np.uint64)
+            rows = np.empty((n_orders, n), np.int64)
+            for o, perm in enumerate(perms):
+                words = _words(bits[:, perm])
+                order = np.lexsort((self._ids,) + tuple(words[:, w]
+                                                        for w in range(n_words - 1, -1, -1)))
+                keys[o], rows[o] = words[order], order
+            self._built = (perms, keys, rows, _words(bits))
+        return self._built
+
+    # ------------------------------------------------------------------------ search
+
+    def _candidates(self, queries: np.ndarray):
+        perms, keys, rows, db_words = self._build()
+        m = len(queries)
+        q_bits = unpack_bits(queries, self.n_bits)
+        n_words = keys.shape[2]
+        query_keys = _words(q_bits[:, perms].reshape(m * len(perms), self.n_bits)
+                            ).reshape(m, len(perms), n_words)
+        cap = min(len(self), 2 * self.window * len(perms))
+        out_rows = np.full((m, max(cap, 1)), -1, np.int64)
+        out_dist = np.full((m, max(cap, 1)), self.n_bits + 1, np.int64)
+        counts = np.zeros(m, np.int64)
+        if m and len(self):
+            permutation_candidates(keys, rows, query_keys, db_words, _words(q_bits),
+                                   self.window, out_rows, out_dist, counts)
+        sentinel = np.iinfo(np.int64).max
+        cand_ids = (np.where(out_rows >= 0, self._ids[np.maximum(out_rows, 0)], sentinel)
+                    if len(self) else np.full(out_rows.shape, sentinel))
+        order = np.lexsort((cand_ids, out_dist), axis=-1)
+        take = np.arange(m)[:, None]
+        cand_ids, out_dist = cand_ids[take, order], out_dist[take, order]
+        self.last_n_candidates_ = counts
+        return cand_ids, out_dist, counts
+
+    def candidates(self, queries: np.ndarray) -> list[np.ndarray]:
+        """Each query's candidate ids (int64), nearest Hamming distance first, ties by id."""
+        queries = self._check_queries(queries)
+        ids, _, counts = self._candidates(queries)
+        return [ids[i, :counts[i]].copy() for i in range(len(queries))]
+
+    def search(self, queries: np.ndarray, k: int, *, n_threads: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest candidates by Hamming distance: ``(D int32, I int64)``, padded
+        with -1 where fewer than ``k`` candidates were found. ``n_threads`` is accepted for
+        API compatibility (the scan over orders is single-threaded)."""
+        queries = self._check_queries(queries)
+        k = self._check_k(k)
+        m = len(queries)
+        D = np.full((m, k), -1, np.int32)
+        Ids = np.full((m, k), -1, np.int64)
+        ids, dist, counts = self._candidates(queries)
+        width = min(k, ids.shape[1])
+        valid = np.arange(width)[None, :] < counts[:, None]
+        D[:, :width] = np.where(valid, dist[:, :width], -1)
+        Ids[:, :width] = np.where(valid, ids[:, :width], -1)
+        return D, Ids
+
+    def range_search(self, queries: np.ndarray, radius: int, *, n_threads: int | None = None):
+        """Candidates within Hamming distance ``<= radius`` (approximate), CSR form."""
+        queries = self._check_queries(queries)
+        radius = self._check_radius(radius)
+        ids, dist, counts = self._candidates(queries)
+        keep = (np.arange(ids.shape[1])[None, :] < counts[:, None]) & (dist <= radius)
+        lims = np.zeros(len(queries) + 1, np.int64)
+        np.cumsum(keep.sum(axis=1), out=lims[1:])
+        return lims, dist[keep].astype(np.int32), ids[keep]
+
+    # ------------------------------------------------------------------- persistence
+
+    def _get_state(self):
+        params = {"n_bits": self.n_bits, "epsilon": self.epsilon,
+                  "n_permutations": self.n_permutations, "window": self.window,
+                  "random_state": self.random_state}
+        return params, {"next_id": self._next_id}, {"codes": self._codes, "ids": self._ids}
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        index = cls(**params)
+        codes, ids = np.asarray(arrays["codes"]), np.asarray(arrays["ids"])
+        if codes.ndim != 2 or codes.shape[1] != index.code_size or len(ids) != len(codes):
+            raise ValueError(f"saved PermutationIndex arrays are inconsistent: codes "
+                             f"{codes.shape}, ids {ids.shape}.")
+        index._codes, index._ids = codes, ids
+        index._next_id = int(state["next_id"])
+        return index
+
+    def __repr__(self) -> str:
+        return (f"PermutationIndex(n_bits={self.n_bits}, ntotal={len(self)}, "
+                f"n_orders={self.n_orders}, window={self.window})")

@@ -1,0 +1,391 @@
+"""Inverted index over L tables of integer keys (boosted-search-forest.txt §3.4).
+
+A bucketer (a boosted search forest, k-means trees, LSH tables) maps every item to one
+integer key per table: the leaf it reaches in tree ``l``, or the bucket of its ``l``-th LSH
+code. In analogy with text search every key is an "index word" and the items under it its
+"documents". A query collides with an item in table ``l`` when both carry the same key; the
+candidate set of the paper's selection function ``T(q, x) > 0`` is the union of the
+query's postings over the L tables, each candidate with its collision count
+``sum_l 1(key_l(q) == key_l(x))`` (the unweighted ensemble score).
+
+Storage: each table is sorted keys + CSR posting lists (:mod:`hashlearn._postings`) over
+*internal positions* -- ranks of the ids in ascending order -- stored as int32. All tables
+are concatenated into four flat arrays, so the index saves as ``.npy`` files and loads
+memory-mapped.
+
+Probing (numba): for each query the postings of its L keys (binary search per table) are
+gathered and sorted, runs give the collision counts, and a counting sort by count orders
+them (count descending, then id ascending). The work is proportional to the number of
+gathered postings -- the candidate volume -- not to the database size, which is the point
+of the paper's Table 1.
+
+Key tags. Bucketers in :mod:`hashlearn.forest` put a 23-bit tag derived from their learned
+state (``key_tag_``) into bits 40..62 of every key. ``TableIndex(n_tables,
+bucketer=fitted_bucketer)`` remembers the tag and refuses keys (to add or to query) that
+carry a different one: the keys of another bucketer than the one that built the index.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from hashlearn._parallel import parallel_chunks
+from hashlearn._postings import build_table
+from hashlearn._validation import check_ids, check_int
+from hashlearn.io import Persistable, persistable
+
+__all__ = ["TableIndex", "KEY_TAG_SHIFT", "KEY_LOCAL_MASK"]
+
+KEY_TAG_SHIFT = 40
+KEY_LOCAL_MASK = (1 << KEY_TAG_SHIFT) - 1
+_TAG_MASK = (1 << 23) - 1
+
+
+# ----------------------------------------------------------------------------- kernels
+
+@numba.njit(cache=True, nogil=True)
+def _probe_range(start, stop, query_keys, table_keys, table_ptr, offsets, postings,
+                 min_count, lims, out_pos, out_cnt, lengths):
+    """Candidates of queries ``start..stop``, written at ``out_*[lims[q]:]`` (``lims`` bounds
+    the gathered postings) with their number in ``lengths[q]``: gather the postings of the
+    query's L keys, sort them, count runs, order by count descending then position."""
+    n_tables = query_keys.shape[1]
+    for q in range(start, stop):
+        base = lims[q]
+        total = 0
+        # gather
+        for t in range(n_tables):
+            lo = table_ptr[t]
+            hi = table_ptr[t + 1]
+            key = query_keys[q, t]
+            # binary search in table_keys[lo:hi]
+            a, b = lo, hi
+            while a < b:
+                mid = (a + b) >> 1
+                if table_keys[mid] < key:
+                    a = mid + 1
+                else:
+                    b = mid
+            if a < hi and table_keys[a] == key:
+                for p in range(offsets[a], offsets[a + 1]):
+                    out_pos[base + total] = postings[p]
+                    total += 1
+        if total == 0:
+            lengths[q] = 0
+            continue
+        buf = np.sort(out_pos[base:base + total])
+        # run-length: unique positions ascending with counts
+        n_unique = 0
+        i = 0
+        while i < total:
+            j = i + 1
+            while j < total and buf[j] == buf[i]:
+                j += 1
+            if j - i >= min_count:
+                out_pos[base + n_unique] = buf[i]
+                out_cnt[base + n_unique] = j - i
+                n_unique += 1
+            i = j
+        # stable counting sort by count descending (positions stay ascending within a count)
+        hist = np.zeros(n_tables + 2, np.int64)
+        for u in range(n_unique):
+            hist[n_tables - out_cnt[base + u]] += 1
+        acc = 0
+        for c in range(n_tables + 1):
+            h = hist[c]
+            hist[c] = acc
+            acc += h
+        tmp_pos = buf[:n_unique].copy()
+        tmp_cnt = np.empty(n_unique, np.int32)
+        for u in range(n_unique):
+            slot = hist[n_tables - out_cnt[base + u]]
+            hist[n_tables - out_cnt[base + u]] += 1
+            tmp_pos[slot] = out_pos[base + u]
+            tmp_cnt[slot] = out_cnt[base + u]
+        for u in range(n_unique):
+            out_pos[base + u] = tmp_pos[u]
+            out_cnt[base + u] = tmp_cnt[u]
+        lengths[q] = n_unique
+
+
+@numba.njit(cache=True, nogil=True)
+def _gathered_sizes(query_keys, table_keys, table_ptr, offsets, sizes):
+    """Upper bound per query: the summed length of its L posting lists."""
+    n_tables = query_keys.shape[1]
+    for q in range(query_keys.shape[0]):
+        total = 0
+        for t in range(n_tables):
+            lo = table_ptr[t]
+            hi = table_ptr[t + 1]
+            key = query_keys[q, t]
+            a, b = lo, hi
+            while a < b:
+                mid = (a + b) >> 1
+                if table_keys[mid] < key:
+                    a = mid + 1
+                else:
+                    b = mid
+            if a < hi and table_keys[a] == key:
+                total += offsets[a + 1] - offsets[a]
+        sizes[q] = total
+
+
+# ----------------------------------------------------------------------------- the index
+
+@persistable
+class TableIndex(Persistable):
+    """Inverted index of L hash tables over integer keys; returns candidates, not distances.
+
+    The candidate-selection stage of boosted-search-forest.txt (§2 and §3.4): an item is a
+    candidate for a query when they share a key in at least ``min_count`` of the L tables
+    (``min_count=1``: the paper's ``T(q, x) > 0``). Pair it with an exact re-ranking stage:
+    ``Searcher(bucketer, TableIndex(...), rerank="euclidean")``.
+
+    Parameters
+    ----------
+    n_tables : int
+        L, the number of keys per item (trees in a forest, tables of an LSH family).
+    bucketer : fitted bucketer, optional
+        The bucketer whose keys the index will hold (``BoostedSearchForest``,
+        ``KMeansTree``, ``LSHTables``). Its ``key_tag_`` is kept, and keys carrying another
+        tag -- produced by a different bucketer -- are refused with a ``ValueError``.
+        Without it, any int64 keys are accepted.
+
+    Notes
+    -----
+    Not in the ``make_index`` registry: it holds integer keys, not ``n_bits``-bit codes.
+    Ids follow the other indexes: ``add`` numbers from one past the largest id ever added,
+    ``remove`` never renumbers. Internal positions are int32, so at most 2**31 - 1 items.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.index.table import TableIndex
+    >>> index = TableIndex(2)
+    >>> index.add(np.array([[1, 7], [1, 8], [2, 7]]))
+    array([0, 1, 2])
+    >>> [(ids.tolist(), counts.tolist()) for ids, counts in index.candidates([[1, 7]])]
+    [([0, 1, 2], [2, 1, 1])]
+    """
+
+    def __init__(self, n_tables: int, bucketer=None):
+        self.n_tables = check_int(n_tables, "n_tables", "TableIndex")
+        self.key_tag: int | None = None
+        if bucketer is not None:
+            tag = getattr(bucketer, "key_tag_", None)
+            if tag is None:
+                raise ValueError("bucketer must be a fitted hashlearn bucketer (with key_tag_); "
+                                 f"got {type(bucketer).__name__} without one (fit it first).")
+            n_b = bucketer.n_tables
+            if n_b != self.n_tables:
+                raise ValueError(f"bucketer makes {n_b} keys per item but n_tables="
+                                 f"{self.n_tables}.")
+            self.key_tag = int(tag)
+        self._ids = np.zeros(0, np.int64)
+        self._next_id = 0
+        self._table_keys = np.zeros(0, np.int64)
+        self._table_ptr = np.zeros(self.n_tables + 1, np.int64)
+        self._offsets = np.zeros(1, np.int64)
+        self._postings = np.zeros(0, np.int32)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __repr__(self) -> str:
+        return f"TableIndex(n_tables={self.n_tables}, ntotal={len(self)})"
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Ids of the stored items, ascending (read-only view)."""
+        view = self._ids.view()
+        view.flags.writeable = False
+        return view
+
+    # ------------------------------------------------------------------------ validation
+
+    def _check_keys(self, keys, name: str) -> np.ndarray:
+        if not isinstance(keys, np.ndarray):
+            keys = np.asarray(keys)
+            if keys.dtype == object:
+                raise TypeError(f"{name} must be an integer array of shape (n, {self.n_tables}).")
+        if not np.issubdtype(keys.dtype, np.integer) or keys.dtype == bool:
+            raise TypeError(f"{name} must have an integer dtype (int64 keys from a bucketer's "
+                            f"keys(X)). Got dtype {keys.dtype} instead.")
+        if keys.ndim != 2 or keys.shape[1] != self.n_tables:
+            hint = " Use keys.reshape(1, -1) for one item." if keys.ndim == 1 else ""
+            raise ValueError(f"{name} must be a 2-D array of shape (n, {self.n_tables}) (one "
+                             f"key per table). Got shape {keys.shape}.{hint}")
+        if keys.dtype == np.uint64 and keys.size and keys.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} holds keys above the int64 range.")
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if self.key_tag is not None and keys.size:
+            tags = (keys >> KEY_TAG_SHIFT) & _TAG_MASK
+            if np.any(tags != self.key_tag):
+                raise ValueError(
+                    f"{name} were not made by the bucketer this index was built for (key tag "
+                    f"{int(tags.flat[np.argmax(tags.ravel() != self.key_tag)])} instead of "
+                    f"{self.key_tag}): encode with the same fitted bucketer."
+                )
+        return keys
+
+    # ------------------------------------------------------------------------ building
+
+    def _tables(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        out = []
+        for t in range(self.n_tables):
+            lo, hi = int(self._table_ptr[t]), int(self._table_ptr[t + 1])
+            offs = np.asarray(self._offsets[lo:hi + 1]) - self._offsets[lo]
+            post = np.asarray(self._postings[self._offsets[lo]:self._offsets[hi]])
+            out.append((np.asarray(self._table_keys[lo:hi]), offs, post))
+        return out
+
+    def _set_tables(self, tables) -> None:
+        sizes = [len(k) for k, _, _ in tables]
+        self._table_ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._table_keys = (np.concatenate([k for k, _, _ in tables]) if tables
+                            else np.zeros(0, np.int64)).astype(np.int64)
+        offs, shift = [np.zeros(1, np.int64)], 0
+        for _, o, p in tables:
+            offs.append(o[1:] + shift)
+            shift += len(p)
+        self._offsets = np.concatenate(offs).astype(np.int64)
+        self._postings = (np.concatenate([p for _, _, p in tables]) if tables
+                          else np.zeros(0, np.int64)).astype(np.int32)
+
+    def add(self, keys, ids=None) -> np.ndarray:
+        """Add items with their keys ``(n, n_tables)`` (one per table) and optional ids.
+
+        Returns the ids of the added items (int64, in the order of ``keys``). Duplicate ids,
+        or ids already present, raise ``ValueError``.
+        """
+        keys = self._check_keys(keys, "keys")
+        m = keys.shape[0]
+        if ids is None:
+            new_ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
+        else:
+            new_ids = check_ids(ids, m)
+            present = np.isin(new_ids, self._ids)
+            if present.any():
+                raise ValueError(f"ids already in the index: {new_ids[present][:5].tolist()}. "
+                                 "Remove them first to replace their keys.")
+        if m == 0:
+            return new_ids
+        if len(self._ids) + m >= 2**31:
+            raise ValueError("TableIndex holds at most 2**31 - 1 items.")
+        all_ids = np.concatenate([self._ids, new_ids])
+        order = np.argsort(all_ids, kind="stable")
+        rank = np.empty(len(all_ids), np.int64)
+        rank[order] = np.arange(len(all_ids))
+        old_rank, new_rank = rank[: len(self._ids)], rank[len(self._ids):]
+        tables = []
+        for t, (tk, to, tp) in enumerate(self._tables()):
+            old_keys = np.repeat(tk, np.diff(to))
+            tables.append(build_table(np.concatenate([old_keys, keys[:, t]]),
+                                      np.concatenate([old_rank[tp], new_rank])))
+        self._ids = all_ids[order]
+        self._next_id = max(self._next_id, int(new_ids.max()) + 1)
+        self._set_tables(tables)
+        return new_ids
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove items by id; the others keep theirs. Returns the number removed.
+
+        ``missing="raise"`` refuses ids not in the index (removing nothing);
+        ``missing="ignore"`` skips them.
+        """
+        if missing not in ("raise", "ignore"):
+            raise ValueError(f"missing must be 'raise' or 'ignore'. Got {missing!r}.")
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise ValueError(f"ids must be a 1-D array of integers. Got shape {ids.shape}, "
+                             f"dtype {ids.dtype}.")
+        drop = np.isin(self._ids, ids)
+        if missing == "raise":
+            unknown = ~np.isin(ids, self._ids)
+            if unknown.any():
+                raise ValueError(f"ids not in the index: {ids[unknown][:5].tolist()}.")
+        removed = int(drop.sum())
+        if not removed:
+            return 0
+        keep = ~drop
+        new_pos = np.cumsum(keep) - 1
+        tables = []
+        for tk, to, tp in self._tables():
+            tp = tp.astype(np.int64)
+            alive = keep[tp]
+            tables.append(build_table(np.repeat(tk, np.diff(to))[alive], new_pos[tp[alive]]))
+        self._ids = self._ids[keep]
+        self._set_tables(tables)
+        return removed
+
+    # ------------------------------------------------------------------------ querying
+
+    def candidates_csr(self, query_keys, min_count: int = 1, *, n_threads: int | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates of every query in CSR form ``(lims, ids, counts)``.
+
+        The candidates of query ``q`` are ``ids[lims[q]:lims[q+1]]`` with their collision
+        counts (number of tables where the query's key equals the item's), ordered by count
+        descending, then id ascending; only items colliding in ``>= min_count`` tables.
+        """
+        query_keys = self._check_keys(query_keys, "query_keys")
+        min_count = check_int(min_count, "min_count", "TableIndex.candidates",
+                              high=self.n_tables)
+        m = query_keys.shape[0]
+        sizes = np.zeros(m, np.int64)
+        _gathered_sizes(query_keys, self._table_keys, self._table_ptr, self._offsets, sizes)
+        bound = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        out_pos = np.empty(bound[-1], np.int32)
+        out_cnt = np.empty(bound[-1], np.int32)
+
+        def kernel(start: int, stop: int) -> None:
+            _probe_range(start, stop, query_keys, self._table_keys, self._table_ptr,
+                         self._offsets, self._postings, min_count, bound, out_pos, out_cnt,
+                         lengths)
+
+        lengths = np.zeros(m, np.int64)
+        parallel_chunks(kernel, m, n_threads)
+        lims = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        keep = np.zeros(bound[-1], bool)
+        starts = np.repeat(bound[:-1], lengths)
+        keep[starts + (np.arange(lims[-1]) - np.repeat(lims[:-1], lengths))] = True
+        ids = self._ids[out_pos[keep]]
+        return lims, ids, out_cnt[keep].astype(np.int32)
+
+    def candidates(self, query_keys, min_count: int = 1, *, n_threads: int | None = None
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One ``(ids int64, counts int32)`` pair per query, see :meth:`candidates_csr`."""
+        lims, ids, counts = self.candidates_csr(query_keys, min_count, n_threads=n_threads)
+        return [(ids[lims[q]:lims[q + 1]], counts[lims[q]:lims[q + 1]])
+                for q in range(len(lims) - 1)]
+
+    def bucket_sizes(self) -> np.ndarray:
+        """Posting-list lengths of every key of every table, concatenated."""
+        return np.diff(self._offsets)
+
+    # ------------------------------------------------------------------------ persistence
+
+    def _get_state(self):
+        params = {"n_tables": self.n_tables}
+        state = {"key_tag": self.key_tag, "next_id": self._next_id}
+        arrays = {"ids": self._ids, "table_keys": self._table_keys,
+                  "table_ptr": self._table_ptr, "offsets": self._offsets,
+                  "postings": self._postings}
+        return params, state, arrays
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        obj = cls(int(params["n_tables"]))
+        obj.key_tag = None if state["key_tag"] is None else int(state["key_tag"])
+        obj._next_id = int(state["next_id"])
+        obj._ids = arrays["ids"]
+        obj._table_keys = arrays["table_keys"]
+        obj._table_ptr = arrays["table_ptr"]
+        obj._offsets = arrays["offsets"]
+        obj._postings = arrays["postings"]
+        if (obj._table_ptr.shape != (obj.n_tables + 1,) or obj._postings.dtype != np.int32
+                or len(obj._offsets) != len(obj._table_keys) + 1
+                or obj._offsets[-1] != len(obj._postings)):
+            raise ValueError("table arrays do not fit together")
+        return obj

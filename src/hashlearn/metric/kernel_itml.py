@@ -1,0 +1,390 @@
+"""Kernelized ITML (Davis et al. 2007; Jain, Kulis & Grauman, eq. 4 and Lemmas 1-2).
+
+When the input dimension is too large for a d x d matrix (sparse bags of words or of
+quantised patches), ITML runs on the kernel matrix of the ``c`` constrained points instead:
+:math:`K_{t+1} = K_t + \\beta_t K_t (e_i - e_j)(e_i - e_j)^T K_t` (eq. 4), with the same
+projection parameters :math:`\\beta_t` as the explicit update (eq. 3). Alongside, the c x c
+matrix ``S`` of Lemma 2 is updated so that the learned factor is
+:math:`G = I + \\Phi S \\Phi^T` (with :math:`A_0 = I`), never formed:
+
+.. math::
+
+    S_{t+1} = S_t + \\alpha_t (I + S_t K_0)(e_i - e_j)(e_i - e_j)^T (I + K_0 S_t^T)(I + K_0 S_t),
+
+with :math:`\\alpha_t = (\\sqrt{1 + p_t \\beta_t} - 1) / p_t` from Lemma 1 and
+:math:`p_t = (e_i - e_j)^T K_t (e_i - e_j)`. Both updates cost O(c^2) per projection.
+
+The learned kernel of any two inputs follows from ``S`` and kernel values against the
+constrained points, :math:`k_x = \\Phi^T \\phi(x)`:
+:math:`\\phi(x)^T A \\phi(y) = k(x, y) + k_x^T (S + S^T + S^T K_0 S) k_y`.
+With the linear kernel on the same constraints this is exactly ITML with ``A0 = I``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator
+from sklearn.metrics.pairwise import rbf_kernel
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_array, check_is_fitted
+
+from hashlearn._validation import check_int, check_real
+from hashlearn.io import Persistable, persistable
+from hashlearn.metric.itml import _bregman_step, default_num_constraints
+from hashlearn.supervision import check_pairs, pairs_from_labels
+
+__all__ = ["KernelITML"]
+
+_KERNELS = ("linear", "rbf", "precomputed")
+
+
+@numba.njit(cache=True, nogil=True)
+def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, max_iter,
+                            tol):
+    """Cyclic Bregman projections on the c x c kernel ``K`` (eq. 4) and ``S`` (Lemma 2).
+
+    ``K`` (starts at ``K0``) and ``S`` (starts at 0) are updated in place; the rest as in
+    :func:`hashlearn.metric.itml.itml_projections`. Returns ``(passes, converged)``.
+    """
+    c = K.shape[0]
+    m = pair_i.shape[0]
+    w = np.empty(c)
+    a = np.empty(c)
+    k0a = np.empty(c)
+    b = np.empty(c)
+    lam_old = np.empty(m)
+    gamma_proj = 1.0 if gamma == np.inf else gamma / (gamma + 1.0)
+    for it in range(max_iter):
+        lam_old[:] = lam
+        for t in range(m):
+            i = pair_i[t]
+            j = pair_j[t]
+            p = K[i, i] + K[j, j] - 2.0 * K[i, j]
+            if p <= 1e-12:
+                continue
+            for r in range(c):
+                w[r] = K[r, i] - K[r, j]
+            alpha, beta = _bregman_step(p, delta[t], lam[t:t + 1], bhat[t:t + 1],
+                                        gamma_proj, gamma)
+            if beta == 0.0:
+                continue
+            # S update (Lemma 2): a = (I + S K0) e, b = a + S^T K0 a, S += alpha_L a b^T
+            alpha_l = (np.sqrt(1.0 + p * beta) - 1.0) / p
+            for r in range(c):
+                k0a[r] = K0[r, i] - K0[r, j]
+            for r in range(c):
+                acc = (1.0 if r == i else 0.0) - (1.0 if r == j else 0.0)
+                for s in range(c):
+                    acc += S[r, s] * k0a[s]
+                a[r] = acc
+            for r in range(c):
+                acc = 0.0
+                for s in range(c):
+                    acc += K0[r, s] * a[s]
+                k0a[r] = acc
+            for r in range(c):
+                b[r] = a[r]
+            for s in range(c):
+                ks = k0a[s]
+                for r in range(c):
+                    b[r] += S[s, r] * ks
+            for r in range(c):
+                ar = alpha_l * a[r]
+                for s in range(c):
+                    S[r, s] += ar * b[s]
+            # K update (eq. 4)
+            for r in range(c):
+                br = beta * w[r]
+                for s in range(c):
+                    K[r, s] += br * w[s]
+        num = 0.0
+        den = 0.0
+        for t in range(m):
+            num += abs(lam[t] - lam_old[t])
+            den += abs(lam[t]) + abs(lam_old[t])
+        if den == 0.0 or num / den < tol:
+            return it + 1, True
+    return max_iter, False
+
+
+def symmetric_factor_coefficients(K0: np.ndarray, K: np.ndarray, rtol: float = 1e-10
+                                  ) -> np.ndarray:
+    """``S`` with ``G = I + Phi S Phi^T`` the symmetric square root of the learned ``A``,
+    computed from the input and learned kernels alone (``K0 = V Sigma^2 V^T``):
+    ``S = V Sigma^-1 ((Sigma^-1 V^T K V Sigma^-1)^{1/2} - I) Sigma^-1 V^T`` on the range of
+    ``K0``. Used when the incremental Lemma 2 update is numerically unstable."""
+    vals, vecs = np.linalg.eigh((K0 + K0.T) / 2)
+    keep = vals > rtol * max(vals.max(), 1e-300)
+    V, inv_sigma = vecs[:, keep], 1.0 / np.sqrt(vals[keep])
+    B = (inv_sigma[:, None] * (V.T @ K @ V)) * inv_sigma[None, :]
+    bvals, bvecs = np.linalg.eigh((B + B.T) / 2)
+    root = (bvecs * np.sqrt(np.clip(bvals, 0.0, None))) @ bvecs.T - np.eye(len(B))
+    W = V * inv_sigma[None, :]
+    return W @ root @ W.T
+
+
+@persistable
+class KernelITML(Persistable, BaseEstimator):
+    """Kernelized ITML over the constrained points (Jain et al. eq. 4, Lemmas 1-2).
+
+    Parameters
+    ----------
+    kernel : {"linear", "rbf", "precomputed"} or callable, default="linear"
+        Input kernel. ``"precomputed"``: ``fit`` takes the square training kernel matrix.
+        A callable ``kernel(X, Y) -> (len(X), len(Y))`` is checked for that shape.
+    gamma : float, default=1.0
+        ITML slack weight (as :class:`hashlearn.metric.ITML`).
+    rbf_gamma : float, optional
+        Width of the RBF kernel ``exp(-rbf_gamma |x - y|^2)``; default ``1 / n_features``.
+    lower_percentile, upper_percentile : float, default=5, 95
+        ``u`` / ``l`` from these percentiles of the constrained pairs' kernel distances.
+    num_constraints : int, optional
+        Pairs sampled from labels; default ``20 c^2`` for ``c`` classes.
+    max_iter, tol : int, float
+        As :class:`hashlearn.metric.ITML`.
+    random_state : int, RandomState or None
+        Seed of the constraint sampling.
+
+    Attributes
+    ----------
+    constrained_index_ : ndarray (c,)
+        Rows of the training ``X`` that appear in a constraint.
+    constrained_ : ndarray (c, d) or CSR arrays
+        Those points (for kernels other than precomputed); sparse input stays sparse.
+    K0_, K_ : ndarray (c, c)
+        Input and learned kernel of the constrained points.
+    S_ : ndarray (c, c)
+        Lemma 2's coefficients: ``G = I + Phi S Phi^T``.
+    lemma2_stable_ : bool
+        False when the incremental Lemma 2 update overflowed (``K0`` near-singular, so ``S``
+        is not unique and drifts); ``S_`` is then the symmetric-root coefficients computed
+        from ``K_`` (:func:`symmetric_factor_coefficients`), which give the same ``A``.
+    bounds_ : ndarray (2,)
+        ``(u, l)``.
+    n_iter_, converged_, violated_fraction_ :
+        As :class:`hashlearn.metric.ITML` (violations measured with the learned kernel).
+    """
+
+    def __init__(self, kernel="linear", gamma: float = 1.0, rbf_gamma: float | None = None,
+                 lower_percentile: float = 5.0, upper_percentile: float = 95.0,
+                 num_constraints: int | None = None, max_iter: int = 1000, tol: float = 1e-3,
+                 random_state=None):
+        self.kernel = kernel
+        self.gamma = gamma
+        self.rbf_gamma = rbf_gamma
+        self.lower_percentile = lower_percentile
+        self.upper_percentile = upper_percentile
+        self.num_constraints = num_constraints
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------------ kernels
+
+    def _kernel(self, X, Y) -> np.ndarray:
+        """Input kernel between rows of X and Y, shape-checked."""
+        if callable(self.kernel):
+            K = self.kernel(X, Y)
+        elif self.kernel == "linear":
+            K = X @ Y.T
+        else:  # rbf
+            width = self.rbf_gamma if self.rbf_gamma is not None else 1.0 / X.shape[1]
+            K = rbf_kernel(X, Y, gamma=width)
+        K = K.toarray() if sp.issparse(K) else np.asarray(K, dtype=np.float64)
+        if K.shape != (X.shape[0], Y.shape[0]):
+            raise ValueError(f"kernel of {type(self).__name__} returned shape {K.shape}; "
+                             f"expected ({X.shape[0]}, {Y.shape[0]}).")
+        if not np.all(np.isfinite(K)):
+            raise ValueError(f"kernel of {type(self).__name__} returned NaN or inf.")
+        return K
+
+    def _check_X(self, X, *, reset: bool):
+        if self.kernel == "precomputed":
+            return check_array(X, dtype=np.float64)
+        X = check_array(X, accept_sparse="csr", dtype=(np.float64, np.float32),
+                        ensure_min_samples=0 if not reset else 1)
+        if reset:
+            self.n_features_in_ = X.shape[1]
+        elif X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was "
+                             f"fitted with {self.n_features_in_}.")
+        return X
+
+    # ------------------------------------------------------------------------ fitting
+
+    def fit(self, X, y=None, *, pairs=None, similar=None):
+        """Learn ``S`` from labels ``y`` or explicit ``pairs`` / ``similar``.
+
+        ``X`` is the data (dense or sparse CSR), or with ``kernel="precomputed"`` the square
+        kernel matrix of the training points.
+        """
+        owner = type(self).__name__
+        if not (callable(self.kernel) or self.kernel in _KERNELS):
+            raise ValueError(f"The 'kernel' parameter of {owner} must be one of {_KERNELS} or "
+                             f"a callable. Got {self.kernel!r} instead.")
+        check_real(self.gamma, "gamma", owner, low=0.0, low_open=True)
+        if self.rbf_gamma is not None:
+            check_real(self.rbf_gamma, "rbf_gamma", owner, low=0.0, low_open=True)
+        check_real(self.lower_percentile, "lower_percentile", owner, low=0.0, high=100.0)
+        check_real(self.upper_percentile, "upper_percentile", owner, low=0.0, high=100.0)
+        if self.num_constraints is not None:
+            check_int(self.num_constraints, "num_constraints", owner)
+        check_int(self.max_iter, "max_iter", owner)
+        check_real(self.tol, "tol", owner, low=0.0, low_open=True)
+        X = self._check_X(X, reset=True)
+        n = X.shape[0]
+        if self.kernel == "precomputed" and X.shape != (n, n):
+            raise ValueError(f"with kernel='precomputed', X passed to {owner}.fit must be the "
+                             f"square training kernel matrix. Got shape {X.shape}.")
+        if pairs is not None and y is not None:
+            raise ValueError(f"{owner}.fit takes labels y or pairs=..., not both.")
+        if pairs is not None:
+            pairs, similar = check_pairs(pairs, similar, n, owner)
+        elif similar is not None:
+            raise ValueError(f"{owner}.fit got similar=... without pairs=...")
+        elif y is None:
+            raise ValueError(f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
+                             "fit(X, pairs=P, similar=s).")
+        else:
+            y = np.asarray(y)
+            if y.shape != (n,):
+                raise ValueError(f"y passed to {owner} must be one label per row of X ({n}). "
+                                 f"Got shape {y.shape}.")
+            rng = check_random_state(self.random_state)
+            pairs, similar = pairs_from_labels(
+                y, self.num_constraints or default_num_constraints(y), random_state=rng,
+                owner=owner)
+        index, inverse = np.unique(pairs.ravel(), return_inverse=True)
+        local = inverse.reshape(-1, 2).astype(np.int64)
+        if self.kernel == "precomputed":
+            K0 = np.ascontiguousarray(X[np.ix_(index, index)])
+            if not np.allclose(K0, K0.T):
+                raise ValueError(f"the precomputed kernel passed to {owner}.fit must be "
+                                 "symmetric.")
+        else:
+            Phi = X[index]
+            K0 = np.ascontiguousarray(self._kernel(Phi, Phi))
+            self.constrained_ = Phi
+        dist0 = K0[local[:, 0], local[:, 0]] + K0[local[:, 1], local[:, 1]] \
+            - 2 * K0[local[:, 0], local[:, 1]]
+        u, ell = np.percentile(dist0, [self.lower_percentile, self.upper_percentile])
+        u, ell = max(float(u), 1e-12), max(float(ell), 1e-12)
+        K = K0.copy()
+        S = np.zeros_like(K0)
+        delta = np.where(similar, 1.0, -1.0)
+        bhat = np.where(similar, u, ell).astype(np.float64)
+        lam = np.zeros(len(local))
+        n_iter, converged = kernel_itml_projections(
+            K, S, K0, local[:, 0].copy(), local[:, 1].copy(), delta, bhat, lam,
+            float(self.gamma), int(self.max_iter), float(self.tol))
+        self.lemma2_stable_ = bool(np.all(np.isfinite(S)))
+        if not self.lemma2_stable_:
+            # S drifted to overflow along the null space of a (near-)singular K0; the
+            # kernel K itself is unaffected, so take the symmetric factor from it instead.
+            S = symmetric_factor_coefficients(K0, (K + K.T) / 2)
+        self.constrained_index_ = index.astype(np.int64)
+        self.K0_, self.K_, self.S_ = K0, (K + K.T) / 2, S
+        self.bounds_ = np.array([u, ell])
+        self.n_iter_, self.converged_ = int(n_iter), bool(converged)
+        dist = self.K_[local[:, 0], local[:, 0]] + self.K_[local[:, 1], local[:, 1]] \
+            - 2 * self.K_[local[:, 0], local[:, 1]]
+        bad = np.where(similar, dist > u * (1 + 1e-2), dist < ell * (1 - 1e-2))
+        self.violated_fraction_ = float(bad.mean()) if len(bad) else 0.0
+        return self
+
+    # ---------------------------------------------------------------------- applying
+
+    @property
+    def kernel_coefficients_(self) -> np.ndarray:
+        """``M = S + S^T + S^T K0 S``: learned kernel = k(x, y) + k_x^T M k_y."""
+        check_is_fitted(self)
+        return self.S_ + self.S_.T + self.S_.T @ self.K0_ @ self.S_
+
+    def constrained_kernel(self, X) -> np.ndarray:
+        """Input kernel values ``Phi^T phi(x)`` of the rows of X against the constrained
+        points, ``(n, c)`` (not for ``kernel="precomputed"``)."""
+        check_is_fitted(self)
+        if self.kernel == "precomputed":
+            raise ValueError("with kernel='precomputed' pass kernel values to "
+                             "learned_kernel_from_values instead.")
+        return self._kernel(self._check_X(X, reset=False), self.constrained_)
+
+    def learned_kernel(self, X, Y=None) -> np.ndarray:
+        """Learned kernel ``phi(x)^T A phi(y)`` between rows of X and Y (Lemma 2)."""
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False)
+        Y = X if Y is None else self._check_X(Y, reset=False)
+        return self.learned_kernel_from_values(self._kernel(X, Y), self._kernel(X, self.constrained_),
+                                               self._kernel(Y, self.constrained_))
+
+    def learned_kernel_from_values(self, K_xy, K_xc, K_yc) -> np.ndarray:
+        """Learned kernel from input-kernel values: ``K_xy (n, m)``, and each side against
+        the constrained points, ``K_xc (n, c)``, ``K_yc (m, c)``."""
+        check_is_fitted(self)
+        c = len(self.S_)
+        K_xy, K_xc, K_yc = (np.asarray(a, np.float64) for a in (K_xy, K_xc, K_yc))
+        if K_xc.ndim != 2 or K_yc.ndim != 2 or K_xc.shape[1] != c or K_yc.shape[1] != c \
+                or K_xy.shape != (K_xc.shape[0], K_yc.shape[0]):
+            raise ValueError(f"kernel values have shapes {K_xy.shape}, {K_xc.shape}, "
+                             f"{K_yc.shape}; expected (n, m), (n, {c}), (m, {c}).")
+        return K_xy + K_xc @ self.kernel_coefficients_ @ K_yc.T
+
+    def pair_distances(self, X, Y) -> np.ndarray:
+        """Squared learned distances of matching rows of X and Y."""
+        check_is_fitted(self)
+        X = self._check_X(X, reset=False)
+        Y = self._check_X(Y, reset=False)
+        M = self.kernel_coefficients_
+        kx = self._kernel(X, self.constrained_)
+        ky = self._kernel(Y, self.constrained_)
+        kxx, kyy, kxy = (np.array([self._kernel(P[i:i + 1], Q[i:i + 1])[0, 0]
+                                   for i in range(P.shape[0])])
+                         for P, Q in ((X, X), (Y, Y), (X, Y)))
+        z = kx - ky
+        return kxx + kyy - 2 * kxy + np.einsum("ij,jk,ik->i", z, M, z)
+
+    # -------------------------------------------------------------------- persistence
+
+    def _get_state(self):
+        check_is_fitted(self)
+        params = self.get_params(deep=False)
+        for key, value in params.items():
+            if not (value is None or isinstance(value, (str, bool, numbers.Real))):
+                raise TypeError(f"cannot save {type(self).__name__}: parameter {key}={value!r} "
+                                "is not a number, string, bool or None.")
+        arrays = {"constrained_index_": self.constrained_index_, "K0_": self.K0_,
+                  "K_": self.K_, "S_": self.S_, "bounds_": self.bounds_}
+        state = {"n_iter_": self.n_iter_, "lemma2_stable_": self.lemma2_stable_, "converged_": self.converged_,
+                 "violated_fraction_": self.violated_fraction_,
+                 "n_features_in_": getattr(self, "n_features_in_", None)}
+        if hasattr(self, "constrained_"):
+            Phi = self.constrained_
+            if sp.issparse(Phi):
+                Phi = sp.csr_matrix(Phi)
+                arrays.update(constrained_data=Phi.data, constrained_indices=Phi.indices,
+                              constrained_indptr=Phi.indptr)
+                state["constrained_shape"] = list(Phi.shape)
+            else:
+                arrays["constrained_"] = np.asarray(Phi)
+        return params, state, arrays
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        obj = cls(**params)
+        arrays = dict(arrays)
+        if "constrained_data" in arrays:
+            obj.constrained_ = sp.csr_matrix(
+                (np.asarray(arrays.pop("constrained_data")),
+                 np.asarray(arrays.pop("constrained_indices")),
+                 np.asarray(arrays.pop("constrained_indptr"))),
+                shape=tuple(state.pop("constrained_shape")))
+        state = dict(state)
+        if state.get("n_features_in_") is None:
+            state.pop("n_features_in_", None)
+        for key, value in {**state, **arrays}.items():
+            setattr(obj, key, value)
+        return obj

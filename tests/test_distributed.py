@@ -1,0 +1,116 @@
+"""ShardedIndex on a 2-worker LocalCluster against a single FlatIndex; encode; bad input."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+da = pytest.importorskip("dask.array")
+
+from hashlearn.distributed import ShardedIndex, connect, encode, merge_topk  # noqa: E402
+from hashlearn.hashers.lsh import RandomHyperplaneLSH  # noqa: E402
+from hashlearn.index.flat import FlatIndex  # noqa: E402
+from hashlearn.index.mih import MultiIndexHashing  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                       dashboard_address=None)
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    centres = rng.integers(0, 256, (5, 8), dtype=np.uint8)
+    db = centres[rng.integers(0, 5, 6000)] ^ (rng.random((6000, 8)) < 0.1).astype(np.uint8)
+    q = np.concatenate([db[:10], rng.integers(0, 256, (30, 8), dtype=np.uint8)])
+    return db, q
+
+
+def reference(db, q, k, ids=None):
+    flat = FlatIndex(64)
+    flat.add(db, ids=ids)
+    return flat.search(q, k)
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 5])
+@pytest.mark.parametrize("index", ["flat", "mih"])
+def test_sharded_search_identical_to_single_index(client, problem, n_shards, index):
+    db, q = problem
+    ids = np.random.default_rng(n_shards).permutation(len(db)) * 5
+    sharded = ShardedIndex.from_codes(client, db, n_bits=64, n_shards=n_shards, ids=ids,
+                                      index=index)
+    assert len(sharded) == len(db) and sharded.n_shards == n_shards
+    for k in (1, 10, 100):  # many exact ties: the merge must break them by id
+        for got, want in zip(sharded.search(q, k), reference(db, q, k, ids), strict=True):
+            np.testing.assert_array_equal(got, want)
+    D, I = sharded.search(q[:2], 7000)  # k > n pads with -1 exactly like FlatIndex
+    for got, want in zip((D, I), reference(db, q[:2], 7000, ids), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_from_dask_array_and_encode(client):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(3000, 20)).astype(np.float32)
+    hasher = RandomHyperplaneLSH(n_bits=32, random_state=0).fit(X)
+    codes = encode(hasher, da.from_array(X, chunks=(700, 20)))
+    assert codes.chunks[0] == (700, 700, 700, 700, 200)
+    local = hasher.encode(X)
+    np.testing.assert_array_equal(codes.compute(), local)
+    sharded = ShardedIndex.from_dask_array(client, codes, n_bits=32)
+    assert sharded.n_shards == 5
+    q = hasher.encode(X[:50] + 0.1)
+    for got, want in zip(sharded.search(q, 10), reference_32(local, q, 10), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def reference_32(db, q, k):
+    flat = FlatIndex(32)
+    flat.add(db)
+    return flat.search(q, k)
+
+
+def test_merge_topk_orders_by_distance_then_id():
+    D = np.array([[1, 3, -1, 1, 2, -1]], np.int32)
+    I = np.array([[9, 4, -1, 2, 8, -1]], np.int64)
+    d, i = merge_topk(D, I, 5)
+    assert d.tolist() == [[1, 1, 2, 3, -1]] and i.tolist() == [[2, 9, 8, 4, -1]]
+
+
+def test_mixed_code_lengths_between_shards_are_refused(client):
+    a, b = FlatIndex(32), MultiIndexHashing(64)
+    a.add(np.zeros((3, 4), np.uint8))
+    b.add(np.zeros((3, 8), np.uint8))
+    with pytest.raises(ValueError, match="same code length"):
+        ShardedIndex.from_shards(client, [a, b])
+
+
+def test_bad_input(client, problem):
+    db, q = problem
+    with pytest.raises(ValueError, match="codes"):
+        ShardedIndex.from_codes(client, db, n_bits=32, n_shards=2)
+    with pytest.raises(ValueError, match="n_shards"):
+        ShardedIndex.from_codes(client, db, n_bits=64, n_shards=0)
+    sharded = ShardedIndex.from_codes(client, db[:100], n_bits=64, n_shards=2)
+    with pytest.raises(ValueError, match="queries"):
+        sharded.search(q[:, :4], 3)
+    with pytest.raises(ValueError, match="'k'"):
+        sharded.search(q, 0)
+    with pytest.raises(TypeError, match="dask"):
+        encode(RandomHyperplaneLSH(n_bits=8), np.zeros((3, 2)))
+
+
+def test_unreachable_scheduler_fails_fast_with_a_clear_error():
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="127.0.0.1:9"):
+        connect("tcp://127.0.0.1:9", timeout=2)
+    assert time.monotonic() - start < 30  # a bounded failure, not a hang
+    with pytest.raises(ValueError, match="timeout"):
+        connect("tcp://127.0.0.1:9", timeout=0)

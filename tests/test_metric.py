@@ -1,0 +1,161 @@
+"""ITML and KernelITML: constraints, convergence, kernel form == explicit form, errors, io."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hashlearn.datasets import load_digits
+from hashlearn.io import load
+from hashlearn.metric.itml import ITML, knn_accuracy
+from hashlearn.metric.kernel_itml import KernelITML
+from hashlearn.supervision import pairs_from_labels
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    rng = np.random.RandomState(0)
+    y = rng.randint(0, 3, 90)
+    X = rng.randn(90, 6)
+    X[:, 0] += 3.0 * y  # one informative dimension among noise
+    return X, y
+
+
+def test_itml_satisfies_constraints_and_converges():
+    rng = np.random.RandomState(0)
+    y = rng.randint(0, 3, 90)
+    X = rng.randn(90, 6)
+    X[:, 0] = 10.0 * y + 0.01 * X[:, 0]  # feasible: separable along one dimension
+    pairs, similar = pairs_from_labels(y, 200, random_state=0)
+    itml = ITML(gamma=100.0).fit(X, pairs=pairs, similar=similar)
+    assert itml.converged_ and itml.n_iter_ < itml.max_iter
+    assert itml.violated_fraction_ < 0.02
+    np.testing.assert_allclose(itml.G_.T @ itml.G_, itml.A_, atol=1e-8)
+    assert np.all(np.linalg.eigvalsh(itml.A_) > 0)
+    np.testing.assert_allclose(itml.transform(X), X @ itml.G_.T)
+
+
+def test_itml_projection_matches_numpy_oracle(blobs):
+    """One pass of the numba kernel equals eq. 3 written in numpy (Davis et al. Alg. 1)."""
+    X, y = blobs
+    pairs, similar = pairs_from_labels(y, 40, random_state=1)
+    itml = ITML(gamma=1.0, max_iter=1, tol=1e-12).fit(X, pairs=pairs, similar=similar)
+    u, ell = itml.bounds_
+    A = np.eye(X.shape[1])
+    lam = np.zeros(len(pairs))
+    bhat = np.where(similar, u, ell)
+    for c, (i, j) in enumerate(pairs):
+        v = X[i] - X[j]
+        p = v @ A @ v
+        delta = 1.0 if similar[c] else -1.0
+        alpha = min(lam[c], delta * 0.5 * (1 / p - 1 / bhat[c]))
+        lam[c] -= alpha
+        beta = delta * alpha / (1 - delta * alpha * p)
+        bhat[c] = 1 / (1 / bhat[c] + alpha * delta / 1.0)
+        A = A + beta * np.outer(A @ v, A @ v)
+    np.testing.assert_allclose(itml.A_, A, rtol=1e-9, atol=1e-12)
+
+
+def test_kernel_itml_linear_equals_explicit(blobs):
+    X, y = blobs
+    pairs, similar = pairs_from_labels(y, 150, random_state=0)
+    itml = ITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    kit = KernelITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    assert kit.converged_ and kit.n_iter_ == itml.n_iter_
+    Phi = X[kit.constrained_index_]
+    G = np.eye(X.shape[1]) + Phi.T @ kit.S_ @ Phi  # Lemma 2
+    np.testing.assert_allclose(G.T @ G, itml.A_, atol=1e-8)
+    np.testing.assert_allclose(kit.K_, Phi @ itml.A_ @ Phi.T, atol=1e-8)
+    np.testing.assert_allclose(kit.learned_kernel(X[:7], X[7:12]), X[:7] @ itml.A_ @ X[7:12].T,
+                               atol=1e-8)
+    np.testing.assert_allclose(kit.pair_distances(X[:9], X[9:18]),
+                               itml.pair_distances(X[:9], X[9:18]), atol=1e-8)
+    # sparse input gives the same kernel form
+    kit_sp = KernelITML(gamma=1.0, tol=1e-8).fit(sp.csr_matrix(X), pairs=pairs, similar=similar)
+    np.testing.assert_allclose(kit_sp.S_, kit.S_, atol=1e-10)
+
+
+def test_kernel_itml_rbf_and_precomputed_agree(blobs):
+    X, y = blobs
+    pairs, similar = pairs_from_labels(y, 100, random_state=0)
+    rbf = KernelITML(kernel="rbf", rbf_gamma=0.1).fit(X, pairs=pairs, similar=similar)
+    from sklearn.metrics.pairwise import rbf_kernel
+    pre = KernelITML(kernel="precomputed").fit(rbf_kernel(X, gamma=0.1), pairs=pairs,
+                                               similar=similar)
+    np.testing.assert_allclose(rbf.S_, pre.S_, atol=1e-10)
+    assert rbf.violated_fraction_ <= 1.0 and rbf.converged_
+
+
+def test_auto_gamma_never_worse_than_euclidean_on_validation():
+    X, y = load_digits()
+    rng = np.random.RandomState(0)
+    lab = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:20] for c in range(10)])
+    itml = ITML(random_state=0).fit(X[lab], y[lab])
+    assert itml.validation_scores_[0] <= itml.validation_scores_.max()
+    best = itml.validation_scores_.max()
+    if itml.learned_:
+        assert best > itml.validation_scores_[0]
+    else:
+        np.testing.assert_allclose(itml.A_, np.eye(64))
+    rest = np.setdiff1d(np.arange(len(X)), lab)
+    acc_l = knn_accuracy(itml.transform(X[lab]), y[lab], itml.transform(X[rest]), y[rest], 4)
+    acc_e = knn_accuracy(X[lab], y[lab], X[rest], y[rest], 4)
+    assert acc_l >= acc_e - 0.02
+
+
+def test_bad_input(blobs):
+    X, y = blobs
+    with pytest.raises(ValueError, match="single class"):
+        ITML(gamma=1.0).fit(X, np.zeros(len(X)))
+    with pytest.raises(ValueError):
+        ITML(gamma=1.0).fit(X, pairs=[[0, 500]], similar=[True])
+    with pytest.raises(ValueError, match="positive definite"):
+        ITML(gamma=1.0, A0=np.zeros((6, 6))).fit(X, y)
+    with pytest.raises(ValueError, match="symmetric"):
+        ITML(gamma=1.0, A0=np.triu(np.ones((6, 6)))).fit(X, y)
+    with pytest.raises(TypeError, match="sparse"):
+        ITML(gamma=1.0).fit(sp.csr_matrix(X), y)
+    with pytest.raises(ValueError, match="gamma"):
+        ITML(gamma=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match="shape"):
+        KernelITML(kernel=lambda A, B: np.ones((2, 2))).fit(X, y)
+    with pytest.raises(ValueError, match="kernel"):
+        KernelITML(kernel="poly").fit(X, y)
+    with pytest.raises(ValueError, match="single class"):
+        KernelITML().fit(X, np.ones(len(X)))
+
+
+def test_save_load_round_trip(blobs, tmp_path):
+    X, y = blobs
+    itml = ITML(gamma=1.0, A0=2 * np.eye(6), random_state=0).fit(X, y)
+    itml.save(tmp_path / "itml")
+    back = ITML.load(tmp_path / "itml")
+    np.testing.assert_array_equal(back.transform(X), itml.transform(X))
+    assert back.gamma_ == itml.gamma_ and back.n_iter_ == itml.n_iter_
+    for Xin in (X, sp.csr_matrix(X)):
+        kit = KernelITML(random_state=0).fit(Xin, y)
+        kit.save(tmp_path / "kit")
+        kb = load(tmp_path / "kit")
+        np.testing.assert_allclose(kb.learned_kernel(Xin[:5]), kit.learned_kernel(Xin[:5]))
+
+
+def test_same_seed_same_result(blobs):
+    X, y = blobs
+    a = ITML(gamma=1.0, random_state=3).fit(X, y).A_
+    b = ITML(gamma=1.0, random_state=3).fit(X, y).A_
+    np.testing.assert_array_equal(a, b)
+
+
+def test_symmetric_factor_coefficients_reproduce_learned_metric(blobs):
+    from hashlearn.metric.kernel_itml import symmetric_factor_coefficients
+    X, y = blobs
+    pairs, similar = pairs_from_labels(y, 150, random_state=0)
+    itml = ITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    kit = KernelITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    assert kit.lemma2_stable_
+    S = symmetric_factor_coefficients(kit.K0_, kit.K_)
+    Phi = X[kit.constrained_index_]
+    G = np.eye(X.shape[1]) + Phi.T @ S @ Phi
+    np.testing.assert_allclose(G, G.T, atol=1e-8)
+    np.testing.assert_allclose(G @ G, itml.A_, atol=1e-6)

@@ -1,0 +1,145 @@
+"""MetricLSH (eq. 6) and KernelMetricLSH (eq. 8): implicit == explicit bits, collision rate,
+metric re-ranking through Searcher, sparse input, errors, io."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hashlearn.codes import unpack_bits
+from hashlearn.hashers.metric_lsh import (
+    KernelMetricLSH,
+    MetricLSH,
+    hashed_hyperplanes,
+    hashed_projection,
+)
+from hashlearn.index.flat import FlatIndex
+from hashlearn.index.permutation import PermutationIndex
+from hashlearn.io import load
+from hashlearn.metric.itml import ITML
+from hashlearn.search import Searcher
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.RandomState(0)
+    y = rng.randint(0, 3, 150)
+    X = rng.randn(150, 8)
+    X[:, 0] += 2.0 * y
+    return X, y
+
+
+def test_implicit_equals_explicit_bits(data):
+    X, y = data
+    kml = KernelMetricLSH(48, num_constraints=120, random_state=0).fit(X, y)
+    R = kml.hyperplanes()
+    explicit = MetricLSH.from_metric(G=kml.metric_factor(), n_bits=48, components=R)
+    p_imp, p_exp = kml.project(X), explicit.project(X)
+    np.testing.assert_allclose(p_imp, p_exp, atol=1e-9)
+    ties = np.abs(p_exp) < 1e-9
+    b_imp, b_exp = unpack_bits(kml.encode(X), 48), unpack_bits(explicit.encode(X), 48)
+    assert np.array_equal(b_imp[~ties], b_exp[~ties])
+    # sparse input: the same bits
+    np.testing.assert_array_equal(kml.encode(sp.csr_matrix(X)), kml.encode(X))
+
+
+def test_hashed_hyperplanes_are_standard_normal():
+    R = hashed_hyperplanes(64, 400, seed=7)
+    assert abs(R.mean()) < 4 / np.sqrt(R.size)
+    assert abs(R.var() - 1) < 4 * np.sqrt(2 / R.size)
+    np.testing.assert_array_equal(R, hashed_hyperplanes(64, 400, seed=7))
+    assert not np.array_equal(R, hashed_hyperplanes(64, 400, seed=8))
+    X = sp.random(20, 400, density=0.05, random_state=0, format="csr")
+    np.testing.assert_allclose(hashed_projection(X, 64, 7), X @ R.T, atol=1e-10)
+
+
+def test_collision_probability_follows_learned_angle():
+    """eq. 7: P[h(x) = h(y)] = 1 - angle_A(x, y) / pi, binomial tolerance."""
+    rng = np.random.RandomState(1)
+    M = rng.randn(5, 5)
+    A = M @ M.T + np.eye(5)
+    n_bits = 4000
+    h = MetricLSH.from_metric(A, n_bits=n_bits, random_state=0)
+    x, z = rng.randn(2, 5)
+    cos = x @ A @ z / np.sqrt((x @ A @ x) * (z @ A @ z))
+    p = 1 - np.arccos(cos) / np.pi
+    bits = unpack_bits(h.encode(np.stack([x, z])), n_bits)
+    agree = np.mean(bits[0] == bits[1])
+    assert abs(agree - p) < 4 * np.sqrt(p * (1 - p) / n_bits)
+
+
+def test_metric_distances_and_searcher_rerank(data):
+    X, y = data
+    h = MetricLSH(16, gamma=1.0, random_state=0).fit(X, y)
+    A = h.metric_.A_
+    q, c = X[:4], X[4:28].reshape(4, 6, 8)
+    diff = c - q[:, None]
+    np.testing.assert_allclose(h.metric_distances(q, c), np.einsum("bci,ij,bcj->bc", diff, A, diff))
+    # exhaustive candidates -> exact learned-metric k-NN
+    s = Searcher(h, FlatIndex(16), rerank="metric", n_candidates=len(X)).add(X)
+    D, I = s.search(X[:10], 5)
+    full = np.einsum("qni,ij,qnj->qn", X[None] - X[:10, None], A, X[None] - X[:10, None])
+    expected = np.lexsort((np.broadcast_to(np.arange(len(X)), full.shape), full), axis=1)[:, :5]
+    np.testing.assert_array_equal(I, expected)
+    # through the permutation index
+    s2 = Searcher(h, PermutationIndex(16, window=4), rerank="metric").add(X)
+    D2, I2 = s2.search(X[:10], 3)
+    assert np.all(I2[:, 0] == np.arange(10))  # each point finds itself first
+    kml = KernelMetricLSH(16, num_constraints=80, random_state=0).fit(X, y)
+    G = kml.metric_factor()
+    np.testing.assert_allclose(kml.metric_distances(q, c),
+                               np.einsum("bci,bci->bc", diff @ G.T, diff @ G.T), atol=1e-8)
+
+
+def test_high_dimensional_sparse_input():
+    rng = np.random.RandomState(0)
+    X = sp.random(300, 100_000, density=0.0005, format="csr", random_state=0)
+    y = rng.randint(0, 4, 300)
+    h = KernelMetricLSH(32, num_constraints=200, random_state=0).fit(X, y)
+    codes = h.encode(X)
+    assert codes.shape == (300, 4)
+    assert len(h.support_) <= X[h.metric_.constrained_index_].nnz
+
+
+def test_defaults_fit_quickly_on_labels(data):
+    X, y = data
+    for cls in (MetricLSH, KernelMetricLSH):
+        h = cls(random_state=0).fit(X, y)
+        assert h.encode(X).shape == (len(X), 4)
+    e = MetricLSH(16, metric="euclidean", random_state=0).fit(X, y)
+    np.testing.assert_allclose(e.G_, np.eye(8))
+
+
+def test_same_seed_same_codes_and_io(data, tmp_path):
+    X, y = data
+    for h1, h2 in ((MetricLSH(24, gamma=1.0, random_state=5), MetricLSH(24, gamma=1.0, random_state=5)),
+                   (KernelMetricLSH(24, random_state=5), KernelMetricLSH(24, random_state=5))):
+        h1.fit(X, y)
+        h2.fit(X, y)
+        np.testing.assert_array_equal(h1.encode(X), h2.encode(X))
+        h1.save(tmp_path / type(h1).__name__)
+        back = load(tmp_path / type(h1).__name__)
+        np.testing.assert_array_equal(back.encode(X), h1.encode(X))
+        q, c = X[:2], X[2:8].reshape(2, 3, 8)
+        np.testing.assert_allclose(back.metric_distances(q, c), h1.metric_distances(q, c))
+    fm = MetricLSH.from_metric(ITML(gamma=1.0).fit(X, y), n_bits=8, random_state=0)
+    fm.save(tmp_path / "fm")
+    np.testing.assert_array_equal(MetricLSH.load(tmp_path / "fm").encode(X), fm.encode(X))
+
+
+def test_bad_input(data):
+    X, y = data
+    with pytest.raises(TypeError, match="dense"):
+        MetricLSH(8).fit(sp.csr_matrix(X), y)
+    with pytest.raises(ValueError, match="supervised"):
+        MetricLSH(8).fit(X)
+    with pytest.raises(ValueError, match="metric"):
+        MetricLSH(8, metric="cosine").fit(X, y)
+    with pytest.raises(ValueError, match="single class"):
+        KernelMetricLSH(8).fit(X, np.zeros(len(X)))
+    with pytest.raises(ValueError, match="symmetric"):
+        MetricLSH.from_metric(np.triu(np.ones((3, 3))), n_bits=8)
+    h = MetricLSH(8, gamma=1.0).fit(X, y)
+    with pytest.raises(ValueError, match="candidates"):
+        h.metric_distances(X[:2], X[:2])

@@ -1,0 +1,231 @@
+"""MinimalLossHashing: exact loss-adjusted inference against brute force, the bound and the
+loss decreasing in training, hyper-parameter selection, persistence and bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from conftest import unpack_le
+from hashlearn.hashers.base import available_hashers
+from hashlearn.hashers.mlh import (
+    MinimalLossHashing,
+    bre_loss,
+    hinge_loss,
+    loss_adjusted_inference,
+    select_mlh_hyperparameters,
+)
+from hashlearn.io import load
+
+
+def _all_codes(q):
+    return np.array(list(itertools.product([0, 1], repeat=q)), dtype=np.float64)
+
+
+def _brute_force(a, c, target, loss, rho, lam, eps):
+    """max over all (g_i, g_j) in {0,1}^q x {0,1}^q of eps*l(|g_i-g_j|) + g_i.a + g_j.c."""
+    q = len(a)
+    H = _all_codes(q)
+    si = H @ a
+    sj = H @ c
+    m = (H[:, None, :] != H[None, :, :]).sum(2)
+    if loss == "hinge":
+        lval = hinge_loss(m, np.full(m.shape, bool(target)), rho, lam)
+    else:
+        lval = bre_loss(m, target, q)
+    obj = eps * lval + si[:, None] + sj[None, :]
+    return obj.max()
+
+
+@pytest.mark.parametrize("loss", ["hinge", "bre"])
+@pytest.mark.parametrize("q", [1, 2, 3, 5, 8, 10])
+def test_loss_adjusted_inference_equals_brute_force(loss, q):
+    rng = np.random.default_rng(q * 7 + (loss == "bre"))
+    n_trials = 12 if q <= 8 else 3
+    for trial in range(n_trials):
+        a = rng.standard_normal(q)
+        c = rng.standard_normal(q)
+        if trial % 3 == 0:
+            c = a + 0.1 * rng.standard_normal(q)  # similar scores: codes agree at rest
+        target = float(trial % 2) if loss == "hinge" else float(rng.uniform())
+        rho = float(rng.integers(0, q + 1))
+        lam = float(rng.uniform(0, 2))
+        eps = float(rng.choice([0.1, 1.0, 5.0]))
+        gi, gj, m, value = loss_adjusted_inference(a, c, target, loss=loss, rho=rho, lam=lam,
+                                                   epsilon=eps)
+        best = _brute_force(a, c, target, loss, rho, lam, eps)
+        assert value == pytest.approx(best, abs=1e-9)
+        # the returned codes attain the value
+        assert m == int(np.sum(gi != gj))
+        lval = (hinge_loss(m, bool(target), rho, lam) if loss == "hinge"
+                else bre_loss(m, target, q))
+        assert eps * lval + gi @ a + gj @ c == pytest.approx(best, abs=1e-9)
+
+
+def test_loss_adjusted_inference_batch_and_validation():
+    rng = np.random.default_rng(0)
+    A, C = rng.standard_normal((20, 6)), rng.standard_normal((20, 6))
+    t = rng.integers(0, 2, 20)
+    Gi, Gj, M, V = loss_adjusted_inference(A, C, t, rho=2, lam=0.5, epsilon=1.0)
+    for p in range(20):
+        assert V[p] == pytest.approx(_brute_force(A[p], C[p], t[p], "hinge", 2, 0.5, 1.0))
+    with pytest.raises(ValueError, match="loss"):
+        loss_adjusted_inference(A, C, t, loss="l2")
+    with pytest.raises(ValueError, match="same shape"):
+        loss_adjusted_inference(A, C[:, :5], t)
+
+
+def test_hinge_loss_is_eq4():
+    m = np.arange(7)
+    np.testing.assert_allclose(hinge_loss(m, True, 3, 0.5), [0, 0, 0, 1, 2, 3, 4])
+    np.testing.assert_allclose(hinge_loss(m, False, 3, 0.5), [2, 1.5, 1, 0.5, 0, 0, 0])
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    rng = np.random.default_rng(1)
+    centres = rng.standard_normal((6, 10)) * 2.0
+    y = rng.integers(0, 6, 400)
+    X = centres[y] + 0.7 * rng.standard_normal((400, 10))
+    return X, y
+
+
+@pytest.mark.parametrize("loss", ["hinge", "bre"])
+def test_bound_and_loss_decrease_in_training(clusters, loss):
+    X, y = clusters
+    # the BRE loss lies in [0, 1] (eq. 2), so it needs a larger scale epsilon than eq. (4)
+    eps = 0.1 if loss == "hinge" else 20.0
+    h = MinimalLossHashing(n_bits=16, rho=4, lam=0.5, epsilon=eps, n_epochs=12,
+                           pairs_per_epoch=5000, monitor_pairs=3000, loss=loss,
+                           random_state=0).fit(X, y)
+    L, B = h.loss_history_, h.bound_history_
+    assert L.shape == B.shape == (13,)
+    assert np.all(B >= L - 1e-9), "eq. (11) bounds the empirical loss"
+    # both drop substantially from the LSH initialisation, and the end is near the best
+    assert B[-1] < 0.6 * B[0] and L[-1] < 0.8 * L[0], (L, B)
+    assert B[-3:].mean() <= B[:3].mean()
+    # objective() agrees with the recorded bound semantics on fresh pairs
+    lo, bo = h.objective(X, y, n_pairs=2000)
+    assert bo >= lo
+
+
+def test_mlh_beats_its_lsh_initialisation_on_label_retrieval(clusters):
+    X, y = clusters
+    from hashlearn.codes import hamming_cdist
+    from hashlearn.evaluate import precision_recall_at_radius
+
+    X = X + 1.5 * np.random.default_rng(9).standard_normal(X.shape)  # overlapping classes
+    Xtr, ytr, Xte, yte = X[:300], y[:300], X[300:], y[300:]
+    rel = yte[:, None] == ytr[None, :]
+    untrained = MinimalLossHashing(16, n_epochs=0, random_state=3).fit(Xtr, ytr)
+    trained = MinimalLossHashing(16, rho=3, n_epochs=10, pairs_per_epoch=5000,
+                                 random_state=3).fit(Xtr, ytr)
+    res = {}
+    for name, h in (("lsh", untrained), ("mlh", trained)):
+        d = hamming_cdist(h.encode(Xte), h.encode(Xtr), 16)
+        res[name] = precision_recall_at_radius(d, rel, 3)
+    assert res["mlh"][0] > res["lsh"][0] + 0.1 and res["mlh"][1] > res["lsh"][1] + 0.1, res
+
+
+def test_determinism_pairs_api_and_roundtrip(clusters, tmp_path):
+    X, y = clusters
+    kw = dict(n_bits=13, n_epochs=2, pairs_per_epoch=2000, random_state=5)
+    a = MinimalLossHashing(**kw).fit(X, y)
+    b = MinimalLossHashing(**kw).fit(X, y)
+    np.testing.assert_array_equal(a.encode(X), b.encode(X))
+    np.testing.assert_allclose(np.linalg.norm(
+        np.hstack([a.components_, a.offset_[:, None]]), axis=1), 1.0)
+    bits = unpack_le(a.encode(X), 13)
+    np.testing.assert_array_equal(bits, X @ a.components_.T + a.offset_ >= 0)
+    a.save(tmp_path / "m")
+    back = load(tmp_path / "m")
+    assert isinstance(back, MinimalLossHashing)
+    np.testing.assert_array_equal(back.encode(X), a.encode(X))
+    np.testing.assert_array_equal(back.loss_history_, a.loss_history_)
+    # explicit pairs
+    rng = np.random.default_rng(0)
+    P = rng.integers(0, len(X), (3000, 2))
+    s = y[P[:, 0]] == y[P[:, 1]]
+    c = MinimalLossHashing(n_bits=8, n_epochs=1, pairs_per_epoch=1000, fit_offset=False,
+                           random_state=0).fit(X, pairs=P, similar=s)
+    np.testing.assert_array_equal(c.offset_, 0.0)
+    assert available_hashers()["mlh"] is MinimalLossHashing
+
+
+@pytest.mark.parametrize("params,match", [
+    (dict(rho=-1), "rho"), (dict(rho=17), "rho"), (dict(lam=-0.1), "lam"),
+    (dict(epsilon=0.0), "epsilon"), (dict(loss="l1"), "loss"), (dict(batch_size=0), "batch_size"),
+    (dict(n_bits=0), "n_bits"),
+])
+def test_bad_parameters(clusters, params, match):
+    X, y = clusters
+    with pytest.raises(ValueError, match=match):
+        MinimalLossHashing(**{"n_bits": 16, **params}).fit(X, y)
+
+
+def test_bad_supervision(clusters):
+    X, y = clusters
+    h = MinimalLossHashing(8, n_epochs=1, pairs_per_epoch=100)
+    with pytest.raises(ValueError, match="supervised"):
+        h.fit(X)
+    with pytest.raises(ValueError, match="y"):
+        h.fit(X, y[:-1])
+    with pytest.raises(ValueError, match="single class"):
+        h.fit(X, np.zeros(len(X)))
+    with pytest.raises(ValueError, match="rows"):
+        h.fit(X, pairs=[[0, len(X)]], similar=[True])
+    with pytest.raises(ValueError, match="similar"):
+        h.fit(X, pairs=[[0, 1]], similar=[True, False])
+
+
+def test_select_hyperparameters_on_held_out(clusters):
+    X, y = clusters
+    best, table = select_mlh_hyperparameters(
+        X, y, n_bits=8, rho_values=(1, 3), lam_values=(0.5,), epsilon_values=(0.1,),
+        n_epochs=2, pairs_per_epoch=2000, random_state=0)
+    assert len(table) == 2 and best["rho"] in (1.0, 3.0)
+    assert best == {k: max(table, key=lambda r: r["score"])[k] for k in ("rho", "lam", "epsilon")}
+    assert all(0 < r["score"] <= 1 for r in table)
+    P = np.random.default_rng(0).integers(0, len(X), (4000, 2))
+    best2, _ = select_mlh_hyperparameters(
+        X, pairs=P, similar=y[P[:, 0]] == y[P[:, 1]], n_bits=8, rho_values=(2,),
+        lam_values=(0.5,), epsilon_values=(0.1,), n_epochs=1, pairs_per_epoch=1000,
+        random_state=0)
+    assert best2["rho"] == 2.0
+    with pytest.raises(ValueError, match="labels y or pairs"):
+        select_mlh_hyperparameters(X, n_bits=8)
+
+
+def test_paper_ordering_on_digits_mlh_above_lsh_and_sh():
+    """§6.1 protocol, subsampled: MLH's precision within Hamming radius 3 (per query, empty
+    retrieval = 0) beats LSH and SH at 32 bits on digits."""
+    from hashlearn.codes import hamming_cdist
+    from hashlearn.datasets import load_digits
+    from hashlearn.evaluate import precision_recall_at_radius
+    from hashlearn.experiments.mlh import prepare
+    from hashlearn.hashers.lsh import RandomHyperplaneLSH
+    from hashlearn.hashers.spectral import SpectralHashing
+    from hashlearn.supervision import neighbor_threshold, neighbors_within
+
+    X, _ = load_digits()
+    perm = np.random.default_rng(0).permutation(len(X))
+    A, B = prepare(np.asarray(X[perm[:600]], float), np.asarray(X[perm[600:900]], float),
+                   normalise=True, n_pca=40)
+    thr = neighbor_threshold(A, 30)
+    iu = np.triu_indices(len(A), 1)
+    P, s = np.stack(iu, 1), neighbors_within(A, A, thr)[iu]
+    rel = neighbors_within(B, A, thr)
+
+    def precision(h):
+        d = hamming_cdist(h.encode(B), h.encode(A), 32)
+        return precision_recall_at_radius(d, rel, 3, aggregate="per_query")[0]
+
+    mlh = np.mean([precision(MinimalLossHashing(32, rho=10, lam=0.5, epsilon=0.1, n_epochs=4,
+                                                pairs_per_epoch=30000, monitor_pairs=0,
+                                                random_state=r).fit(A, pairs=P, similar=s))
+                   for r in range(2)])
+    lsh = np.mean([precision(RandomHyperplaneLSH(32, random_state=r).fit(A)) for r in range(2)])
+    sh = precision(SpectralHashing(32).fit(A))
+    assert mlh > max(lsh, sh) + 0.1, (mlh, lsh, sh)

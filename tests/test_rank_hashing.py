@@ -1,0 +1,183 @@
+"""RankHashing (lambdarank-bit-vectors.txt): gradients vs finite differences, eq. 1-2,
+persistence, bad input, and the paper's ordering on digits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hashlearn.codes import hamming_cdist, unpack_bits
+from hashlearn.datasets import load_digits
+from hashlearn.evaluate import knn_classification_error
+from hashlearn.hashers.lsh import RandomHyperplaneLSH
+from hashlearn.hashers.rank import RankHashing, _sigmoid
+
+
+@pytest.fixture(scope="module")
+def digits_split():
+    X, y = load_digits()
+    order = np.random.RandomState(0).permutation(len(X))
+    X, y = X[order], y[order]
+    return X[:1000], y[:1000], X[1000:1600], y[1000:1600]
+
+
+def _initialised(n_features=6, n_bits=5, seed=0, **params):
+    rng = np.random.RandomState(seed)
+    model = RankHashing(n_bits=n_bits, **params)
+    model.weights_ = rng.normal(0, 0.7, (n_features, n_bits))
+    model.bias_ = rng.normal(0, 0.3, n_bits)
+    return model
+
+
+def _numeric_gradient(loss_of, weights, eps=1e-6):
+    grad = np.zeros_like(weights)
+    for idx in np.ndindex(weights.shape):
+        old = weights[idx]
+        weights[idx] = old + eps
+        up = loss_of()
+        weights[idx] = old - eps
+        down = loss_of()
+        weights[idx] = old
+        grad[idx] = (up - down) / (2 * eps)
+    return grad
+
+
+def test_triplet_gradient_matches_finite_differences():
+    rng = np.random.RandomState(1)
+    Xs = rng.normal(size=(12, 6))
+    model = _initialised()
+    triplets = rng.randint(0, 12, size=(9, 3))
+
+    def loss():
+        return model._triplet_gradient(Xs, triplets)[2] / len(triplets)
+
+    grad_w, grad_b, _, _ = model._triplet_gradient(Xs, triplets)
+    np.testing.assert_allclose(grad_w, _numeric_gradient(loss, model.weights_), atol=1e-6)
+    np.testing.assert_allclose(grad_b, _numeric_gradient(loss, model.bias_), atol=1e-6)
+
+
+@pytest.mark.parametrize("task", ["classification", "regression", "retrieval"])
+def test_ranknet_query_gradient_matches_finite_differences(task):
+    """The batched RankNet gradient over (query, doc, doc) pairs (eq. 2-4) is the derivative
+    of the summed pair cross-entropy divided by the number of queries."""
+    rng = np.random.RandomState(2)
+    n = 15
+    Xs = rng.normal(size=(n, 6))
+    y = rng.randint(0, 3, n) if task == "classification" else rng.normal(size=n)
+    neighbors = np.sort(np.argsort(rng.rand(n, n), axis=1)[:, :4], axis=1)
+    model = _initialised(objective="ranknet", task=task, docs_per_query=8)
+    queries = np.array([0, 3, 7, 11])
+
+    def run():
+        return model._query_gradient(Xs, y if task != "retrieval" else None, neighbors,
+                                     queries, np.random.RandomState(5))
+
+    grad_w, grad_b, _, n_pairs = run()
+    assert n_pairs > 0
+    np.testing.assert_allclose(grad_w, _numeric_gradient(lambda: run()[2] / 4,
+                                                         model.weights_), atol=1e-6)
+    np.testing.assert_allclose(grad_b, _numeric_gradient(lambda: run()[2] / 4, model.bias_),
+                               atol=1e-6)
+
+
+def test_lambdarank_reweights_only_boundary_swaps():
+    """LambdaRank (eq. 5): zero gradient when every relevant doc is already inside the
+    selected bins and every irrelevant one outside (no swap changes S)."""
+    rng = np.random.RandomState(3)
+    Xs = rng.normal(size=(30, 6))
+    y = np.arange(30) % 2
+    model = _initialised(task="classification", docs_per_query=29, n_bits=6)
+    # codes = sign of the first feature's projection direction only: class = sign(x0)
+    Xs[:, 0] = np.where(y == 1, 3.0, -3.0)
+    model.weights_[:] = 0
+    model.weights_[0, :] = 0.5  # h = 0.82 or 0.18: not saturated
+    model.bias_[:] = 0
+    grad_w, grad_b, _, _ = model._query_gradient(Xs, y, None, np.arange(30),
+                                                 np.random.RandomState(0))
+    assert np.abs(grad_w).max() < 1e-6 and np.abs(grad_b).max() < 1e-6
+    model.objective = "ranknet"
+    grad_w, _, _, _ = model._query_gradient(Xs, y, None, np.arange(30),
+                                            np.random.RandomState(0))
+    assert np.abs(grad_w).max() > 0  # RankNet still pushes the (already right) pairs apart
+
+
+def test_codes_are_rounded_sigmoid_and_relaxed_score_is_hamming(digits_split):
+    X, y, Xq, _ = digits_split
+    model = RankHashing(24, n_epochs=1, random_state=0).fit(X, y)
+    h = _sigmoid(model.project(X[:50]))
+    bits = unpack_bits(model.encode(X[:50]), 24).astype(bool)
+    np.testing.assert_array_equal(bits, h >= 0.5)  # eq. 1, rounded
+    model.weights_ *= 1e4  # saturate the sigmoid: h is binary, eq. 2 = Hamming distance
+    model.bias_ *= 1e4
+    relaxed = model.relaxed_hamming(Xq[:20], X[:30])
+    exact = hamming_cdist(model.encode(Xq[:20]), model.encode(X[:30]), 24)
+    np.testing.assert_allclose(relaxed, exact, atol=1e-2)  # integers, up to rare z ~ 0
+
+
+def test_same_seed_same_codes_and_save_load(digits_split, tmp_path):
+    X, y, Xq, _ = digits_split
+    a = RankHashing(16, n_epochs=2, random_state=7).fit(X, y)
+    b = RankHashing(16, n_epochs=2, random_state=7).fit(X, y)
+    np.testing.assert_array_equal(a.encode(Xq), b.encode(Xq))
+    a.save(tmp_path / "rank")
+    loaded = RankHashing.load(tmp_path / "rank")
+    np.testing.assert_array_equal(loaded.encode(Xq), a.encode(Xq))
+    assert loaded.get_params() == a.get_params()
+
+
+def test_sparse_input_and_other_tasks(digits_split):
+    X, y, Xq, _ = digits_split
+    model = RankHashing(16, n_epochs=2, random_state=0).fit(sp.csr_matrix(X[:300]), y[:300])
+    np.testing.assert_array_equal(model.encode(sp.csr_matrix(Xq[:10])), model.encode(Xq[:10]))
+    for task, target in (("retrieval", None), ("regression", y[:300].astype(float))):
+        for objective in ("ranknet", "lambdarank"):
+            m = RankHashing(16, task=task, objective=objective, n_epochs=3, random_state=0)
+            m.fit(X[:300], target)
+            assert m.encode(Xq[:5]).shape == (5, 2)
+            assert np.isfinite(m.loss_curve_).all()
+    triplet_model = RankHashing(16, n_epochs=3, random_state=0)
+    triplets = np.array([[i, i + 1, i + 2] for i in range(0, 200, 3)])
+    triplet_model.fit(X[:300], triplets=triplets)
+    assert triplet_model.loss_curve_[-1] < triplet_model.loss_curve_[0]
+
+
+def test_bad_input(digits_split):
+    X, y, _, _ = digits_split
+    with pytest.raises(ValueError, match="triplets"):
+        RankHashing(8).fit(X[:50], triplets=np.array([[0, 1, 50]]))
+    with pytest.raises(ValueError, match="triplets"):
+        RankHashing(8).fit(X[:50], triplets=np.array([[0, -1, 2]]))
+    with pytest.raises(ValueError, match="triplets"):
+        RankHashing(8).fit(X[:50], triplets=np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="class labels"):
+        RankHashing(8).fit(X[:50])
+    with pytest.raises(ValueError, match="real targets"):
+        RankHashing(8, task="regression").fit(X[:50])
+    with pytest.raises(ValueError, match="takes no y"):
+        RankHashing(8, task="retrieval").fit(X[:50], y[:50])
+    with pytest.raises(ValueError, match="2 classes"):
+        RankHashing(8).fit(X[:50], np.zeros(50, int))
+    with pytest.raises(ValueError, match="'objective'"):
+        RankHashing(8, objective="listnet").fit(X[:50], y[:50])
+    with pytest.raises(ValueError, match="'task'"):
+        RankHashing(8, task="ranking").fit(X[:50], y[:50])
+    with pytest.raises(ValueError, match="'radius'"):
+        RankHashing(8, task="retrieval", radius=9).fit(X[:50])
+    with pytest.raises(ValueError, match="'learning_rate'"):
+        RankHashing(8, learning_rate=0).fit(X[:50], y[:50])
+
+
+def test_paper_ordering_on_digits(digits_split):
+    """Table 4's ordering with the relative threshold k = 3, on digits at 32 bits:
+    LambdaRank < RankNet < LSH in k-NN error (margins of 0.5 and 2 points)."""
+    X, y, Xq, yq = digits_split
+    errors = {}
+    for name, model in (("lsh", RandomHyperplaneLSH(32, random_state=0)),
+                        ("ranknet", RankHashing(32, objective="ranknet", random_state=0)),
+                        ("lambdarank", RankHashing(32, objective="lambdarank", random_state=0))):
+        model.fit(X, y)
+        dist = hamming_cdist(model.encode(Xq), model.encode(X), 32)
+        errors[name] = knn_classification_error(dist, y, yq, k=3)
+    assert errors["lambdarank"] + 0.005 < errors["ranknet"], errors
+    assert errors["ranknet"] + 0.02 < errors["lsh"], errors
