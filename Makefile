@@ -26,7 +26,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-bench
-	$(BIN)/python bench/hamming_search.py
+	for script in bench/[a-z]*.py; do $(BIN)/python $$script || exit 1; done
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests bench
