@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import re
 import secrets
@@ -375,3 +376,36 @@ def read_dir(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True
             )
         arrays[name] = arr
     return meta, arrays
+
+
+def estimator_state(est: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+    """``_get_state`` of a scikit-learn estimator: its parameters (JSON scalars only) and its
+    fitted attributes ending in ``_`` (arrays go to ``.npy`` files, scalars to the state)."""
+    params = est.get_params(deep=False)
+    for key, value in params.items():
+        if not (value is None or isinstance(value, (str, bool, numbers.Real))):
+            raise TypeError(
+                f"cannot save {type(est).__name__}: parameter {key}={value!r} is not a "
+                "number, string, bool or None (e.g. pass random_state as an int)."
+            )
+    state: dict[str, Any] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for key, value in vars(est).items():
+        if not key.endswith("_") or key.startswith("_"):
+            continue
+        if isinstance(value, np.ndarray):
+            arrays[key] = value
+        elif value is None or isinstance(value, (str, bool, numbers.Real)):
+            state[key] = value
+        else:
+            raise TypeError(f"cannot save attribute {key} of type {type(value).__name__}.")
+    return params, state, arrays
+
+
+def estimator_from_state(cls: type, params: Mapping[str, Any], state: Mapping[str, Any],
+                         arrays: Mapping[str, np.ndarray]) -> Any:
+    """Inverse of :func:`estimator_state`: construct with ``params``, set fitted attributes."""
+    obj = cls(**params)
+    for key, value in {**state, **arrays}.items():
+        setattr(obj, key, value)
+    return obj

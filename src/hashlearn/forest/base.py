@@ -20,8 +20,6 @@ hyperplane, the paper's ``p^T x + b > 0`` with ``threshold = -b``).
 from __future__ import annotations
 
 import hashlib
-import numbers
-from typing import Any
 
 import numba
 import numpy as np
@@ -29,7 +27,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
-from hashlearn.io import Persistable
+from hashlearn.io import Persistable, estimator_from_state, estimator_state
 
 __all__ = ["BaseBucketer", "TreeBuilder", "tree_leaves"]
 
@@ -88,31 +86,11 @@ class BaseBucketer(Persistable, BaseEstimator):
 
     def _get_state(self):
         check_is_fitted(self, "key_tag_")
-        params = self.get_params(deep=False)
-        for key, value in params.items():
-            if not (value is None or isinstance(value, (str, bool, numbers.Real))):
-                raise TypeError(f"cannot save {type(self).__name__}: parameter {key}={value!r} "
-                                "is not a number, string, bool or None (pass random_state as "
-                                "an int).")
-        state: dict[str, Any] = {}
-        arrays: dict[str, np.ndarray] = {}
-        for key, value in vars(self).items():
-            if not key.endswith("_") or key.startswith("_"):
-                continue
-            if isinstance(value, np.ndarray):
-                arrays[key] = value
-            elif value is None or isinstance(value, (str, bool, numbers.Real)):
-                state[key] = value
-            else:
-                raise TypeError(f"cannot save attribute {key} of type {type(value).__name__}.")
-        return params, state, arrays
+        return estimator_state(self)
 
     @classmethod
     def _from_state(cls, params, state, arrays):
-        obj = cls(**params)
-        for key, value in {**state, **arrays}.items():
-            setattr(obj, key, value)
-        return obj
+        return estimator_from_state(cls, params, state, arrays)
 
 
 # ------------------------------------------------------------------------ binary trees

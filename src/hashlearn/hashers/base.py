@@ -13,9 +13,6 @@ Supervised families take labels, ``fit(X, y)``, or pairs, ``fit(X, pairs=P, simi
 
 from __future__ import annotations
 
-import numbers
-from typing import Any
-
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
@@ -23,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn._validation import check_int
 from hashlearn.codes import pack_bits
-from hashlearn.io import Persistable
+from hashlearn.io import Persistable, estimator_from_state, estimator_state
 from hashlearn.supervision import check_pairs
 
 __all__ = ["BaseHasher", "register_hasher", "make_hasher", "available_hashers"]
@@ -137,29 +134,8 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
 
     def _get_state(self):
         check_is_fitted(self)
-        params = self.get_params(deep=False)
-        for key, value in params.items():
-            if not (value is None or isinstance(value, (str, bool, numbers.Real))):
-                raise TypeError(
-                    f"cannot save {type(self).__name__}: parameter {key}={value!r} is not a "
-                    "number, string, bool or None (e.g. pass random_state as an int)."
-                )
-        state: dict[str, Any] = {}
-        arrays: dict[str, np.ndarray] = {}
-        for key, value in vars(self).items():
-            if not key.endswith("_") or key.startswith("_"):
-                continue
-            if isinstance(value, np.ndarray):
-                arrays[key] = value
-            elif value is None or isinstance(value, (str, bool, numbers.Real)):
-                state[key] = value
-            else:
-                raise TypeError(f"cannot save attribute {key} of type {type(value).__name__}.")
-        return params, state, arrays
+        return estimator_state(self)
 
     @classmethod
     def _from_state(cls, params, state, arrays):
-        obj = cls(**params)
-        for key, value in {**state, **arrays}.items():
-            setattr(obj, key, value)
-        return obj
+        return estimator_from_state(cls, params, state, arrays)
