@@ -26,8 +26,7 @@ from hashlearn.experiments._common import write_section as _write_section  # noq
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
 
-def interleaved_times(contenders: Sequence[Callable[[], object]], repeats: int
-                      ) -> np.ndarray:
+def interleaved_times(contenders: Sequence[Callable[[], object]], repeats: int) -> np.ndarray:
     """Seconds per call, shape ``(repeats, len(contenders))``, after one warm-up call each."""
     for fn in contenders:
         fn()
@@ -52,8 +51,10 @@ def machine() -> str:
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{cpu}, {cores} cores, Python {platform.python_version()}, numpy {np.__version__}, "
-            f"{datetime.date.today().isoformat()}")
+    return (
+        f"{cpu}, {cores} cores, Python {platform.python_version()}, numpy {np.__version__}, "
+        f"{datetime.date.today().isoformat()}"
+    )
 
 
 def write_section(name: str, markdown: str) -> None:

@@ -32,8 +32,10 @@ from hashlearn.index.hamming_ball import HammingBallIndex  # noqa: E402
 def make_codes(kind: str, n: int, n_queries: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     if kind == "random":
-        return (rng.integers(0, 256, (n, 4), dtype=np.uint8),
-                rng.integers(0, 256, (n_queries, 4), dtype=np.uint8))
+        return (
+            rng.integers(0, 256, (n, 4), dtype=np.uint8),
+            rng.integers(0, 256, (n_queries, 4), dtype=np.uint8),
+        )
     centres = rng.random((max(2, n // 300), 32)) < 0.5
     db = np.empty((n, 4), np.uint8)
     for start in range(0, n, 100_000):
@@ -58,22 +60,36 @@ def run(args) -> list[list[object]]:
         build = time.perf_counter() - t0
         flat.add(db)
         sub = queries[: args.flat_queries]
-        cases = [(f"range r={r}", lambda idx, q, r=r: idx.range_search(q, r, n_threads=1))
-                 for r in (0, 1, 2)]
+        cases = [
+            (f"range r={r}", lambda idx, q, r=r: idx.range_search(q, r, n_threads=1))
+            for r in (0, 1, 2)
+        ]
         cases.append(("search k=10", lambda idx, q: idx.search(q, 10, n_threads=1)))
         for name, call in cases:
             times = interleaved_times(
                 [lambda c=call, i=ball, q=queries: c(i, q), lambda c=call, i=flat, q=sub: c(i, q)],
-                args.repeats)
+                args.repeats,
+            )
             ball_us = times[:, 0] / len(queries) * 1e6
             flat_us = times[:, 1] / len(sub) * 1e6
             res = call(ball, sub)
-            n_res = (float(np.diff(res[0]).mean()) if name.startswith("range")
-                     else float((res[1] >= 0).sum(1).mean()))
-            rows.append([kind, f"{args.n:,}", name, f"{np.median(ball_us):.1f}",
-                         f"{np.median(flat_us):.1f}",
-                         f"{np.median(flat_us / ball_us):.1f}x", f"{n_res:.1f}",
-                         "yes" if same(res, call(flat, sub)) else "NO"])
+            n_res = (
+                float(np.diff(res[0]).mean())
+                if name.startswith("range")
+                else float((res[1] >= 0).sum(1).mean())
+            )
+            rows.append(
+                [
+                    kind,
+                    f"{args.n:,}",
+                    name,
+                    f"{np.median(ball_us):.1f}",
+                    f"{np.median(flat_us):.1f}",
+                    f"{np.median(flat_us / ball_us):.1f}x",
+                    f"{n_res:.1f}",
+                    "yes" if same(res, call(flat, sub)) else "NO",
+                ]
+            )
             print(rows[-1], flush=True)
         print(f"{kind}: built in {build:.2f} s, {ball.n_keys:,} distinct codes", flush=True)
     return rows
@@ -85,17 +101,30 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--flat-queries", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--data", nargs="+", default=["random", "clustered"],
-                        choices=["random", "clustered"])
+    parser.add_argument(
+        "--data", nargs="+", default=["random", "clustered"], choices=["random", "clustered"]
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     rows = run(args)
-    header = ["codes", "n", "query", "ball µs/query", "flat µs/query", "speed-up",
-              "results/query", "identical"]
-    md = "\n".join([
-        f"32-bit codes, single thread, median of {args.repeats} interleaved repetitions "
-        f"({args.queries} ball queries, {args.flat_queries} flat queries). {machine()}", "",
-        markdown_table(header, rows)])
+    header = [
+        "codes",
+        "n",
+        "query",
+        "ball µs/query",
+        "flat µs/query",
+        "speed-up",
+        "results/query",
+        "identical",
+    ]
+    md = "\n".join(
+        [
+            f"32-bit codes, single thread, median of {args.repeats} interleaved repetitions "
+            f"({args.queries} ball queries, {args.flat_queries} flat queries). {machine()}",
+            "",
+            markdown_table(header, rows),
+        ]
+    )
     print(md)
     if not args.no_write:
         write_section("bench-hamming-ball", md)

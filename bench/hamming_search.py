@@ -32,12 +32,15 @@ from hashlearn.datasets import fashion_mnist_available, load_fashion_mnist  # no
 def random_codes(n: int, n_queries: int, n_bits: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     width = n_bits // 8
-    return (rng.integers(0, 256, (n, width), dtype=np.uint8),
-            rng.integers(0, 256, (n_queries, width), dtype=np.uint8))
+    return (
+        rng.integers(0, 256, (n, width), dtype=np.uint8),
+        rng.integers(0, 256, (n_queries, width), dtype=np.uint8),
+    )
 
 
-def fashion_lsh_codes(n: int, n_queries: int, max_bits: int, noise: float = 0.05,
-                      seed: int = 0, chunk: int = 50_000):
+def fashion_lsh_codes(
+    n: int, n_queries: int, max_bits: int, noise: float = 0.05, seed: int = 0, chunk: int = 50_000
+):
     """LSH codes of Fashion-MNIST tiled with noise to ``n`` rows, and of test queries.
 
     LSH bits are independent, so the first b bits of the ``max_bits`` code are a b-bit LSH
@@ -53,9 +56,11 @@ def fashion_lsh_codes(n: int, n_queries: int, max_bits: int, noise: float = 0.05
     codes = np.empty((n, max_bits // 8), np.uint8)
     for start in range(0, n, chunk):
         rows = np.arange(start, min(n, start + chunk)) % len(X_train)
-        block = X_train[rows] + rng.standard_normal((len(rows), X_train.shape[1]),
-                                                    dtype=np.float32) * scale
-        codes[start:start + len(rows)] = hasher.encode(block)
+        block = (
+            X_train[rows]
+            + rng.standard_normal((len(rows), X_train.shape[1]), dtype=np.float32) * scale
+        )
+        codes[start : start + len(rows)] = hasher.encode(block)
     queries = hasher.encode(X_test[rng.permutation(len(X_test))[:n_queries]])
     return codes, queries
 
@@ -81,8 +86,11 @@ def run(args) -> list[list[object]]:
         if fashion_mnist_available():
             datasets.append("fashion-lsh")
         else:
-            print("Fashion-MNIST not installed (apt-get install -y dataset-fashion-mnist): "
-                  "skipping LSH codes of real data", file=sys.stderr)
+            print(
+                "Fashion-MNIST not installed (apt-get install -y dataset-fashion-mnist): "
+                "skipping LSH codes of real data",
+                file=sys.stderr,
+            )
     for data in datasets:
         t0 = time.perf_counter()
         if data == "random":
@@ -102,8 +110,9 @@ def run(args) -> list[list[object]]:
             for k in args.k:
                 d_ours, i_ours = ours.search(q, k)
                 d_ref, _ = ref.search(q, k)
-                exact = bool(np.array_equal(d_ours, d_ref)) and bool(np.array_equal(
-                    hamming_distance(q[:, None, :], db[i_ours]), d_ours))
+                exact = bool(np.array_equal(d_ours, d_ref)) and bool(
+                    np.array_equal(hamming_distance(q[:, None, :], db[i_ours]), d_ours)
+                )
                 n_np = min(len(q), args.numpy_queries)
                 t_np = interleaved_times([partial(numpy_search, words, q_words[:n_np], k)], 1)
                 qps_np = n_np / float(np.median(t_np))
@@ -111,13 +120,21 @@ def run(args) -> list[list[object]]:
                     faiss.omp_set_num_threads(threads)
                     times = interleaved_times(
                         [partial(ref.search, q, k), partial(ours.search, q, k, n_threads=threads)],
-                        args.repeats)
+                        args.repeats,
+                    )
                     qps = len(q) / np.median(times, axis=0)
                     ratio = times[:, 0] / times[:, 1]
-                    row = [data, n_bits, k, threads, f"{qps[0]:,.0f}", f"{qps[1]:,.0f}",
-                           f"{qps_np:,.0f}" if threads == 1 else "",
-                           f"**{np.median(ratio):.2f}** ({ratio.min():.2f}-{ratio.max():.2f})",
-                           "yes" if exact else "NO"]
+                    row = [
+                        data,
+                        n_bits,
+                        k,
+                        threads,
+                        f"{qps[0]:,.0f}",
+                        f"{qps[1]:,.0f}",
+                        f"{qps_np:,.0f}" if threads == 1 else "",
+                        f"**{np.median(ratio):.2f}** ({ratio.min():.2f}-{ratio.max():.2f})",
+                        "yes" if exact else "NO",
+                    ]
                     rows.append(row)
                     print(" | ".join(str(c) for c in row), flush=True)
     return rows
@@ -129,17 +146,25 @@ def main(argv=None) -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--numpy-queries", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--bits", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[32, 64, 128, 256])
-    parser.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[1, 10, 100])
-    parser.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[1, 2])
+    parser.add_argument(
+        "--bits", type=lambda s: [int(x) for x in s.split(",")], default=[32, 64, 128, 256]
+    )
+    parser.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10, 100])
+    parser.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     parser.add_argument("--data", type=lambda s: s.split(","), default=["random", "fashion"])
     parser.add_argument("--no-write", action="store_true", help="do not update docs/results.md")
     args = parser.parse_args(argv)
-    header = ["codes", "bits", "k", "threads", "faiss QPS", "hashlearn QPS", "numpy QPS",
-              "ratio hashlearn/faiss (min-max)", "distances = faiss"]
+    header = [
+        "codes",
+        "bits",
+        "k",
+        "threads",
+        "faiss QPS",
+        "hashlearn QPS",
+        "numpy QPS",
+        "ratio hashlearn/faiss (min-max)",
+        "distances = faiss",
+    ]
     print(" | ".join(header))
     rows = run(args)
     if not args.no_write:

@@ -55,6 +55,7 @@ def datasets(data_dir=None):
     yield "digits (64-d, 10 classes)", X.astype(np.float64), y
     if fashion_mnist_available(data_dir):
         from sklearn.decomposition import PCA
+
         X, y = load_fashion_mnist(data_dir, subset="train")
         X, y = X[:5000].astype(np.float64), y[:5000]
         yield "fashion-mnist PCA-32 (10 classes)", PCA(32, random_state=0).fit_transform(X), y
@@ -83,12 +84,21 @@ def main() -> None:
             ours.append(time.perf_counter() - t)
         ours = ours[1:]
         with tempfile.TemporaryDirectory() as d:
-            for key, arr in (("X", X), ("pairs", pairs), ("similar", similar),
-                             ("bounds", itml.bounds_)):
+            for key, arr in (
+                ("X", X),
+                ("pairs", pairs),
+                ("similar", similar),
+                ("bounds", itml.bounds_),
+            ):
                 np.save(f"{d}/{key}.npy", arr)
             try:
-                out = subprocess.run([args.python, "-c", RUNNER, d, str(args.repeats)],
-                                     capture_output=True, text=True, timeout=1800, check=True)
+                out = subprocess.run(
+                    [args.python, "-c", RUNNER, d, str(args.repeats)],
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
+                    check=True,
+                )
                 ml = json.loads(out.stdout.strip().splitlines()[-1])
                 A_ml = np.load(f"{d}/A_ml.npy")
                 diff = float(np.abs(A_ml - itml.A_).max() / np.abs(itml.A_).max())
@@ -96,17 +106,45 @@ def main() -> None:
                 print(f"metric-learn failed on {name}: {err}", file=sys.stderr)
                 ml, diff = {"times": [float("nan")], "n_iter": -1}, float("nan")
         t_ours, t_ml = float(np.median(ours)), float(np.median(ml["times"]))
-        rows.append([name, len(pairs), t_ours, itml.n_iter_, itml.converged_, t_ml,
-                     ml["n_iter"], t_ml / t_ours, diff, itml.violated_fraction_])
+        rows.append(
+            [
+                name,
+                len(pairs),
+                t_ours,
+                itml.n_iter_,
+                itml.converged_,
+                t_ml,
+                ml["n_iter"],
+                t_ml / t_ours,
+                diff,
+                itml.violated_fraction_,
+            ]
+        )
         print(rows[-1], flush=True)
-    md = "\n".join([
-        "## bench-itml: ITML fit, hashlearn vs metric-learn 0.7 (identical constraints)", "",
-        f"Machine: {machine()} (shared with other jobs: timings noisy; medians of "
-        f"{args.repeats} runs). gamma=1, A0=I, tol=1e-3, max_iter=1000, 20c^2 constraints.",
-        "",
-        markdown_table(["data", "constraints", "hashlearn s", "passes", "converged",
-                        "metric-learn s", "ml passes", "speed-up", "max rel A diff",
-                        "violated"], rows)])
+    md = "\n".join(
+        [
+            "## bench-itml: ITML fit, hashlearn vs metric-learn 0.7 (identical constraints)",
+            "",
+            f"Machine: {machine()} (shared with other jobs: timings noisy; medians of "
+            f"{args.repeats} runs). gamma=1, A0=I, tol=1e-3, max_iter=1000, 20c^2 constraints.",
+            "",
+            markdown_table(
+                [
+                    "data",
+                    "constraints",
+                    "hashlearn s",
+                    "passes",
+                    "converged",
+                    "metric-learn s",
+                    "ml passes",
+                    "speed-up",
+                    "max rel A diff",
+                    "violated",
+                ],
+                rows,
+            ),
+        ]
+    )
     print(md)
     if not args.no_write:
         write_section("bench-itml", md)

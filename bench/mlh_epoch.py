@@ -47,10 +47,16 @@ def main(argv=None) -> str:
             eps = 0.1 if loss == "hinge" else 2.0
 
             def fit(epochs, n_bits=n_bits, loss=loss, eps=eps):
-                return MinimalLossHashing(n_bits, rho=n_bits / 4, epsilon=eps, loss=loss,
-                                          n_epochs=epochs, pairs_per_epoch=args.pairs,
-                                          monitor_pairs=0, random_state=0).fit(
-                    X, pairs=P, similar=s)
+                return MinimalLossHashing(
+                    n_bits,
+                    rho=n_bits / 4,
+                    epsilon=eps,
+                    loss=loss,
+                    n_epochs=epochs,
+                    pairs_per_epoch=args.pairs,
+                    monitor_pairs=0,
+                    random_state=0,
+                ).fit(X, pairs=P, similar=s)
 
             t = interleaved_times([lambda: fit(0), lambda: fit(args.epochs)], args.repeats)
             per_epoch = (t[:, 1] - t[:, 0]) / args.epochs
@@ -65,21 +71,44 @@ def main(argv=None) -> str:
                 c2 = time.process_time()
                 cpu.append(((c2 - c1) - (c1 - c0)) / args.epochs)
             cpu_med = float(np.median(cpu))
-            rows.append([loss, n_bits, f"{med:.3f}", f"{per_epoch.min():.3f}-"
-                         f"{per_epoch.max():.3f}", f"{cpu_med:.3f}",
-                         f"{args.pairs / cpu_med / 1e3:.0f}k",
-                         "yes" if (n_bits != 64 or cpu_med <= 2.0) else "NO"])
+            rows.append(
+                [
+                    loss,
+                    n_bits,
+                    f"{med:.3f}",
+                    f"{per_epoch.min():.3f}-{per_epoch.max():.3f}",
+                    f"{cpu_med:.3f}",
+                    f"{args.pairs / cpu_med / 1e3:.0f}k",
+                    "yes" if (n_bits != 64 or cpu_med <= 2.0) else "NO",
+                ]
+            )
             print(rows[-1], flush=True)
-    md = "\n".join([
-        "## MLH training epoch (bench/mlh_epoch.py)", "",
-        f"Machine: {machine()} (shared with other jobs: medians of {args.repeats} "
-        "interleaved repetitions). One epoch = "
-        f"{args.pairs} pairs on 1000 x 40-D points, batch 100, single thread.", "",
-        markdown_table(["loss", "bits", "wall s / epoch (median)", "wall range",
-                        "CPU s / epoch (median)", "pairs / CPU s",
-                        "64-bit target <= 2 s met (CPU)"], rows), "",
-        "Wall times are inflated by the other jobs sharing the 2 cores; the CPU time of the "
-        "single-threaded kernel is the figure that does not depend on them.", ""])
+    md = "\n".join(
+        [
+            "## MLH training epoch (bench/mlh_epoch.py)",
+            "",
+            f"Machine: {machine()} (shared with other jobs: medians of {args.repeats} "
+            "interleaved repetitions). One epoch = "
+            f"{args.pairs} pairs on 1000 x 40-D points, batch 100, single thread.",
+            "",
+            markdown_table(
+                [
+                    "loss",
+                    "bits",
+                    "wall s / epoch (median)",
+                    "wall range",
+                    "CPU s / epoch (median)",
+                    "pairs / CPU s",
+                    "64-bit target <= 2 s met (CPU)",
+                ],
+                rows,
+            ),
+            "",
+            "Wall times are inflated by the other jobs sharing the 2 cores; the CPU time of the "
+            "single-threaded kernel is the figure that does not depend on them.",
+            "",
+        ]
+    )
     print(md)
     if not args.no_write:
         write_section("bench-mlh-epoch", md)

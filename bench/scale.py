@@ -61,8 +61,10 @@ def proc_status(field: str) -> int:
 
 def random_codes(n, n_queries, n_bits, seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.integers(0, 256, (n, n_bits // 8), dtype=np.uint8),
-            rng.integers(0, 256, (n_queries, n_bits // 8), dtype=np.uint8))
+    return (
+        rng.integers(0, 256, (n, n_bits // 8), dtype=np.uint8),
+        rng.integers(0, 256, (n_queries, n_bits // 8), dtype=np.uint8),
+    )
 
 
 def lsh_codes(n, n_queries, max_bits, fashion_dir=None, noise=0.05, seed=0, chunk=100_000):
@@ -77,9 +79,11 @@ def lsh_codes(n, n_queries, max_bits, fashion_dir=None, noise=0.05, seed=0, chun
     codes = np.empty((n, max_bits // 8), np.uint8)
     for start in range(0, n, chunk):
         rows = np.arange(start, min(n, start + chunk)) % len(X_train)
-        block = X_train[rows] + rng.standard_normal((len(rows), X_train.shape[1]),
-                                                    dtype=np.float32) * scale
-        codes[start:start + len(rows)] = hasher.encode(block)
+        block = (
+            X_train[rows]
+            + rng.standard_normal((len(rows), X_train.shape[1]), dtype=np.float32) * scale
+        )
+        codes[start : start + len(rows)] = hasher.encode(block)
     queries = hasher.encode(X_test[rng.permutation(len(X_test))[:n_queries]])
     return codes, queries
 
@@ -101,8 +105,11 @@ def build(kind, db, n_bits, **params):
         index = MultiIndexHashing(n_bits)
         index.add(db)
         index.build()
-        memory = (index._flat._words.nbytes + index._flat._ids.nbytes
-                  + sum(a.nbytes for a in index._tables.values()))
+        memory = (
+            index._flat._words.nbytes
+            + index._flat._ids.nbytes
+            + sum(a.nbytes for a in index._tables.values())
+        )
     elif kind == "faiss.IndexBinaryFlat":
         index = faiss.IndexBinaryFlat(n_bits)
         index.add(db)
@@ -121,8 +128,7 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress=None):
     progress = progress or (lambda msg: print(msg, flush=True))
     rows = []
     contenders = {}
-    for kind in ("FlatIndex", "MultiIndexHashing") + (
-            ("faiss.IndexBinaryFlat",) if faiss else ()):
+    for kind in ("FlatIndex", "MultiIndexHashing") + (("faiss.IndexBinaryFlat",) if faiss else ()):
         index, seconds, memory = build(kind, db, n_bits)
         contenders[kind] = (index, seconds, memory)
         progress(f"  built {kind} in {seconds:.1f}s")
@@ -131,8 +137,10 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress=None):
         t = time.perf_counter()
         D_true, _ = flat.search(queries, k)
         flat_per_query = (time.perf_counter() - t) / len(queries)
-        calls = {kind: (lambda ix=ix, k=k: ix.search(queries, k)) for kind, (ix, _, _) in
-                 contenders.items()}
+        calls = {
+            kind: (lambda ix=ix, k=k: ix.search(queries, k))
+            for kind, (ix, _, _) in contenders.items()
+        }
         # faiss multi-hash: sweep its settings, keep the fastest at its best recall
         best = None
         if faiss:
@@ -142,15 +150,16 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress=None):
                 # substrings of 16..32 bits: shorter ones make buckets of n / 2**len codes
                 if n_bits % nhash or not 16 <= n_bits // nhash <= 32:
                     continue
-                mh, seconds, memory = build("faiss.IndexBinaryMultiHash", db, n_bits,
-                                            nhash=nhash)
+                mh, seconds, memory = build("faiss.IndexBinaryMultiHash", db, n_bits, nhash=nhash)
                 for nflip in (0, 1, 2):
                     mh.nflip = nflip
                     t = time.perf_counter()
                     mh.search(sweep_q[:5], k)
                     if (time.perf_counter() - t) / 5 > 20 * flat_per_query:
-                        progress(f"  multihash nhash={nhash} nflip={nflip}: >20x slower than "
-                                 "FlatIndex, skipped")
+                        progress(
+                            f"  multihash nhash={nhash} nflip={nflip}: >20x slower than "
+                            "FlatIndex, skipped"
+                        )
                         break  # more flips only cost more
                     t = time.perf_counter()
                     D, _ = mh.search(sweep_q, k)
@@ -166,8 +175,9 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress=None):
             mh, _, _ = build("faiss.IndexBinaryMultiHash", db, n_bits, nhash=nhash)
             mh.nflip = nflip
             mh_rec = distance_recall(mh.search(queries, k)[0], D_true)
-            calls[f"faiss.IndexBinaryMultiHash(nhash={nhash}, nflip={nflip})"] = (
-                lambda mh=mh, k=k: mh.search(queries, k))
+            calls[f"faiss.IndexBinaryMultiHash(nhash={nhash}, nflip={nflip})"] = lambda mh=mh, k=k: (
+                mh.search(queries, k)
+            )
         names = list(calls)
         times = interleaved_times([calls[c] for c in names], repeats)
         med = np.median(times, axis=0)
@@ -178,15 +188,27 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress=None):
             else:
                 _, build_s, memory = contenders[name]
                 rec = distance_recall(calls[name]()[0], D_true)
-            rows.append({
-                "data": data, "n": n, "bits": n_bits, "k": k, "index": name,
-                "build_s": round(build_s, 2), "memory_MB": round(memory / 2**20, 1),
-                "QPS": round(len(queries) / med[c]), "ms_per_query": 1e3 * med[c] / len(queries),
-                "recall": round(rec, 4),
-                "speedup_vs_flat": round(float(np.median(flat_per_rep / times[:, c])), 2),
-            })
-        progress("  " + ", ".join(f"{r['index']}: {r['QPS']} q/s x{r['speedup_vs_flat']}"
-                                   for r in rows[-len(names):]))
+            rows.append(
+                {
+                    "data": data,
+                    "n": n,
+                    "bits": n_bits,
+                    "k": k,
+                    "index": name,
+                    "build_s": round(build_s, 2),
+                    "memory_MB": round(memory / 2**20, 1),
+                    "QPS": round(len(queries) / med[c]),
+                    "ms_per_query": 1e3 * med[c] / len(queries),
+                    "recall": round(rec, 4),
+                    "speedup_vs_flat": round(float(np.median(flat_per_rep / times[:, c])), 2),
+                }
+            )
+        progress(
+            "  "
+            + ", ".join(
+                f"{r['index']}: {r['QPS']} q/s x{r['speedup_vs_flat']}" for r in rows[-len(names) :]
+            )
+        )
         if best is not None:
             del mh
     return rows
@@ -219,9 +241,15 @@ def ondisk(directory: Path, n: int, progress=print) -> dict:
     anon = proc_status("RssAnon") - anon0
     file_mb = sum(f.stat().st_size for f in path.iterdir()) / 2**20
     shutil.rmtree(path)
-    return {"n": n, "bits": 64, "files_MB": round(file_mb), "append_write_s": round(write_s, 1),
-            "open_s": round(open_s, 4), "search_16_queries_k10_s": round(search_s, 2),
-            "anon_memory_growth_MB": round(anon / 2**20, 1)}
+    return {
+        "n": n,
+        "bits": 64,
+        "files_MB": round(file_mb),
+        "append_write_s": round(write_s, 1),
+        "open_s": round(open_s, 4),
+        "search_16_queries_k10_s": round(search_s, 2),
+        "anon_memory_growth_MB": round(anon / 2**20, 1),
+    }
 
 
 def plot(rows, path):
@@ -236,8 +264,11 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, data in zip(axes, ("lsh", "random"), strict=True):
         for name in sorted({r["index"].split("(")[0] for r in sel}):
-            pts = sorted((r["n"], r["ms_per_query"]) for r in sel
-                         if r["data"] == data and r["index"].split("(")[0] == name)
+            pts = sorted(
+                (r["n"], r["ms_per_query"])
+                for r in sel
+                if r["data"] == data and r["index"].split("(")[0] == name
+            )
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=name)
         ax.set_xscale("log")
@@ -292,8 +323,18 @@ def main(argv=None):
     if args.ondisk:
         disk = ondisk(Path(args.ondisk), args.ondisk_n)
         print(disk)
-    cols = ["data", "n", "bits", "k", "index", "build_s", "memory_MB", "QPS", "recall",
-            "speedup_vs_flat"]
+    cols = [
+        "data",
+        "n",
+        "bits",
+        "k",
+        "index",
+        "build_s",
+        "memory_MB",
+        "QPS",
+        "recall",
+        "speedup_vs_flat",
+    ]
     table = markdown_table(cols, [[r[c] for c in cols] for r in rows]) if rows else ""
     print(table)
     if args.no_write:
@@ -303,12 +344,17 @@ def main(argv=None):
     (out / f"scale{suffix}.json").write_text(json.dumps({"rows": rows, "ondisk": disk}, indent=1))
     if rows:
         plot(rows, out / f"scale_query_time{suffix}.png")
-    md = [f"Machine: {machine()} (shared with other jobs: timings are provisional).",
-          f"Command: `python bench/scale.py {' '.join(argv or sys.argv[1:])}`.", "",
-          "Recall = fraction of returned distances equal to the exact k-NN distances; "
-          "speedup = median per-repetition ratio of FlatIndex's time to the contender's. "
-          "faiss.IndexBinaryMultiHash is approximate: the row shows its fastest setting "
-          "among those reaching its best recall.", "", table]
+    md = [
+        f"Machine: {machine()} (shared with other jobs: timings are provisional).",
+        f"Command: `python bench/scale.py {' '.join(argv or sys.argv[1:])}`.",
+        "",
+        "Recall = fraction of returned distances equal to the exact k-NN distances; "
+        "speedup = median per-repetition ratio of FlatIndex's time to the contender's. "
+        "faiss.IndexBinaryMultiHash is approximate: the row shows its fastest setting "
+        "among those reaching its best recall.",
+        "",
+        table,
+    ]
     if rows:
         md += ["", f"![query time vs n](scale_query_time{suffix}.png)"]
     if disk:

@@ -31,8 +31,9 @@ def codes_for(X: np.ndarray, Q: np.ndarray, n: int, n_bits: int, seed: int = 0):
     lsh = RandomHyperplaneLSH(n_bits, random_state=seed).fit(X)
     chunks = []
     for start in range(0, n, 100_000):
-        rows = tile_with_noise(X, min(100_000, n - start) + start, noise=0.05,
-                               random_state=seed)[start:]
+        rows = tile_with_noise(X, min(100_000, n - start) + start, noise=0.05, random_state=seed)[
+            start:
+        ]
         chunks.append(lsh.encode(rows))
     return np.concatenate(chunks), lsh.encode(Q)
 
@@ -54,7 +55,7 @@ def main(argv=None) -> None:
     else:
         X, _ = load_digits()
         source = "digits"
-    Q, X = X[: args.queries], X[args.queries:]
+    Q, X = X[: args.queries], X[args.queries :]
     try:
         from hashlearn.index.hamming_ball import HammingBallIndex
     except ImportError:  # pragma: no cover - written by another issue
@@ -78,11 +79,13 @@ def main(argv=None) -> None:
         per_query = np.median(times, axis=0) / args.queries
         for label, t in zip(labels, per_query, strict=True):
             rows.append([f"{n:,}", label, f"{t * 1e6:.2f}"])
-        print(markdown_table(["items", "method", "us / query"], rows[-len(labels):]), flush=True)
-    md = (f"Fig. 2 of binary-codes-survey.txt: per-query time (median of {args.repeats} "
-          f"interleaved repetitions, {args.queries} queries), LSH codes of {source} tiled with "
-          f"noise. Machine: {machine()} (shared with other jobs; ratios more reliable than "
-          "absolute times).\n\n" + markdown_table(["items", "method", "us / query"], rows))
+        print(markdown_table(["items", "method", "us / query"], rows[-len(labels) :]), flush=True)
+    md = (
+        f"Fig. 2 of binary-codes-survey.txt: per-query time (median of {args.repeats} "
+        f"interleaved repetitions, {args.queries} queries), LSH codes of {source} tiled with "
+        f"noise. Machine: {machine()} (shared with other jobs; ratios more reliable than "
+        "absolute times).\n\n" + markdown_table(["items", "method", "us / query"], rows)
+    )
     if HammingBallIndex is None:
         md += "\n\nHammingBallIndex was not available: the semantic-hashing row is missing.\n"
     print(md)

@@ -84,13 +84,20 @@ def forest_times(n_index: int, quick: bool):
     rng = np.random.default_rng(0)
     d, n_train = 64, (3000 if quick else 10_000)
     centers = rng.standard_normal((50, d)) * 3
+
     def sample(m):
         return centers[rng.integers(0, 50, m)] + rng.standard_normal((m, d))
+
     X = sample(n_train)
     n_trees = 8 if quick else 32
-    bsf = BoostedSearchForest(n_trees=n_trees, max_depth=12, lam=0.1,
-                              n_pairs=20_000 if quick else 100_000, k_similar=17,
-                              random_state=0)
+    bsf = BoostedSearchForest(
+        n_trees=n_trees,
+        max_depth=12,
+        lam=0.1,
+        n_pairs=20_000 if quick else 100_000,
+        k_similar=17,
+        random_state=0,
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     bsf.fit(X)
     fit_s = (time.perf_counter() - t0, time.process_time() - c0)
@@ -122,13 +129,19 @@ def main() -> None:
                 table = table_case(n, n_tables, 200, 5)
             scan = scan_case(n, bits, 4 if big else 20, 3)
             build, t_inv, n_cand = table
-            rows.append([f"{n:,}", bits, n_tables,
-                         "-" if build is None else f"{build:.1f}",
-                         "-" if n_cand is None else f"{n_cand:.0f}",
-                         "-" if t_inv is None else f"{t_inv * 1e3:.3f}",
-                         "-" if t_inv is None else f"{t_inv / max(n_cand, 1) * 1e9:.1f}",
-                         f"{scan * 1e3:.1f}",
-                         "-" if t_inv is None else f"{scan / t_inv:.0f}x"])
+            rows.append(
+                [
+                    f"{n:,}",
+                    bits,
+                    n_tables,
+                    "-" if build is None else f"{build:.1f}",
+                    "-" if n_cand is None else f"{n_cand:.0f}",
+                    "-" if t_inv is None else f"{t_inv * 1e3:.3f}",
+                    "-" if t_inv is None else f"{t_inv / max(n_cand, 1) * 1e9:.1f}",
+                    f"{scan * 1e3:.1f}",
+                    "-" if t_inv is None else f"{scan / t_inv:.0f}x",
+                ]
+            )
             fits.append((n, bits, n_tables, n_cand, t_inv, scan))
             print(rows[-1], flush=True)
             gc.collect()
@@ -138,8 +151,14 @@ def main() -> None:
         per = {n: t / c for n, b, _, c, t, _ in fits if b == bits and t is not None}
         if len(per) == 2:
             small, large = sorted(per)
-            ratio_rows.append([bits, f"{per[small] * 1e9:.1f}", f"{per[large] * 1e9:.1f}",
-                               f"{per[large] / per[small]:.2f}"])
+            ratio_rows.append(
+                [
+                    bits,
+                    f"{per[small] * 1e9:.1f}",
+                    f"{per[large] * 1e9:.1f}",
+                    f"{per[large] / per[small]:.2f}",
+                ]
+            )
     # cost model fitted on the measurements, extrapolated to 0.5B items
     scan_coef = np.median([s / (n * b / 64) for n, b, _, _, _, s in fits])
     cand_coef = np.median([t / c for _, _, _, c, t, _ in fits if t is not None])
@@ -147,45 +166,73 @@ def main() -> None:
     for bits in bits_list:
         n_tables = bits // 16
         cand = n_tables * 5e8 / LEAVES  # same 16-layer trees, uniform buckets
-        extra.append([bits, f"{scan_coef * 5e8 * bits / 64:.2f}",
-                      f"{cand_coef * cand:.3f} ({cand:,.0f} candidates)",
-                      f"{cand_coef * 5000:.5f}"])
+        extra.append(
+            [
+                bits,
+                f"{scan_coef * 5e8 * bits / 64:.2f}",
+                f"{cand_coef * cand:.3f} ({cand:,.0f} candidates)",
+                f"{cand_coef * 5000:.5f}",
+            ]
+        )
     n_trees, n_train, fit_s, build_s, leaves = forest_times(
-        100_000 if args.quick else 1_000_000, args.quick)
-    md = "\n".join([
-        "## bench/table_index.py: inverted index vs exhaustive Hamming scan "
-        "(boosted-search-forest.txt, Table 1)",
-        "",
-        f"{machine()}. Shared machine (6 engineers on 2 cores): absolute times are noisy; "
-        "one thread per contender, times are the calling thread's CPU time (time.thread_time; "
-        "wall-clock was inflated by preemption), medians of repetitions. Inverted index: "
-        "b/16 trees of 16 layers (65536 uniform leaves) over synthetic keys, 200 queries "
-        "drawn from the database; scan: FlatIndex k=100 over random b-bit codes. At 10M "
-        "items only up to 8 tables (128 bits) fit the 4 GB memory budget.",
-        "",
-        markdown_table(["n", "bits", "tables", "build s", "candidates/query",
-                        "inverted ms/query", "ns per candidate", "scan ms/query",
-                        "scan / inverted"], rows),
-        "",
-        "Time per returned candidate, smallest vs largest database (claim: within 1.5x):",
-        "",
-        markdown_table(["bits", f"ns/cand at {sizes[0]:,}", f"ns/cand at {sizes[-1]:,}",
-                        "ratio"], ratio_rows),
-        "",
-        f"Cost model (fitted): scan = {scan_coef * 1e9:.3f} ns per item per 64-bit word; "
-        f"inverted = {cand_coef * 1e9:.1f} ns per gathered candidate. Extrapolated to 0.5B "
-        "items (paper's Table 1: scan 1.55 s at 32 bits ... 19.79 s at 512; BSF 0.006 s "
-        "... 0.073 s):",
-        "",
-        markdown_table(["bits", "scan s/query", "inverted s/query, same uniform trees",
-                        "inverted s/query, 5000 candidates"], extra),
-        "",
-        f"Boosted search forest: training {n_trees} trees (depth <= 12, mean {leaves} "
-        f"leaves) on {n_train:,} points with {'2e4' if args.quick else '1e5'} pairs per "
-        f"tree: {fit_s[0]:.1f} s wall, {fit_s[1]:.1f} s CPU (claim <= 120 s). Building the {n_trees}-tree index over "
-        f"{100_000 if args.quick else 1_000_000:,} items (keys + TableIndex.add): "
-        f"{build_s[0]:.1f} s wall, {build_s[1]:.1f} s CPU (claim <= 60 s).",
-    ])
+        100_000 if args.quick else 1_000_000, args.quick
+    )
+    md = "\n".join(
+        [
+            "## bench/table_index.py: inverted index vs exhaustive Hamming scan "
+            "(boosted-search-forest.txt, Table 1)",
+            "",
+            f"{machine()}. Shared machine (6 engineers on 2 cores): absolute times are noisy; "
+            "one thread per contender, times are the calling thread's CPU time (time.thread_time; "
+            "wall-clock was inflated by preemption), medians of repetitions. Inverted index: "
+            "b/16 trees of 16 layers (65536 uniform leaves) over synthetic keys, 200 queries "
+            "drawn from the database; scan: FlatIndex k=100 over random b-bit codes. At 10M "
+            "items only up to 8 tables (128 bits) fit the 4 GB memory budget.",
+            "",
+            markdown_table(
+                [
+                    "n",
+                    "bits",
+                    "tables",
+                    "build s",
+                    "candidates/query",
+                    "inverted ms/query",
+                    "ns per candidate",
+                    "scan ms/query",
+                    "scan / inverted",
+                ],
+                rows,
+            ),
+            "",
+            "Time per returned candidate, smallest vs largest database (claim: within 1.5x):",
+            "",
+            markdown_table(
+                ["bits", f"ns/cand at {sizes[0]:,}", f"ns/cand at {sizes[-1]:,}", "ratio"],
+                ratio_rows,
+            ),
+            "",
+            f"Cost model (fitted): scan = {scan_coef * 1e9:.3f} ns per item per 64-bit word; "
+            f"inverted = {cand_coef * 1e9:.1f} ns per gathered candidate. Extrapolated to 0.5B "
+            "items (paper's Table 1: scan 1.55 s at 32 bits ... 19.79 s at 512; BSF 0.006 s "
+            "... 0.073 s):",
+            "",
+            markdown_table(
+                [
+                    "bits",
+                    "scan s/query",
+                    "inverted s/query, same uniform trees",
+                    "inverted s/query, 5000 candidates",
+                ],
+                extra,
+            ),
+            "",
+            f"Boosted search forest: training {n_trees} trees (depth <= 12, mean {leaves} "
+            f"leaves) on {n_train:,} points with {'2e4' if args.quick else '1e5'} pairs per "
+            f"tree: {fit_s[0]:.1f} s wall, {fit_s[1]:.1f} s CPU (claim <= 120 s). Building the {n_trees}-tree index over "
+            f"{100_000 if args.quick else 1_000_000:,} items (keys + TableIndex.add): "
+            f"{build_s[0]:.1f} s wall, {build_s[1]:.1f} s CPU (claim <= 60 s).",
+        ]
+    )
     print(md)
     if not args.no_write:
         write_section("bench-table-index", md)

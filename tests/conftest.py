@@ -13,8 +13,30 @@ import pytest
 from hypothesis import strategies as st
 
 # Code lengths that sit on or next to word / byte boundaries of the kernels.
-SPECIAL_BITS = (1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 192, 200, 255, 256, 257,
-                320, 511, 512, 600)
+SPECIAL_BITS = (
+    1,
+    7,
+    8,
+    9,
+    31,
+    32,
+    33,
+    63,
+    64,
+    65,
+    127,
+    128,
+    129,
+    192,
+    200,
+    255,
+    256,
+    257,
+    320,
+    511,
+    512,
+    600,
+)
 
 POPCOUNT8 = np.array([bin(v).count("1") for v in range(256)], dtype=np.int64)
 
@@ -91,8 +113,9 @@ def brute_range(q_bits, db_bits, ids, radius):
 # ---------------------------------------------------------------------------- generators
 
 
-def random_bits(rng: np.random.Generator, n: int, n_bits: int, mode: str,
-                pool: np.ndarray | None = None) -> np.ndarray:
+def random_bits(
+    rng: np.random.Generator, n: int, n_bits: int, mode: str, pool: np.ndarray | None = None
+) -> np.ndarray:
     """0/1 rows of ``n_bits`` bits; low-entropy modes create many exact ties."""
     if mode == "uniform":
         return (rng.random((n, n_bits)) < 0.5).astype(np.uint8)
@@ -111,8 +134,9 @@ def random_ids(rng: np.random.Generator, n: int, style: str) -> np.ndarray:
     if style == "sparse":
         return rng.choice(10 * n + 10, size=n, replace=False).astype(np.int64)
     if style == "huge":
-        return (rng.choice(4 * n + 4, size=n, replace=False).astype(np.int64)
-                * np.int64(2**40) + np.int64(7))
+        return rng.choice(4 * n + 4, size=n, replace=False).astype(np.int64) * np.int64(
+            2**40
+        ) + np.int64(7)
     raise AssertionError(style)
 
 
@@ -130,8 +154,10 @@ class CodeProblem:
         self.queries = self.queries.reshape(len(q_bits), (n_bits + 7) // 8)
 
     def __repr__(self) -> str:
-        return (f"CodeProblem(n_bits={self.n_bits}, n={len(self.ids)}, "
-                f"m={len(self.q_bits)}, ids[:5]={self.ids[:5].tolist()})")
+        return (
+            f"CodeProblem(n_bits={self.n_bits}, n={len(self.ids)}, "
+            f"m={len(self.q_bits)}, ids[:5]={self.ids[:5].tolist()})"
+        )
 
 
 bit_lengths = st.one_of(st.sampled_from(SPECIAL_BITS), st.integers(1, 600))

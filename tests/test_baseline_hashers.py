@@ -116,8 +116,9 @@ def test_spectral_hashing_model(data):
     VY = ref.transform(Y)
     signs = np.sign(np.sum(h.components_ * ref.components_, axis=1))
     Vs, VYs = V * signs, VY * signs
-    expected = np.stack([np.sin(np.pi / 2 + f * (VYs[:, k] - Vs[:, k].min()))
-                         for f, k, _ in cands], axis=1)
+    expected = np.stack(
+        [np.sin(np.pi / 2 + f * (VYs[:, k] - Vs[:, k].min())) for f, k, _ in cands], axis=1
+    )
     order = np.lexsort((h.direction_, h.frequency_))
     np.testing.assert_allclose(h.project(Y)[:, order], expected, atol=1e-7)
     # the first bit of each used direction splits the box in half (mode 1): balanced-ish
@@ -140,7 +141,8 @@ def test_sikh_collision_probability_matches_theory():
     x = rng.standard_normal(d)
     gamma = 0.3
     h = ShiftInvariantKernelHashing(n_bits=n_bits, gamma=gamma, random_state=2).fit(
-        np.stack([x, x + 1.0]))
+        np.stack([x, x + 1.0])
+    )
     for scale in (0.3, 1.0, 2.0):
         y = x + scale * rng.standard_normal(d) / np.sqrt(d)
         kern = math.exp(-gamma * np.sum((x - y) ** 2))
@@ -178,9 +180,12 @@ def test_baselines_beat_chance_and_itq_beats_pca_on_digits(digits):
     relevant = y[q][:, None] == y[db][None, :]
     chance = relevant.mean()
     prec = {}
-    for name, h in [("pca", PCAHashing(16)), ("itq", IterativeQuantization(16, random_state=0)),
-                    ("spectral", SpectralHashing(16)),
-                    ("sikh", ShiftInvariantKernelHashing(16, random_state=0))]:
+    for name, h in [
+        ("pca", PCAHashing(16)),
+        ("itq", IterativeQuantization(16, random_state=0)),
+        ("spectral", SpectralHashing(16)),
+        ("sikh", ShiftInvariantKernelHashing(16, random_state=0)),
+    ]:
         h.fit(X[db])
         prec[name] = _precision_at_radius(h, X[db], X[q], relevant, 16)
     for name, p in prec.items():

@@ -31,15 +31,18 @@ def test_first_stump_is_the_weighted_least_squares_optimum():
     rng = np.random.RandomState(0)
     X = rng.standard_normal((60, 4))
     y = (X[:, 2] > 0.3).astype(int)  # dimension 2 separates the classes
-    h = BoostedSimilarityHashing(1, n_pairs=400, n_thresholds=8, weighted=True,
-                                 random_state=0).fit(X, y)
+    h = BoostedSimilarityHashing(1, n_pairs=400, n_thresholds=8, weighted=True, random_state=0).fit(
+        X, y
+    )
     assert h.features_[0] == 2
     # oracle over the same grid, with the same pairs
     from sklearn.utils import check_random_state
 
     from hashlearn.supervision import resolve_pairs
-    pairs, sim = resolve_pairs(X, y, None, None, n_pairs=400, owner="o",
-                               random_state=check_random_state(0))
+
+    pairs, sim = resolve_pairs(
+        X, y, None, None, n_pairs=400, owner="o", random_state=check_random_state(0)
+    )
     z = np.where(sim, 1.0, -1.0)
     grid = np.quantile(X, np.linspace(0, 1, 10)[1:-1], axis=0).T
     best = (np.inf, None)
@@ -92,8 +95,10 @@ def test_beats_lsh_on_digits_label_retrieval():
     q, db, yq, ydb = X[:200], X[200:], y[:200], y[200:]
     truth = label_neighbors(db, q, ydb, yq)
     scores = {}
-    for name, h in (("boost", BoostedSimilarityHashing(32, random_state=0)),
-                    ("lsh", RandomHyperplaneLSH(32, random_state=0))):
+    for name, h in (
+        ("boost", BoostedSimilarityHashing(32, random_state=0)),
+        ("lsh", RandomHyperplaneLSH(32, random_state=0)),
+    ):
         h.fit(db, ydb)
         scores[name] = recall_at_m(hamming_cdist(h.encode(q), h.encode(db), 32), truth, [200])[0]
     assert scores["boost"] > scores["lsh"] + 0.03, scores

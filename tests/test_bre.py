@@ -53,8 +53,9 @@ def test_coordinate_step_is_the_exact_line_minimum(seed):
     dist = (B[P[:, 0]] != B[P[:, 1]]).sum(1).astype(np.float64)
     indptr, pair_of = _csr(P, n)
     Wc = W.copy()
-    gain = _coordinate_descent(K, Wc, Y, B, dist, P, targets, indptr, pair_of,
-                               np.array([p * s + t], np.int64))
+    gain = _coordinate_descent(
+        K, Wc, Y, B, dist, P, targets, indptr, pair_of, np.array([p * s + t], np.int64)
+    )
     after = _objective(K, Wc, P, targets)
     assert after == pytest.approx(best, abs=1e-9)
     assert gain == pytest.approx(before - after, abs=1e-9)
@@ -81,13 +82,15 @@ def test_objective_decreases_and_beats_initialisation(digits):
     rng = np.random.default_rng(0)
     perm = rng.permutation(len(X))
     tr, te = perm[:500], perm[500:800]
-    h = BinaryReconstructiveEmbedding(n_bits=16, n_landmarks=32, n_iter=2,
-                                      random_state=0).fit(X[tr])
+    h = BinaryReconstructiveEmbedding(n_bits=16, n_landmarks=32, n_iter=2, random_state=0).fit(
+        X[tr]
+    )
     hist = h.objective_history_
     assert np.all(np.diff(hist) <= 1e-12) and hist[-1] < 0.8 * hist[0], hist
     # Hamming distances correlate with Euclidean distances better than at initialisation
-    init = BinaryReconstructiveEmbedding(n_bits=16, n_landmarks=32, n_iter=0,
-                                         random_state=0).fit(X[tr])
+    init = BinaryReconstructiveEmbedding(n_bits=16, n_landmarks=32, n_iter=0, random_state=0).fit(
+        X[tr]
+    )
     d_true = ((X[te][:, None] - X[tr][None]) ** 2).sum(-1).ravel()
 
     def corr(model):
@@ -104,8 +107,9 @@ def test_supervised_pairs_roundtrip_and_determinism(digits, tmp_path):
     X, y = X[:300], y[:300]
     kw = dict(n_bits=12, n_landmarks=16, n_iter=1, n_neighbors=5, n_random=5, random_state=1)
     a = BinaryReconstructiveEmbedding(**kw).fit(X, y)
-    np.testing.assert_array_equal(a.encode(X), BinaryReconstructiveEmbedding(**kw).fit(X, y)
-                                  .encode(X))
+    np.testing.assert_array_equal(
+        a.encode(X), BinaryReconstructiveEmbedding(**kw).fit(X, y).encode(X)
+    )
     assert a.objective_history_[-1] <= a.objective_history_[0]
     r = BinaryReconstructiveEmbedding(kernel="rbf", **kw).fit(X)
     assert r.gamma_ > 0
@@ -120,11 +124,16 @@ def test_supervised_pairs_roundtrip_and_determinism(digits, tmp_path):
     assert available_hashers()["bre"] is BinaryReconstructiveEmbedding
 
 
-@pytest.mark.parametrize("params,match", [
-    (dict(kernel="poly"), "kernel"), (dict(n_landmarks=0), "n_landmarks"),
-    (dict(n_iter=-1), "n_iter"), (dict(kernel="rbf", gamma=-1.0), "gamma"),
-    (dict(n_neighbors=0, n_random=0), "no training pairs"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(kernel="poly"), "kernel"),
+        (dict(n_landmarks=0), "n_landmarks"),
+        (dict(n_iter=-1), "n_iter"),
+        (dict(kernel="rbf", gamma=-1.0), "gamma"),
+        (dict(n_neighbors=0, n_random=0), "no training pairs"),
+    ],
+)
 def test_bad_parameters(digits, params, match):
     X, _ = digits
     with pytest.raises(ValueError, match=match):

@@ -9,8 +9,9 @@ from conftest import pack_le, popcount_distances
 from hashlearn.index.cascade import Cascade
 
 
-def _oracle(short_db, long_db, short_q, long_q, ids, n_bins_filter, final_n_bins=None,
-            final_radius=None):
+def _oracle(
+    short_db, long_db, short_q, long_q, ids, n_bins_filter, final_n_bins=None, final_radius=None
+):
     """Brute force: filter by the short code's nearest bins, then threshold the long code."""
     ds = popcount_distances(short_q, short_db)
     dl = popcount_distances(long_q, long_db)
@@ -35,8 +36,11 @@ def _data(seed, n=400, m=15):
     q_short = short[qi] ^ (rng.random((m, 8)) < 0.1)
     q_long = long[qi] ^ (rng.random((m, 70)) < 0.1)
     ids = rng.permutation(3 * n)[:n].astype(np.int64)
-    return [pack_le(short), pack_le(long)], [pack_le(q_short.astype(np.uint8)),
-                                             pack_le(q_long.astype(np.uint8))], ids
+    return (
+        [pack_le(short), pack_le(long)],
+        [pack_le(q_short.astype(np.uint8)), pack_le(q_long.astype(np.uint8))],
+        ids,
+    )
 
 
 @pytest.mark.parametrize("n_bins", [1, 2, 3])
@@ -46,11 +50,19 @@ def test_neighbors_match_oracle(n_bins):
     cascade.add(db, ids)
     for final in ({"n_bins": 3}, {"radius": 30}):
         lims, D, I, sizes = cascade.neighbors(q, **final, return_search_sets=True)
-        ref = _oracle(db[0], db[1], q[0], q[1], ids, n_bins,
-                      final_n_bins=final.get("n_bins"), final_radius=final.get("radius"))
+        ref = _oracle(
+            db[0],
+            db[1],
+            q[0],
+            q[1],
+            ids,
+            n_bins,
+            final_n_bins=final.get("n_bins"),
+            final_radius=final.get("radius"),
+        )
         for i, (d_ref, i_ref, n_cand) in enumerate(ref):
-            np.testing.assert_array_equal(D[lims[i]:lims[i + 1]], d_ref)
-            np.testing.assert_array_equal(I[lims[i]:lims[i + 1]], i_ref)
+            np.testing.assert_array_equal(D[lims[i] : lims[i + 1]], d_ref)
+            np.testing.assert_array_equal(I[lims[i] : lims[i + 1]], i_ref)
             assert sizes[i, 0] == len(ids) and sizes[i, 1] == n_cand
 
 
@@ -82,7 +94,7 @@ def test_absolute_filter_and_three_stages():
         c1 = np.flatnonzero(d0[i] <= 1)
         c2 = c1[d1[i, c1] <= np.unique(d1[i, c1])[:2].max()]
         best = d2[i, c2].min()
-        np.testing.assert_array_equal(I[lims[i]:lims[i + 1]], c2[d2[i, c2] == best])
+        np.testing.assert_array_equal(I[lims[i] : lims[i + 1]], c2[d2[i, c2] == best])
         assert sizes[i].tolist() == [n, len(c1), len(c2)]
     assert (D[lims[:-1]] == 0).all()  # each query is its own item: distance 0
 

@@ -52,8 +52,9 @@ def test_demo_json_has_protocol_and_every_hasher(quick_demo):
     assert results["dataset"]["n_queries"] + results["dataset"]["n_database"] == 1797
     assert results["protocol"]["bits"] == [16, 32]
     runs = {(row["hasher"], row["n_bits"]) for row in results["rows"]}
-    assert runs == {(name, b) for name in available_hashers() if name not in SLOW_HASHERS
-                    for b in (16, 32)} | {(EXACT_ROW, None)}
+    assert runs == {
+        (name, b) for name in available_hashers() if name not in SLOW_HASHERS for b in (16, 32)
+    } | {(EXACT_ROW, None)}
     for row in results["rows"]:
         if row["hasher"] != EXACT_ROW:
             assert row["supervised"] == available_hashers()[row["hasher"]].supervised
@@ -88,14 +89,29 @@ def test_run_demo_is_deterministic(tmp_path):
 def test_info_runs():
     result = CliRunner().invoke(main, ["info"])
     assert result.exit_code == 0, result.output
-    for word in ("hashlearn", "numpy", "numba", "scikit-learn", "cores available", "lsh",
-                 "flat", "fashion-mnist", "faiss", "dask"):
+    for word in (
+        "hashlearn",
+        "numpy",
+        "numba",
+        "scikit-learn",
+        "cores available",
+        "lsh",
+        "flat",
+        "fashion-mnist",
+        "faiss",
+        "dask",
+    ):
         assert word in result.stdout
 
 
 def test_python_dash_m_help():
-    proc = subprocess.run([sys.executable, "-m", "hashlearn", "--help"], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hashlearn", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "demo" in proc.stdout and "info" in proc.stdout
 
@@ -115,8 +131,18 @@ def test_out_of_range_n_queries_is_a_usage_error(tmp_path):
 
 
 def test_missing_fashion_mnist_names_the_package(tmp_path):
-    result = CliRunner().invoke(main, ["demo", "--dataset", "fashion-mnist", "--data-dir",
-                                       str(tmp_path), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "demo",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert result.exit_code == 1
     assert "apt-get install -y dataset-fashion-mnist" in result.output
     assert "Traceback" not in result.output
@@ -125,8 +151,7 @@ def test_missing_fashion_mnist_names_the_package(tmp_path):
 
 
 def test_demo_hashers_option_restricts_and_validates(tmp_path):
-    rows = run_demo(out_dir=tmp_path / "a", bits=(8,), n_queries=20, n_train=200,
-                    hashers=["lsh"])
+    rows = run_demo(out_dir=tmp_path / "a", bits=(8,), n_queries=20, n_train=200, hashers=["lsh"])
     assert [row["hasher"] for row in rows] == ["lsh", EXACT_ROW]
     result = CliRunner().invoke(main, ["demo", "--hashers", "lsh,nope", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "hashers" in result.output

@@ -16,8 +16,11 @@ SETTINGS = settings(max_examples=60, deadline=None)
 
 @st.composite
 def bit_rows(draw, max_bits: int = 300, max_n: int = 20):
-    n_bits = draw(st.one_of(st.sampled_from([b for b in SPECIAL_BITS if b <= max_bits]),
-                            st.integers(1, max_bits)))
+    n_bits = draw(
+        st.one_of(
+            st.sampled_from([b for b in SPECIAL_BITS if b <= max_bits]), st.integers(1, max_bits)
+        )
+    )
     n = draw(st.integers(0, max_n))
     seed = draw(st.integers(0, 2**32 - 1))
     density = draw(st.sampled_from([0.0, 0.05, 0.5, 0.95, 1.0]))
@@ -70,8 +73,9 @@ def test_msb_first_conversions_match_numpy_default_packbits(bits):
     msb = np.packbits(bits, axis=1)  # numpy's default: big bit order
     np.testing.assert_array_equal(hc.to_msb_first(lsb, n_bits), msb)
     np.testing.assert_array_equal(hc.from_msb_first(msb, n_bits), lsb)
-    np.testing.assert_array_equal(np.unpackbits(hc.to_msb_first(lsb, n_bits), axis=1,
-                                                count=n_bits), bits)
+    np.testing.assert_array_equal(
+        np.unpackbits(hc.to_msb_first(lsb, n_bits), axis=1, count=n_bits), bits
+    )
 
 
 def test_from_msb_first_rejects_lsb_codes_with_padding():
@@ -139,7 +143,8 @@ def test_hamming_cdist_non_contiguous_and_misaligned_inputs():
     expected = brute_distances(bits[::2], bits)
     np.testing.assert_array_equal(hc.hamming_cdist(codes[::2], codes, n_bits), expected)
     np.testing.assert_array_equal(
-        hc.hamming_cdist(codes[::2], np.asfortranarray(codes), n_bits), expected)
+        hc.hamming_cdist(codes[::2], np.asfortranarray(codes), n_bits), expected
+    )
     buf = np.zeros(codes.size + 1, np.uint8)  # C-contiguous but not 8-byte aligned
     buf[1:] = codes.ravel()
     shifted = buf[1:].reshape(codes.shape)
@@ -251,8 +256,10 @@ def test_flat_index_matches_faiss_index_binary_flat(faiss, n_bits):
     D, I = ours.search(queries, k)
     fD, fI = theirs.search(queries, k)
     np.testing.assert_array_equal(D, fD)
-    np.testing.assert_array_equal(hc.hamming_cdist(queries, db, n_bits), brute_distances(
-        unpack_le(queries, n_bits), unpack_le(db, n_bits)))
+    np.testing.assert_array_equal(
+        hc.hamming_cdist(queries, db, n_bits),
+        brute_distances(unpack_le(queries, n_bits), unpack_le(db, n_bits)),
+    )
     # faiss's ids have the distances faiss reports; ours are the smallest ids among ties
     full = hc.hamming_cdist(queries, db, n_bits)
     np.testing.assert_array_equal(np.take_along_axis(full, fI, axis=1), fD)
@@ -262,8 +269,14 @@ def test_flat_index_matches_faiss_index_binary_flat(faiss, n_bits):
     flims, fRD, fRI = theirs.range_search(queries, r + 1)
     np.testing.assert_array_equal(lims, flims)
     for i in range(m):
-        got = sorted(zip(RD[lims[i]:lims[i + 1]].tolist(), RI[lims[i]:lims[i + 1]].tolist(),
-                         strict=True))
-        want = sorted(zip(fRD[flims[i]:flims[i + 1]].tolist(),
-                          fRI[flims[i]:flims[i + 1]].tolist(), strict=True))
+        got = sorted(
+            zip(RD[lims[i] : lims[i + 1]].tolist(), RI[lims[i] : lims[i + 1]].tolist(), strict=True)
+        )
+        want = sorted(
+            zip(
+                fRD[flims[i] : flims[i + 1]].tolist(),
+                fRI[flims[i] : flims[i + 1]].tolist(),
+                strict=True,
+            )
+        )
         assert got == want

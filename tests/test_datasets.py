@@ -27,8 +27,14 @@ from hashlearn.datasets import (
     write_ivecs,
 )
 
-IDX_CODES = {"uint8": 0x08, "int8": 0x09, "int16": 0x0B, "int32": 0x0C, "float32": 0x0D,
-             "float64": 0x0E}
+IDX_CODES = {
+    "uint8": 0x08,
+    "int8": 0x09,
+    "int16": 0x0B,
+    "int32": 0x0C,
+    "float32": 0x0D,
+    "float64": 0x0E,
+}
 
 
 def write_idx(path, arr, compress=False):
@@ -79,8 +85,9 @@ def test_idx_gzip_detected_by_magic_not_name(tmp_path):
 
 
 def test_idx_1d_and_empty(tmp_path):
-    np.testing.assert_array_equal(read_idx(write_idx(tmp_path / "a", np.arange(5, dtype=np.int32))),
-                                  np.arange(5))
+    np.testing.assert_array_equal(
+        read_idx(write_idx(tmp_path / "a", np.arange(5, dtype=np.int32))), np.arange(5)
+    )
     assert read_idx(write_idx(tmp_path / "b", np.zeros((0, 7), np.uint8))).shape == (0, 7)
 
 
@@ -131,8 +138,9 @@ def write_fake_fashion(directory, n_train=6, n_test=4):
         images = np.full((n, 28, 28), 0, np.uint8) + np.arange(n, dtype=np.uint8)[:, None, None]
         suffix = ".gz" if compress else ""
         write_idx(directory / f"{part}-images-idx3-ubyte{suffix}", images, compress)
-        write_idx(directory / f"{part}-labels-idx1-ubyte{suffix}", np.arange(n, dtype=np.uint8),
-                  compress)
+        write_idx(
+            directory / f"{part}-labels-idx1-ubyte{suffix}", np.arange(n, dtype=np.uint8), compress
+        )
     return directory
 
 

@@ -18,8 +18,9 @@ from hashlearn.index.mih import MultiIndexHashing  # noqa: E402
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                       dashboard_address=None)
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    )
     with distributed.Client(cluster) as c:
         yield c
     cluster.close()
@@ -45,8 +46,9 @@ def reference(db, q, k, ids=None):
 def test_sharded_search_identical_to_single_index(client, problem, n_shards, index):
     db, q = problem
     ids = np.random.default_rng(n_shards).permutation(len(db)) * 5
-    sharded = ShardedIndex.from_codes(client, db, n_bits=64, n_shards=n_shards, ids=ids,
-                                      index=index)
+    sharded = ShardedIndex.from_codes(
+        client, db, n_bits=64, n_shards=n_shards, ids=ids, index=index
+    )
     assert len(sharded) == len(db) and sharded.n_shards == n_shards
     for k in (1, 10, 100):  # many exact ties: the merge must break them by id
         for got, want in zip(sharded.search(q, k), reference(db, q, k, ids), strict=True):

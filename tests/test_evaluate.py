@@ -29,16 +29,22 @@ def random_problem(seed: int, max_bits: int = 6):
 
 # ----------------------------------------------------------------------------- references
 
+
 def ref_order(keys_row) -> list[int]:
     return sorted(range(len(keys_row)), key=lambda j: (keys_row[j], j))
 
 
 def ref_pr(d, rel, radius, aggregate, empty):
     if aggregate == "pooled":
-        hits = sum(1 for i in range(d.shape[0]) for j in range(d.shape[1])
-                   if d[i, j] <= radius and rel[i, j])
-        retrieved = sum(1 for i in range(d.shape[0]) for j in range(d.shape[1])
-                        if d[i, j] <= radius)
+        hits = sum(
+            1
+            for i in range(d.shape[0])
+            for j in range(d.shape[1])
+            if d[i, j] <= radius and rel[i, j]
+        )
+        retrieved = sum(
+            1 for i in range(d.shape[0]) for j in range(d.shape[1]) if d[i, j] <= radius
+        )
         n_rel = int(rel.sum())
         return (hits / retrieved if retrieved else 0.0, hits / n_rel if n_rel else 0.0)
     precisions, recalls = [], []
@@ -51,8 +57,10 @@ def ref_pr(d, rel, radius, aggregate, empty):
             precisions.append(0.0)
         if rel[i].any():
             recalls.append(hits / rel[i].sum())
-    return (float(np.mean(precisions)) if precisions else 0.0,
-            float(np.mean(recalls)) if recalls else 0.0)
+    return (
+        float(np.mean(precisions)) if precisions else 0.0,
+        float(np.mean(recalls)) if recalls else 0.0,
+    )
 
 
 def ref_recall_at_m(ranked_rows, true_rows, m_values):
@@ -82,7 +90,9 @@ def ref_vote(dists, labels) -> int:
     counts = Counter(labels)
     best = max(counts.values())
     tied = [c for c in counts if counts[c] == best]
-    return min(tied, key=lambda c: (min(d for d, lab in zip(dists, labels, strict=True) if lab == c), c))
+    return min(
+        tied, key=lambda c: (min(d for d, lab in zip(dists, labels, strict=True) if lab == c), c)
+    )
 
 
 def ref_knn(d, labels, radius=None, k=None):
@@ -99,6 +109,7 @@ def ref_knn(d, labels, radius=None, k=None):
 
 
 # ------------------------------------------------------------------------------ exact_knn
+
 
 @pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine"])
 def test_exact_knn_matches_sklearn(metric):
@@ -133,18 +144,19 @@ def test_exact_knn_ties_go_to_smaller_index(seed, metric):
     n, m, k = int(rng.integers(1, 40)), int(rng.integers(1, 5)), int(rng.integers(1, 45))
     X = rng.integers(0, 3, size=(n, 2))
     Q = rng.integers(0, 3, size=(m, 2))
-    D, ids = ev.exact_knn(X.astype(float), Q.astype(float), k, metric=metric,
-                          batch_size=int(rng.integers(1, 4)))
+    D, ids = ev.exact_knn(
+        X.astype(float), Q.astype(float), k, metric=metric, batch_size=int(rng.integers(1, 4))
+    )
     for i in range(m):
         if metric == "inner_product":
             keys = [-int(Q[i] @ x) for x in X]
         else:
             keys = [int(((Q[i] - x) ** 2).sum()) for x in X]
         expected = ref_order(keys)[:k]
-        np.testing.assert_array_equal(ids[i, :len(expected)], expected)
-        np.testing.assert_array_equal(ids[i, len(expected):], -1)
+        np.testing.assert_array_equal(ids[i, : len(expected)], expected)
+        np.testing.assert_array_equal(ids[i, len(expected) :], -1)
         pad = -np.inf if metric == "inner_product" else np.inf
-        assert np.all(D[i, len(expected):] == pad)
+        assert np.all(D[i, len(expected) :] == pad)
 
 
 def test_exact_knn_cut_keeps_smaller_tied_index():
@@ -179,6 +191,7 @@ def test_exact_knn_rejects_bad_input():
 
 # ------------------------------------------------------------------------------ relevance
 
+
 def test_relevance_helpers():
     rel = ev.relevance_from_labels(np.array([0, 2]), np.array([2, 0, 0, 1]))
     np.testing.assert_array_equal(rel, [[0, 1, 1, 0], [1, 0, 0, 0]])
@@ -193,6 +206,7 @@ def test_relevance_helpers():
 
 
 # ----------------------------------------------------------------- precision and recall
+
 
 @SETTINGS
 @given(seeds, st.sampled_from(["pooled", "per_query"]), st.sampled_from(["zero", "skip"]))
@@ -255,11 +269,14 @@ def test_pr_auc_of_curve_is_trapezoid(seed):
         assert ev.pr_auc(p, r) == 0.0
         return
     pts = [(0.0, p[keep][0])] + list(zip(r[keep], p[keep], strict=True))
-    area = sum((r2 - r1) * (p1 + p2) / 2 for (r1, p1), (r2, p2) in zip(pts[:-1], pts[1:], strict=True))
+    area = sum(
+        (r2 - r1) * (p1 + p2) / 2 for (r1, p1), (r2, p2) in zip(pts[:-1], pts[1:], strict=True)
+    )
     assert ev.pr_auc(p, r) == pytest.approx(area)
 
 
 # ------------------------------------------------------------------------------- ranking
+
 
 @SETTINGS
 @given(seeds)
@@ -312,8 +329,9 @@ def test_recall_at_m_matches_reference(seed, ties):
 def test_recall_at_m_from_ids_padding():
     retrieved = np.array([[5, -1, 2, 7], [-1, -1, -1, -1]])
     true = np.array([[2, 7, -1], [0, -1, -1]])
-    np.testing.assert_allclose(ev.recall_at_m_from_ids(retrieved, true, [1, 3, 10]),
-                               [0.0, 0.25, 0.5])
+    np.testing.assert_allclose(
+        ev.recall_at_m_from_ids(retrieved, true, [1, 3, 10]), [0.0, 0.25, 0.5]
+    )
     with pytest.raises(ValueError, match="repeats"):
         ev.recall_at_m_from_ids(np.array([[1, 1]]), true[:1], [1])
     with pytest.raises(ValueError, match="rows"):
@@ -328,19 +346,27 @@ def test_mean_average_precision(seed):
     rng, d, rel, _ = random_problem(seed)
     top = [None, int(rng.integers(1, d.shape[1] + 2))][int(rng.integers(0, 2))]
     depth = d.shape[1] if top is None else min(top, d.shape[1])
-    rules = {"index": lambda i, j: (d[i, j], j),
-             "pessimistic": lambda i, j: (d[i, j], rel[i, j], j),
-             "optimistic": lambda i, j: (d[i, j], not rel[i, j], j)}
+    rules = {
+        "index": lambda i, j: (d[i, j], j),
+        "pessimistic": lambda i, j: (d[i, j], rel[i, j], j),
+        "optimistic": lambda i, j: (d[i, j], not rel[i, j], j),
+    }
     values = {}
     for ties, key in rules.items():
-        aps = [ref_ap(rel[i, sorted(range(d.shape[1]), key=lambda j, i=i: key(i, j))],
-                      rel[i].sum(), depth) for i in range(d.shape[0]) if rel[i].any()]
+        aps = [
+            ref_ap(
+                rel[i, sorted(range(d.shape[1]), key=lambda j, i=i: key(i, j))], rel[i].sum(), depth
+            )
+            for i in range(d.shape[0])
+            if rel[i].any()
+        ]
         expected = float(np.mean(aps)) if aps else 0.0
         values[ties] = ev.mean_average_precision(d, rel, ties=ties, top=top)
         assert values[ties] == pytest.approx(expected)
     ranked = ev.hamming_ranking(d, random_state=2)
-    aps = [ref_ap(rel[i, ranked[i]], rel[i].sum(), depth)
-           for i in range(d.shape[0]) if rel[i].any()]
+    aps = [
+        ref_ap(rel[i, ranked[i]], rel[i].sum(), depth) for i in range(d.shape[0]) if rel[i].any()
+    ]
     values["random"] = ev.mean_average_precision(d, rel, random_state=2, top=top)
     assert values["random"] == pytest.approx(float(np.mean(aps)) if aps else 0.0)
     eps = 1e-12
@@ -360,6 +386,7 @@ def test_map_ties_bracket_strictly():
 
 # --------------------------------------------------------------------- classification
 
+
 @SETTINGS
 @given(seeds)
 def test_knn_classify_matches_reference(seed):
@@ -367,8 +394,9 @@ def test_knn_classify_matches_reference(seed):
     labels = rng.integers(0, 4, size=d.shape[1]) * 3  # non-contiguous labels
     radius = int(rng.integers(0, n_bits + 1))
     k = int(rng.integers(1, n_bits + 3))
-    np.testing.assert_array_equal(ev.knn_classify(d, labels, radius=radius),
-                                  ref_knn(d, labels, radius=radius))
+    np.testing.assert_array_equal(
+        ev.knn_classify(d, labels, radius=radius), ref_knn(d, labels, radius=radius)
+    )
     np.testing.assert_array_equal(ev.knn_classify(d, labels, k=k), ref_knn(d, labels, k=k))
     query_labels = rng.integers(0, 4, size=d.shape[0]) * 3
     expected = np.mean(ref_knn(d, labels, k=k) != query_labels)
@@ -390,8 +418,9 @@ def test_relative_threshold_votes_with_all_tied_items():
 
 
 def test_class_ties_by_nearest_voter_then_label():
-    assert ev.knn_classify(np.array([[3, 1, 2, 3]]), np.array([0, 1, 0, 1]),
-                           radius=3).tolist() == [1]
+    assert ev.knn_classify(np.array([[3, 1, 2, 3]]), np.array([0, 1, 0, 1]), radius=3).tolist() == [
+        1
+    ]
     assert ev.knn_classify(np.array([[1, 1]]), np.array([5, 2]), radius=1).tolist() == [2]
 
 
@@ -421,37 +450,49 @@ REL = D == 1
 LAB = np.array([0, 1, 1])
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: ev.precision_recall_at_radius(D, REL[:, :2], 1), ValueError, "shape"),
-    (lambda: ev.precision_recall_at_radius(D, REL.astype(int), 1), TypeError, "bool"),
-    (lambda: ev.precision_recall_at_radius(D.astype(float), REL, 1), TypeError, "integer"),
-    (lambda: ev.precision_recall_at_radius(D, REL, -1), ValueError, "radius"),
-    (lambda: ev.precision_recall_at_radius(D, REL, 1, aggregate="mean"), ValueError,
-     "aggregate"),
-    (lambda: ev.precision_recall_at_radius(D, REL, 1, empty="nan"), ValueError, "empty"),
-    (lambda: ev.precision_recall_at_radius(-D, REL, 1), ValueError, r"\[0, 2\*\*31\)"),
-    (lambda: ev.precision_recall_at_radius(D[:0], REL[:0], 1), ValueError, "at least one"),
-    (lambda: ev.precision_recall_at_radius(D.tolist(), REL, 1), TypeError, "ndarray"),
-    (lambda: ev.precision_recall_curve(D, REL, 1), ValueError, "n_bits"),
-    (lambda: ev.hamming_ranking(D, k=0), ValueError, "'k'"),
-    (lambda: ev.hamming_ranking(D, ties="pessimistic"), ValueError, "ties"),
-    (lambda: ev.mean_average_precision(D, REL, top=0), ValueError, "top"),
-    (lambda: ev.recall_at_m(D, np.array([[0], [3]]), [1]), ValueError, "n_db"),
-    (lambda: ev.recall_at_m(D, np.array([[0.0], [1.0]]), [1]), TypeError, "integer"),
-    (lambda: ev.recall_at_m(D, np.array([[0]]), [1]), ValueError, "rows"),
-    (lambda: ev.recall_at_m(D, np.array([[0], [1]]), [1.5]), ValueError, "m_values"),
-    (lambda: ev.knn_classify(D, LAB), ValueError, "exactly one"),
-    (lambda: ev.knn_classify(D, LAB, radius=1, k=1), ValueError, "exactly one"),
-    (lambda: ev.knn_classify(D, LAB, k=0), ValueError, "'k'"),
-    (lambda: ev.knn_classify(D, LAB[:2], k=1), ValueError, "db_labels"),
-    (lambda: ev.knn_classify(D, LAB - 1, k=1), ValueError, "non-negative"),
-    (lambda: ev.knn_classify(D, LAB.astype(float), k=1), TypeError, "db_labels"),
-    (lambda: ev.knn_classification_error(D, LAB, LAB, k=1), ValueError, "query_labels"),
-    (lambda: ev.knn_classify_exact(np.ones((3, 2)), LAB, np.ones((1, 2)), 0), ValueError,
-     "'k'"),
-    (lambda: ev.knn_classify_exact(np.ones((3, 2)), LAB[:2], np.ones((1, 2)), 1),
-     ValueError, "db_labels"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: ev.precision_recall_at_radius(D, REL[:, :2], 1), ValueError, "shape"),
+        (lambda: ev.precision_recall_at_radius(D, REL.astype(int), 1), TypeError, "bool"),
+        (lambda: ev.precision_recall_at_radius(D.astype(float), REL, 1), TypeError, "integer"),
+        (lambda: ev.precision_recall_at_radius(D, REL, -1), ValueError, "radius"),
+        (
+            lambda: ev.precision_recall_at_radius(D, REL, 1, aggregate="mean"),
+            ValueError,
+            "aggregate",
+        ),
+        (lambda: ev.precision_recall_at_radius(D, REL, 1, empty="nan"), ValueError, "empty"),
+        (lambda: ev.precision_recall_at_radius(-D, REL, 1), ValueError, r"\[0, 2\*\*31\)"),
+        (lambda: ev.precision_recall_at_radius(D[:0], REL[:0], 1), ValueError, "at least one"),
+        (lambda: ev.precision_recall_at_radius(D.tolist(), REL, 1), TypeError, "ndarray"),
+        (lambda: ev.precision_recall_curve(D, REL, 1), ValueError, "n_bits"),
+        (lambda: ev.hamming_ranking(D, k=0), ValueError, "'k'"),
+        (lambda: ev.hamming_ranking(D, ties="pessimistic"), ValueError, "ties"),
+        (lambda: ev.mean_average_precision(D, REL, top=0), ValueError, "top"),
+        (lambda: ev.recall_at_m(D, np.array([[0], [3]]), [1]), ValueError, "n_db"),
+        (lambda: ev.recall_at_m(D, np.array([[0.0], [1.0]]), [1]), TypeError, "integer"),
+        (lambda: ev.recall_at_m(D, np.array([[0]]), [1]), ValueError, "rows"),
+        (lambda: ev.recall_at_m(D, np.array([[0], [1]]), [1.5]), ValueError, "m_values"),
+        (lambda: ev.knn_classify(D, LAB), ValueError, "exactly one"),
+        (lambda: ev.knn_classify(D, LAB, radius=1, k=1), ValueError, "exactly one"),
+        (lambda: ev.knn_classify(D, LAB, k=0), ValueError, "'k'"),
+        (lambda: ev.knn_classify(D, LAB[:2], k=1), ValueError, "db_labels"),
+        (lambda: ev.knn_classify(D, LAB - 1, k=1), ValueError, "non-negative"),
+        (lambda: ev.knn_classify(D, LAB.astype(float), k=1), TypeError, "db_labels"),
+        (lambda: ev.knn_classification_error(D, LAB, LAB, k=1), ValueError, "query_labels"),
+        (
+            lambda: ev.knn_classify_exact(np.ones((3, 2)), LAB, np.ones((1, 2)), 0),
+            ValueError,
+            "'k'",
+        ),
+        (
+            lambda: ev.knn_classify_exact(np.ones((3, 2)), LAB[:2], np.ones((1, 2)), 1),
+            ValueError,
+            "db_labels",
+        ),
+    ],
+)
 def test_bad_inputs_raise(call, error, match):
     with pytest.raises(error, match=match):
         call()

@@ -199,8 +199,9 @@ def test_range_search_on_empty_index_and_no_queries():
 def test_add_in_batches_equals_one_add(problem, data):
     n = len(problem.ids)
     n_batches = data.draw(st.integers(1, min(n, 5)))
-    cuts = sorted(data.draw(st.lists(st.integers(0, n), min_size=n_batches - 1,
-                                     max_size=n_batches - 1)))
+    cuts = sorted(
+        data.draw(st.lists(st.integers(0, n), min_size=n_batches - 1, max_size=n_batches - 1))
+    )
     bounds = [0, *cuts, n]
     # the batches come in an order that makes later ids smaller (merge path)
     order = np.argsort(-problem.ids, kind="stable")
@@ -239,8 +240,7 @@ def test_add_without_ids_numbers_from_one_past_largest_id_ever_added():
 @given(problem=code_problems(min_n=1), data=st.data())
 def test_remove_never_renumbers(problem, data):
     n = len(problem.ids)
-    drop = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n))),
-                    dtype=np.int64)
+    drop = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n))), dtype=np.int64)
     keep = np.setdiff1d(np.arange(n), drop)
     index = build(problem)
     assert index.remove(problem.ids[drop]) == len(drop)
@@ -256,9 +256,11 @@ def test_remove_never_renumbers(problem, data):
     np.testing.assert_array_equal(gD, fD)
     np.testing.assert_array_equal(gI, fI)
     radius = problem.n_bits // 3
-    for got, want in zip(index.range_search(problem.queries, radius),
-                         brute_range(problem.q_bits, problem.db_bits[keep],
-                                     problem.ids[keep], radius), strict=True):
+    for got, want in zip(
+        index.range_search(problem.queries, radius),
+        brute_range(problem.q_bits, problem.db_bits[keep], problem.ids[keep], radius),
+        strict=True,
+    ):
         np.testing.assert_array_equal(got, want)
     # adding back after a removal still works and keeps the tie rule
     if len(drop):

@@ -17,8 +17,7 @@ from hashlearn.index.table import KEY_LOCAL_MASK, TableIndex
 
 
 def small_forest(**kw):
-    params = dict(n_trees=3, max_depth=6, lam=0.2, n_pairs=4000, k_similar=10,
-                  random_state=0)
+    params = dict(n_trees=3, max_depth=6, lam=0.2, n_pairs=4000, k_similar=10, random_state=0)
     params.update(kw)
     return BoostedSearchForest(**params)
 
@@ -69,8 +68,10 @@ def python_leaves(x, arrays, tree):
 
 def test_tree_kernel_matches_python_walk(blobs):
     b = small_forest(split="hybrid", stump_above=150).fit(blobs)
-    arrays = {k: getattr(b, k) for k in ("roots_", "left_", "right_", "feature_",
-                                         "threshold_", "leaf_id_", "proj_")}
+    arrays = {
+        k: getattr(b, k)
+        for k in ("roots_", "left_", "right_", "feature_", "threshold_", "leaf_id_", "proj_")
+    }
     assert (b.feature_ >= 0).any() and (b.feature_[b.left_ >= 0] < 0).any()  # both kinds
     got = b.leaves(blobs[:60])
     want = np.array([[python_leaves(x, arrays, t) for t in range(3)] for x in blobs[:60]])
@@ -157,12 +158,20 @@ def test_labels_similarity(blobs):
         small_forest(similar="labels").fit(blobs)
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"lam": 0.0}, "lam"), ({"lam": 1.0}, "lam"), ({"lam": 1.5}, "lam"),
-    ({"lam": -0.1}, "lam"), ({"split": "oblique"}, "split"), ({"n_trees": 0}, "n_trees"),
-    ({"similar": "cosine"}, "similar"), ({"max_depth": 0}, "max_depth"),
-    ({"similar_fraction": 1.0}, "similar_fraction"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"lam": 0.0}, "lam"),
+        ({"lam": 1.0}, "lam"),
+        ({"lam": 1.5}, "lam"),
+        ({"lam": -0.1}, "lam"),
+        ({"split": "oblique"}, "split"),
+        ({"n_trees": 0}, "n_trees"),
+        ({"similar": "cosine"}, "similar"),
+        ({"max_depth": 0}, "max_depth"),
+        ({"similar_fraction": 1.0}, "similar_fraction"),
+    ],
+)
 def test_bad_parameters(kw, match, blobs):
     with pytest.raises(ValueError, match=match):
         small_forest(**kw).fit(blobs)
@@ -187,8 +196,8 @@ def _recall_curve(bucketer, db, queries, true_nn, m_values):
     width = max(m_values)
     ranked = np.full((len(queries), width), -1, np.int64)
     for q in range(len(queries)):
-        c = ids[lims[q]:lims[q + 1]][:width]
-        ranked[q, :len(c)] = c
+        c = ids[lims[q] : lims[q + 1]][:width]
+        ranked[q, : len(c)] = c
     return recall_at_m_from_ids(ranked, true_nn, m_values), np.diff(lims).mean()
 
 
@@ -204,8 +213,9 @@ def test_paper_ordering_on_digits():
     _, true_nn = exact_knn(db, queries, 20)
     m_values = [25, 50, 100, 200]
     common = dict(n_trees=4, max_depth=6)
-    bsf = BoostedSearchForest(lam=0.1, n_pairs=20000, k_similar=20, random_state=0,
-                              **common).fit(db)
+    bsf = BoostedSearchForest(lam=0.1, n_pairs=20000, k_similar=20, random_state=0, **common).fit(
+        db
+    )
     km = KMeansTree(random_state=0, **common).fit(db)
     lsh = LSHTables(4, 6, random_state=0).fit(db)
     r_bsf, n_bsf = _recall_curve(bsf, db, queries, true_nn, m_values)
@@ -230,15 +240,18 @@ def _fashion_ordering(path=None):
     _, true_nn = exact_knn(db, queries, 100)
     m_values = [100, 200, 400]
     train = db[:3000]
-    bsf = BoostedSearchForest(n_trees=8, max_depth=6, lam=0.1, n_pairs=20000,
-                              k_similar=38, random_state=0).fit(train)
+    bsf = BoostedSearchForest(
+        n_trees=8, max_depth=6, lam=0.1, n_pairs=20000, k_similar=38, random_state=0
+    ).fit(train)
     km = KMeansTree(n_trees=8, max_depth=6, random_state=0).fit(train)
     lsh = LSHTables(8, 6, random_state=0).fit(train)
     return [_recall_curve(b, db, queries, true_nn, m_values) for b in (bsf, km, lsh)]
 
 
-@pytest.mark.skipif(not __import__("hashlearn.datasets").datasets.fashion_mnist_available(),
-                    reason="Fashion-MNIST is not installed")
+@pytest.mark.skipif(
+    not __import__("hashlearn.datasets").datasets.fashion_mnist_available(),
+    reason="Fashion-MNIST is not installed",
+)
 def test_paper_ordering_on_fashion_mnist():
     """Fig. 1a on a Fashion-MNIST subsample (8000 items, 200 queries, 8 trees of depth 6).
     Measured: R@100/200/400 bsf .517/.739/.877 (485 candidates), km .440/.632/.732 (395),

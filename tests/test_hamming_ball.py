@@ -22,8 +22,9 @@ def _clustered(rng, n, n_bits, flip=0.03):
     return bits.astype(np.uint8)
 
 
-@given(problem=code_problems(max_n=300), k=st.integers(1, 30),
-       probe_cost=st.sampled_from([1.0, 32.0]))
+@given(
+    problem=code_problems(max_n=300), k=st.integers(1, 30), probe_cost=st.sampled_from([1.0, 32.0])
+)
 @SETTINGS
 def test_search_matches_brute_force(problem, k, probe_cost):
     index = HammingBallIndex(problem.n_bits, probe_cost=probe_cost)
@@ -34,8 +35,11 @@ def test_search_matches_brute_force(problem, k, probe_cost):
     np.testing.assert_array_equal(I, I_ref)
 
 
-@given(problem=code_problems(max_n=300), radius=st.integers(0, 4),
-       probe_cost=st.sampled_from([1.0, 32.0]))
+@given(
+    problem=code_problems(max_n=300),
+    radius=st.integers(0, 4),
+    probe_cost=st.sampled_from([1.0, 32.0]),
+)
 @SETTINGS
 def test_range_search_matches_brute_force(problem, radius, probe_cost):
     index = HammingBallIndex(problem.n_bits, probe_cost=probe_cost)
@@ -63,7 +67,9 @@ def test_ball_path_is_exact_at_every_length(n_bits):
     q = pack_le(q_bits.astype(np.uint8))
     assert ball._max_level() >= 1
     for radius in range(0, ball._max_level() + 1):
-        for got, ref in zip(ball.range_search(q, radius), flat.range_search(q, radius), strict=False):
+        for got, ref in zip(
+            ball.range_search(q, radius), flat.range_search(q, radius), strict=False
+        ):
             np.testing.assert_array_equal(got, ref)
     for k in (1, 10, 50):
         for got, ref in zip(ball.search(q, k), flat.search(q, k), strict=False):
@@ -113,7 +119,9 @@ def test_fallback_scan_when_ball_is_bigger_than_database():
     flat.add(pack_le(bits))
     q = pack_le(bits[:5] ^ (rng.random((5, 64)) < 0.1))
     for radius in (0, 3, 64):
-        for got, ref in zip(index.range_search(q, radius), flat.range_search(q, radius), strict=False):
+        for got, ref in zip(
+            index.range_search(q, radius), flat.range_search(q, radius), strict=False
+        ):
             np.testing.assert_array_equal(got, ref)
     for got, ref in zip(index.search(q, 7), flat.search(q, 7), strict=False):
         np.testing.assert_array_equal(got, ref)

@@ -71,10 +71,12 @@ def test_codes_layout_and_projection(data, n_bits, center):
 def test_centering_balances_bits_on_shifted_data():
     rng = np.random.default_rng(1)
     X = rng.standard_normal((4000, 8)) + 25.0
-    centred = unpack_le(RandomHyperplaneLSH(64, center=True, random_state=0).fit(X).encode(X),
-                        64).mean(axis=0)
-    raw = unpack_le(RandomHyperplaneLSH(64, center=False, random_state=0).fit(X).encode(X),
-                    64).mean(axis=0)
+    centred = unpack_le(
+        RandomHyperplaneLSH(64, center=True, random_state=0).fit(X).encode(X), 64
+    ).mean(axis=0)
+    raw = unpack_le(
+        RandomHyperplaneLSH(64, center=False, random_state=0).fit(X).encode(X), 64
+    ).mean(axis=0)
     assert np.all(np.abs(centred - 0.5) < 0.1)
     assert np.mean(np.abs(raw - 0.5) > 0.4) > 0.5  # most uncentred bits are constant
 
@@ -95,8 +97,9 @@ def test_sparse_input_gives_the_same_codes_as_dense(center, fmt):
     np.testing.assert_array_equal(h_sparse.encode(X_sparse), expected)
     np.testing.assert_array_equal(h_dense.encode(X_sparse), expected)
     np.testing.assert_array_equal(h_sparse.encode(X_dense), expected)
-    np.testing.assert_allclose(h_dense.project(X_sparse), h_dense.project(X_dense),
-                               rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        h_dense.project(X_sparse), h_dense.project(X_dense), rtol=1e-10, atol=1e-10
+    )
 
 
 # ---------------------------------------------------------------------- collision probability

@@ -27,7 +27,7 @@ from hashlearn.index import FlatIndex
 def random_index(n_bits=100, n=300, seed=0):
     rng = np.random.default_rng(seed)
     bits = (rng.random((n, n_bits)) < 0.5).astype(np.uint8)
-    bits[n // 2:] = bits[: n - n // 2]  # duplicates: ties
+    bits[n // 2 :] = bits[: n - n // 2]  # duplicates: ties
     ids = rng.choice(10 * n, size=n, replace=False)
     index = FlatIndex(n_bits)
     index.add(pack_le(bits), ids=ids)
@@ -41,8 +41,9 @@ def assert_same_search(a, b, queries, k=12, radius=None):
     np.testing.assert_array_equal(Da, Db)
     np.testing.assert_array_equal(Ia, Ib)
     if radius is not None:
-        for x, y in zip(a.range_search(queries, radius), b.range_search(queries, radius),
-                        strict=True):
+        for x, y in zip(
+            a.range_search(queries, radius), b.range_search(queries, radius), strict=True
+        ):
             np.testing.assert_array_equal(x, y)
 
 
@@ -149,8 +150,7 @@ def test_saving_over_a_save_writes_a_new_generation_and_removes_the_old(tmp_path
     index.add(pack_le(q_bits), ids=[10**6 + i for i in range(len(q_bits))])
     index.save(path)
     assert array_files(path) == ["ids.g2.npy", "words.g2.npy"]
-    assert sorted(p.name for p in path.iterdir()) == ["ids.g2.npy", "meta.json",
-                                                      "words.g2.npy"]
+    assert sorted(p.name for p in path.iterdir()) == ["ids.g2.npy", "meta.json", "words.g2.npy"]
     assert json.loads((path / "meta.json").read_text())["generation"] == 2
     assert_same_search(FlatIndex.load(path), index, pack_le(q_bits), radius=40)
     assert_same_search(FlatIndex.load(path, mmap=True), index, pack_le(q_bits))
@@ -252,9 +252,18 @@ def test_unknown_class_is_refused_without_importing_anything(saved):
         io.load(saved)
 
 
-@pytest.mark.parametrize("content", [b"", b"{not json", b'{"format": "hashlearn", "form',
-                                     b"\xff\xfe\x00garbage", b"[1, 2]", b'"hashlearn"',
-                                     b'{"format": "other", "format_version": 1}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{not json",
+        b'{"format": "hashlearn", "form',
+        b"\xff\xfe\x00garbage",
+        b"[1, 2]",
+        b'"hashlearn"',
+        b'{"format": "other", "format_version": 1}',
+    ],
+)
 def test_unreadable_meta_json_is_a_value_error(saved, content):
     (saved / "meta.json").write_bytes(content)
     with pytest.raises(ValueError, match="meta.json"):
@@ -285,8 +294,17 @@ def _params_is_a_list(m):
     m["params"] = [100]
 
 
-@pytest.mark.parametrize("damage", [_arrays_list, _entry_without_file, _entry_without_sha,
-                                    _entry_is_a_string, _class_is_a_list, _params_is_a_list])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _arrays_list,
+        _entry_without_file,
+        _entry_without_sha,
+        _entry_is_a_string,
+        _class_is_a_list,
+        _params_is_a_list,
+    ],
+)
 def test_structurally_corrupted_meta_json_is_a_value_error(saved, damage):
     """read_dir promises that every check failure is a ValueError, not a KeyError etc."""
     edit_meta(saved, damage)
@@ -314,8 +332,13 @@ def test_np_load_is_always_called_without_pickle(saved, monkeypatch):
 
 def test_object_arrays_cannot_be_saved(tmp_path):
     with pytest.raises(TypeError, match="object"):
-        io.write_dir(tmp_path / "o", "FlatIndex", {"n_bits": 8}, {"next_id": 0},
-                     {"ids": np.array([1, None], dtype=object)})
+        io.write_dir(
+            tmp_path / "o",
+            "FlatIndex",
+            {"n_bits": 8},
+            {"next_id": 0},
+            {"ids": np.array([1, None], dtype=object)},
+        )
     assert not (tmp_path / "o").exists()
     assert list(tmp_path.iterdir()) == []  # the temporary sibling is gone too
     X = np.random.default_rng(0).standard_normal((10, 3))
@@ -405,10 +428,19 @@ def test_killing_a_save_midway_leaves_a_loadable_index(tmp_path):
     path = tmp_path / "idx"
     versions[1].save(path)  # generation 1; the child saves over it
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(hashlearn.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(hashlearn.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     seen = set()
     try:
         assert _readline(proc) == "ready"
@@ -437,6 +469,9 @@ def test_killing_a_save_midway_leaves_a_loadable_index(tmp_path):
     versions[2].save(path)
     meta = json.loads((path / "meta.json").read_text())
     g = meta["generation"]
-    assert sorted(p.name for p in path.iterdir()) == [f"ids.g{g}.npy", "meta.json",
-                                                      f"words.g{g}.npy"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        f"ids.g{g}.npy",
+        "meta.json",
+        f"words.g{g}.npy",
+    ]
     np.testing.assert_array_equal(FlatIndex.load(path).search(queries, 5)[1], expected[2][1])

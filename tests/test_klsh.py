@@ -61,8 +61,9 @@ def test_precomputed_equals_named_kernel():
     K = rbf_kernel(X, X, gamma=0.05)
     pre = KernelizedLSH(32, kernel="precomputed", p=100, t=10, random_state=0).fit(K)
     Q = _anisotropic(50, seed=9)
-    np.testing.assert_allclose(pre.project(rbf_kernel(Q, X, gamma=0.05)), named.project(Q),
-                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(
+        pre.project(rbf_kernel(Q, X, gamma=0.05)), named.project(Q), rtol=1e-6, atol=1e-8
+    )
 
 
 def test_callable_kernel_on_sets_and_histogram_kernels():
@@ -81,10 +82,12 @@ def test_callable_kernel_on_sets_and_histogram_kernels():
         h.save("unused")
     H = np.abs(_anisotropic(200))
     for kernel in ("chi2", "intersection"):
-        assert KernelizedLSH(8, kernel=kernel, p=50, t=5, random_state=0).fit(H).encode(H).shape \
-            == (200, 1)
-    np.testing.assert_allclose(intersection_kernel(H[:3], H[:4]),
-                               [[np.minimum(a, b).sum() for b in H[:4]] for a in H[:3]])
+        assert KernelizedLSH(8, kernel=kernel, p=50, t=5, random_state=0).fit(H).encode(
+            H
+        ).shape == (200, 1)
+    np.testing.assert_allclose(
+        intersection_kernel(H[:3], H[:4]), [[np.minimum(a, b).sum() for b in H[:4]] for a in H[:3]]
+    )
 
 
 def test_bad_input():
@@ -132,8 +135,10 @@ def test_rbf_klsh_beats_lsh_on_euclidean_recall_fashion_mnist():
     db, q = X[:4000], X[4000:]
     _, true = exact_knn(db, q, 50)
     scores = {}
-    for name, h in (("klsh", KernelizedLSH(32, p=300, t=30, random_state=0)),
-                    ("lsh", RandomHyperplaneLSH(32, random_state=0))):
+    for name, h in (
+        ("klsh", KernelizedLSH(32, p=300, t=30, random_state=0)),
+        ("lsh", RandomHyperplaneLSH(32, random_state=0)),
+    ):
         h.fit(db)
         d = hamming_cdist(h.encode(q), h.encode(db), 32)
         scores[name] = recall_at_m(d, true, [500])[0]

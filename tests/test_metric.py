@@ -67,10 +67,12 @@ def test_kernel_itml_linear_equals_explicit(blobs):
     G = np.eye(X.shape[1]) + Phi.T @ kit.S_ @ Phi  # Lemma 2
     np.testing.assert_allclose(G.T @ G, itml.A_, atol=1e-8)
     np.testing.assert_allclose(kit.K_, Phi @ itml.A_ @ Phi.T, atol=1e-8)
-    np.testing.assert_allclose(kit.learned_kernel(X[:7], X[7:12]), X[:7] @ itml.A_ @ X[7:12].T,
-                               atol=1e-8)
-    np.testing.assert_allclose(kit.pair_distances(X[:9], X[9:18]),
-                               itml.pair_distances(X[:9], X[9:18]), atol=1e-8)
+    np.testing.assert_allclose(
+        kit.learned_kernel(X[:7], X[7:12]), X[:7] @ itml.A_ @ X[7:12].T, atol=1e-8
+    )
+    np.testing.assert_allclose(
+        kit.pair_distances(X[:9], X[9:18]), itml.pair_distances(X[:9], X[9:18]), atol=1e-8
+    )
     # sparse input gives the same kernel form
     kit_sp = KernelITML(gamma=1.0, tol=1e-8).fit(sp.csr_matrix(X), pairs=pairs, similar=similar)
     np.testing.assert_allclose(kit_sp.S_, kit.S_, atol=1e-10)
@@ -81,8 +83,10 @@ def test_kernel_itml_rbf_and_precomputed_agree(blobs):
     pairs, similar = pairs_from_labels(y, 100, random_state=0)
     rbf = KernelITML(kernel="rbf", rbf_gamma=0.1).fit(X, pairs=pairs, similar=similar)
     from sklearn.metrics.pairwise import rbf_kernel
-    pre = KernelITML(kernel="precomputed").fit(rbf_kernel(X, gamma=0.1), pairs=pairs,
-                                               similar=similar)
+
+    pre = KernelITML(kernel="precomputed").fit(
+        rbf_kernel(X, gamma=0.1), pairs=pairs, similar=similar
+    )
     np.testing.assert_allclose(rbf.S_, pre.S_, atol=1e-10)
     assert rbf.violated_fraction_ <= 1.0 and rbf.converged_
 
@@ -149,6 +153,7 @@ def test_same_seed_same_result(blobs):
 
 def test_symmetric_factor_coefficients_reproduce_learned_metric(blobs):
     from hashlearn.metric.kernel_itml import symmetric_factor_coefficients
+
     X, y = blobs
     pairs, similar = pairs_from_labels(y, 150, random_state=0)
     itml = ITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)

@@ -88,8 +88,9 @@ def test_metric_distances_and_searcher_rerank(data):
     assert np.all(I2[:, 0] == np.arange(10))  # each point finds itself first
     kml = KernelMetricLSH(16, num_constraints=80, random_state=0).fit(X, y)
     G = kml.metric_factor()
-    np.testing.assert_allclose(kml.metric_distances(q, c),
-                               np.einsum("bci,bci->bc", diff @ G.T, diff @ G.T), atol=1e-8)
+    np.testing.assert_allclose(
+        kml.metric_distances(q, c), np.einsum("bci,bci->bc", diff @ G.T, diff @ G.T), atol=1e-8
+    )
 
 
 def test_high_dimensional_sparse_input():
@@ -113,8 +114,10 @@ def test_defaults_fit_quickly_on_labels(data):
 
 def test_same_seed_same_codes_and_io(data, tmp_path):
     X, y = data
-    for h1, h2 in ((MetricLSH(24, gamma=1.0, random_state=5), MetricLSH(24, gamma=1.0, random_state=5)),
-                   (KernelMetricLSH(24, random_state=5), KernelMetricLSH(24, random_state=5))):
+    for h1, h2 in (
+        (MetricLSH(24, gamma=1.0, random_state=5), MetricLSH(24, gamma=1.0, random_state=5)),
+        (KernelMetricLSH(24, random_state=5), KernelMetricLSH(24, random_state=5)),
+    ):
         h1.fit(X, y)
         h2.fit(X, y)
         np.testing.assert_array_equal(h1.encode(X), h2.encode(X))

@@ -23,8 +23,9 @@ def both(problem, n_substrings="auto"):
 
 
 @SETTINGS
-@given(problem=code_problems(max_n=400), k=st.integers(1, 40), m=st.integers(1, 12),
-       auto=st.booleans())
+@given(
+    problem=code_problems(max_n=400), k=st.integers(1, 40), m=st.integers(1, 12), auto=st.booleans()
+)
 def test_knn_identical_to_brute_force_and_flat(problem, k, m, auto):
     n_sub = "auto" if auto else min(m, problem.n_bits)
     if n_sub != "auto" and n_sub * 63 < problem.n_bits:
@@ -63,8 +64,14 @@ def test_larger_databases_sub_linear_regime(n_bits, mode):
         centres = random_bits(rng, 20, n_bits, "uniform")
         bits = centres[rng.integers(0, 20, n)] ^ (rng.random((n, n_bits)) < 0.05)
     db = np.packbits(bits.astype(bool), axis=1, bitorder="little")
-    queries = np.concatenate([db[:20], np.packbits(
-        random_bits(rng, 20, n_bits, "uniform").astype(bool), axis=1, bitorder="little")])
+    queries = np.concatenate(
+        [
+            db[:20],
+            np.packbits(
+                random_bits(rng, 20, n_bits, "uniform").astype(bool), axis=1, bitorder="little"
+            ),
+        ]
+    )
     ids = rng.permutation(n).astype(np.int64) * 3
     flat, mih = FlatIndex(n_bits), MultiIndexHashing(n_bits)
     flat.add(db, ids)
@@ -72,8 +79,9 @@ def test_larger_databases_sub_linear_regime(n_bits, mode):
     for k in (1, 10, 100):
         for got, want in zip(mih.search(queries, k), flat.search(queries, k), strict=True):
             np.testing.assert_array_equal(got, want)
-    for got, want in zip(mih.range_search(queries, n_bits // 8),
-                         flat.range_search(queries, n_bits // 8), strict=True):
+    for got, want in zip(
+        mih.range_search(queries, n_bits // 8), flat.range_search(queries, n_bits // 8), strict=True
+    ):
         np.testing.assert_array_equal(got, want)
 
 
@@ -168,8 +176,9 @@ def test_ann_benchmarks_algorithm_exact_on_hamming_and_sweep(tmp_path):
     from hashlearn.datasets import load_ann_benchmarks
     from hashlearn.experiments import ann_bench
 
-    path = ann_bench._write_demo_file(tmp_path / "h.hdf5", metric="hamming", n=2000,
-                                      n_test=30, d=48)
+    path = ann_bench._write_demo_file(
+        tmp_path / "h.hdf5", metric="hamming", n=2000, n_test=30, d=48
+    )
     data = load_ann_benchmarks(path)
     algo = ann_bench.HashlearnANN("hamming", "mih")
     algo.fit(data.train)

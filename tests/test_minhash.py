@@ -12,8 +12,8 @@ from hashlearn.io import load
 def _set_pair(rng, n_common, n_only_a, n_only_b):
     tokens = rng.choice(10**5, size=n_common + n_only_a + n_only_b, replace=False) * 7919 + 13
     common = tokens[:n_common]
-    a = np.r_[common, tokens[n_common:n_common + n_only_a]]
-    b = np.r_[common, tokens[n_common + n_only_a:]]
+    a = np.r_[common, tokens[n_common : n_common + n_only_a]]
+    b = np.r_[common, tokens[n_common + n_only_a :]]
     return a.tolist(), b.tolist()
 
 
@@ -31,8 +31,10 @@ def test_collision_frequency_matches_jaccard(sizes):
 
 def test_estimate_across_many_pairs_unbiased():
     rng = np.random.RandomState(0)
-    pairs = [_set_pair(rng, rng.randint(1, 30), rng.randint(0, 30), rng.randint(0, 30))
-             for _ in range(60)]
+    pairs = [
+        _set_pair(rng, rng.randint(1, 30), rng.randint(0, 30), rng.randint(0, 30))
+        for _ in range(60)
+    ]
     mh = MinHash(n_hashes=256, random_state=3).fit()
     sa = mh.transform([p[0] for p in pairs])
     sb = mh.transform([p[1] for p in pairs])
@@ -48,15 +50,17 @@ def test_sparse_rows_equal_token_lists_and_determinism():
     M = sp.random(20, 300, density=0.05, random_state=rng, format="csr")
     M.data[:] = 1
     M = M[np.diff(M.indptr) > 0]
-    sets = [M.indices[M.indptr[i]:M.indptr[i + 1]].tolist() for i in range(M.shape[0])]
+    sets = [M.indices[M.indptr[i] : M.indptr[i + 1]].tolist() for i in range(M.shape[0])]
     a = MinHash(64, random_state=5).fit().transform(M)
     b = MinHash(64, random_state=5).fit(sets).transform(sets)
     np.testing.assert_array_equal(a, b)
     assert a.dtype == np.int64 and a.shape == (M.shape[0], 64)
     assert not np.array_equal(a, MinHash(64, random_state=6).fit().transform(sets))
     # order and duplicates inside a set do not matter
-    np.testing.assert_array_equal(MinHash(16, random_state=0).fit().transform([[3, 1, 2, 2]]),
-                                  MinHash(16, random_state=0).fit().transform([[1, 2, 3]]))
+    np.testing.assert_array_equal(
+        MinHash(16, random_state=0).fit().transform([[3, 1, 2, 2]]),
+        MinHash(16, random_state=0).fit().transform([[1, 2, 3]]),
+    )
 
 
 def test_bad_input():
@@ -86,8 +90,22 @@ def test_save_load_roundtrip(tmp_path):
 def _oracle_candidates(db_sig, q_sig, bands, rows):
     out = []
     for q in q_sig:
-        counts = [(int(np.sum([np.array_equal(q[b * rows:(b + 1) * rows], d[b * rows:(b + 1) * rows])
-                               for b in range(bands)])), i) for i, d in enumerate(db_sig)]
+        counts = [
+            (
+                int(
+                    np.sum(
+                        [
+                            np.array_equal(
+                                q[b * rows : (b + 1) * rows], d[b * rows : (b + 1) * rows]
+                            )
+                            for b in range(bands)
+                        ]
+                    )
+                ),
+                i,
+            )
+            for i, d in enumerate(db_sig)
+        ]
         hits = sorted([(-c, i) for c, i in counts if c > 0])
         out.append(([i for _, i in hits], [-c for c, _ in hits]))
     return out
@@ -110,7 +128,9 @@ def test_banded_index_matches_oracle_and_remove(tmp_path):
     np.testing.assert_array_equal(ids, np.arange(len(sets)))
     queries = sig[::7]
     expected = _oracle_candidates(sig, queries, 8, 3)
-    for (got_ids, got_counts), (exp_ids, exp_counts) in zip(index.candidates(queries), expected, strict=True):
+    for (got_ids, got_counts), (exp_ids, exp_counts) in zip(
+        index.candidates(queries), expected, strict=True
+    ):
         assert got_ids.tolist() == exp_ids
         assert got_counts.tolist() == exp_counts
     index.save(tmp_path / "idx")

@@ -53,14 +53,14 @@ def test_loss_adjusted_inference_equals_brute_force(loss, q):
         rho = float(rng.integers(0, q + 1))
         lam = float(rng.uniform(0, 2))
         eps = float(rng.choice([0.1, 1.0, 5.0]))
-        gi, gj, m, value = loss_adjusted_inference(a, c, target, loss=loss, rho=rho, lam=lam,
-                                                   epsilon=eps)
+        gi, gj, m, value = loss_adjusted_inference(
+            a, c, target, loss=loss, rho=rho, lam=lam, epsilon=eps
+        )
         best = _brute_force(a, c, target, loss, rho, lam, eps)
         assert value == pytest.approx(best, abs=1e-9)
         # the returned codes attain the value
         assert m == int(np.sum(gi != gj))
-        lval = (hinge_loss(m, bool(target), rho, lam) if loss == "hinge"
-                else bre_loss(m, target, q))
+        lval = hinge_loss(m, bool(target), rho, lam) if loss == "hinge" else bre_loss(m, target, q)
         assert eps * lval + gi @ a + gj @ c == pytest.approx(best, abs=1e-9)
 
 
@@ -97,9 +97,17 @@ def test_bound_and_loss_decrease_in_training(clusters, loss):
     X, y = clusters
     # the BRE loss lies in [0, 1] (eq. 2), so it needs a larger scale epsilon than eq. (4)
     eps = 0.1 if loss == "hinge" else 20.0
-    h = MinimalLossHashing(n_bits=16, rho=4, lam=0.5, epsilon=eps, n_epochs=12,
-                           pairs_per_epoch=5000, monitor_pairs=3000, loss=loss,
-                           random_state=0).fit(X, y)
+    h = MinimalLossHashing(
+        n_bits=16,
+        rho=4,
+        lam=0.5,
+        epsilon=eps,
+        n_epochs=12,
+        pairs_per_epoch=5000,
+        monitor_pairs=3000,
+        loss=loss,
+        random_state=0,
+    ).fit(X, y)
     L, B = h.loss_history_, h.bound_history_
     assert L.shape == B.shape == (13,)
     assert np.all(B >= L - 1e-9), "eq. (11) bounds the empirical loss"
@@ -120,8 +128,9 @@ def test_mlh_beats_its_lsh_initialisation_on_label_retrieval(clusters):
     Xtr, ytr, Xte, yte = X[:300], y[:300], X[300:], y[300:]
     rel = yte[:, None] == ytr[None, :]
     untrained = MinimalLossHashing(16, n_epochs=0, random_state=3).fit(Xtr, ytr)
-    trained = MinimalLossHashing(16, rho=3, n_epochs=10, pairs_per_epoch=5000,
-                                 random_state=3).fit(Xtr, ytr)
+    trained = MinimalLossHashing(16, rho=3, n_epochs=10, pairs_per_epoch=5000, random_state=3).fit(
+        Xtr, ytr
+    )
     res = {}
     for name, h in (("lsh", untrained), ("mlh", trained)):
         d = hamming_cdist(h.encode(Xte), h.encode(Xtr), 16)
@@ -135,8 +144,9 @@ def test_determinism_pairs_api_and_roundtrip(clusters, tmp_path):
     a = MinimalLossHashing(**kw).fit(X, y)
     b = MinimalLossHashing(**kw).fit(X, y)
     np.testing.assert_array_equal(a.encode(X), b.encode(X))
-    np.testing.assert_allclose(np.linalg.norm(
-        np.hstack([a.components_, a.offset_[:, None]]), axis=1), 1.0)
+    np.testing.assert_allclose(
+        np.linalg.norm(np.hstack([a.components_, a.offset_[:, None]]), axis=1), 1.0
+    )
     bits = unpack_le(a.encode(X), 13)
     np.testing.assert_array_equal(bits, X @ a.components_.T + a.offset_ >= 0)
     a.save(tmp_path / "m")
@@ -148,17 +158,25 @@ def test_determinism_pairs_api_and_roundtrip(clusters, tmp_path):
     rng = np.random.default_rng(0)
     P = rng.integers(0, len(X), (3000, 2))
     s = y[P[:, 0]] == y[P[:, 1]]
-    c = MinimalLossHashing(n_bits=8, n_epochs=1, pairs_per_epoch=1000, fit_offset=False,
-                           random_state=0).fit(X, pairs=P, similar=s)
+    c = MinimalLossHashing(
+        n_bits=8, n_epochs=1, pairs_per_epoch=1000, fit_offset=False, random_state=0
+    ).fit(X, pairs=P, similar=s)
     np.testing.assert_array_equal(c.offset_, 0.0)
     assert available_hashers()["mlh"] is MinimalLossHashing
 
 
-@pytest.mark.parametrize("params,match", [
-    (dict(rho=-1), "rho"), (dict(rho=17), "rho"), (dict(lam=-0.1), "lam"),
-    (dict(epsilon=0.0), "epsilon"), (dict(loss="l1"), "loss"), (dict(batch_size=0), "batch_size"),
-    (dict(n_bits=0), "n_bits"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(rho=-1), "rho"),
+        (dict(rho=17), "rho"),
+        (dict(lam=-0.1), "lam"),
+        (dict(epsilon=0.0), "epsilon"),
+        (dict(loss="l1"), "loss"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(n_bits=0), "n_bits"),
+    ],
+)
 def test_bad_parameters(clusters, params, match):
     X, y = clusters
     with pytest.raises(ValueError, match=match):
@@ -183,16 +201,32 @@ def test_bad_supervision(clusters):
 def test_select_hyperparameters_on_held_out(clusters):
     X, y = clusters
     best, table = select_mlh_hyperparameters(
-        X, y, n_bits=8, rho_values=(1, 3), lam_values=(0.5,), epsilon_values=(0.1,),
-        n_epochs=2, pairs_per_epoch=2000, random_state=0)
+        X,
+        y,
+        n_bits=8,
+        rho_values=(1, 3),
+        lam_values=(0.5,),
+        epsilon_values=(0.1,),
+        n_epochs=2,
+        pairs_per_epoch=2000,
+        random_state=0,
+    )
     assert len(table) == 2 and best["rho"] in (1.0, 3.0)
     assert best == {k: max(table, key=lambda r: r["score"])[k] for k in ("rho", "lam", "epsilon")}
     assert all(0 < r["score"] <= 1 for r in table)
     P = np.random.default_rng(0).integers(0, len(X), (4000, 2))
     best2, _ = select_mlh_hyperparameters(
-        X, pairs=P, similar=y[P[:, 0]] == y[P[:, 1]], n_bits=8, rho_values=(2,),
-        lam_values=(0.5,), epsilon_values=(0.1,), n_epochs=1, pairs_per_epoch=1000,
-        random_state=0)
+        X,
+        pairs=P,
+        similar=y[P[:, 0]] == y[P[:, 1]],
+        n_bits=8,
+        rho_values=(2,),
+        lam_values=(0.5,),
+        epsilon_values=(0.1,),
+        n_epochs=1,
+        pairs_per_epoch=1000,
+        random_state=0,
+    )
     assert best2["rho"] == 2.0
     with pytest.raises(ValueError, match="labels y or pairs"):
         select_mlh_hyperparameters(X, n_bits=8)
@@ -211,8 +245,12 @@ def test_paper_ordering_on_digits_mlh_above_lsh_and_sh():
 
     X, _ = load_digits()
     perm = np.random.default_rng(0).permutation(len(X))
-    A, B = prepare(np.asarray(X[perm[:600]], float), np.asarray(X[perm[600:900]], float),
-                   normalise=True, n_pca=40)
+    A, B = prepare(
+        np.asarray(X[perm[:600]], float),
+        np.asarray(X[perm[600:900]], float),
+        normalise=True,
+        n_pca=40,
+    )
     thr = neighbor_threshold(A, 30)
     iu = np.triu_indices(len(A), 1)
     P, s = np.stack(iu, 1), neighbors_within(A, A, thr)[iu]
@@ -222,10 +260,23 @@ def test_paper_ordering_on_digits_mlh_above_lsh_and_sh():
         d = hamming_cdist(h.encode(B), h.encode(A), 32)
         return precision_recall_at_radius(d, rel, 3, aggregate="per_query")[0]
 
-    mlh = np.mean([precision(MinimalLossHashing(32, rho=10, lam=0.5, epsilon=0.1, n_epochs=4,
-                                                pairs_per_epoch=30000, monitor_pairs=0,
-                                                random_state=r).fit(A, pairs=P, similar=s))
-                   for r in range(2)])
+    mlh = np.mean(
+        [
+            precision(
+                MinimalLossHashing(
+                    32,
+                    rho=10,
+                    lam=0.5,
+                    epsilon=0.1,
+                    n_epochs=4,
+                    pairs_per_epoch=30000,
+                    monitor_pairs=0,
+                    random_state=r,
+                ).fit(A, pairs=P, similar=s)
+            )
+            for r in range(2)
+        ]
+    )
     lsh = np.mean([precision(RandomHyperplaneLSH(32, random_state=r).fit(A)) for r in range(2)])
     sh = precision(SpectralHashing(32).fit(A))
     assert mlh > max(lsh, sh) + 0.1, (mlh, lsh, sh)

@@ -32,8 +32,8 @@ def test_hamming_neighbors_oracle(seed, n_bins, radius):
         lims, D, I = hamming_neighbors(d, **kw)
         for i in range(d.shape[0]):
             ref = _oracle(d[i], **kw)
-            np.testing.assert_array_equal(I[lims[i]:lims[i + 1]], ref)
-            np.testing.assert_array_equal(D[lims[i]:lims[i + 1]], d[i, ref])
+            np.testing.assert_array_equal(I[lims[i] : lims[i + 1]], ref)
+            np.testing.assert_array_equal(D[lims[i] : lims[i + 1]], d[i, ref])
 
 
 def test_relative_threshold_paper_example():
@@ -91,7 +91,7 @@ def test_searcher_neighbors_matches_evaluate(index_cls):
             np.testing.assert_array_equal(a, b)
     # majority vote of the selected neighbours == knn_classify with the relative threshold
     lims, _, ids = searcher.neighbors(X[1000:1100], n_bins=3)
-    votes = [np.bincount(y[ids[lims[i]:lims[i + 1]]], minlength=10) for i in range(100)]
+    votes = [np.bincount(y[ids[lims[i] : lims[i + 1]]], minlength=10) for i in range(100)]
     pred = knn_classify(dist, y[:1000], k=3)
     agree = [v[p] == v.max() for v, p in zip(votes, pred, strict=False)]
     assert all(agree)

@@ -40,7 +40,9 @@ def test_append_in_place_then_reload_verified(tmp_path):
     index = FlatIndex(64)
     index.add(parts[0])
     index.save(tmp_path / "idx")
-    file_before = json.loads((tmp_path / "idx" / "meta.json").read_text())["arrays"]["words"]["file"]
+    file_before = json.loads((tmp_path / "idx" / "meta.json").read_text())["arrays"]["words"][
+        "file"
+    ]
     opened = FlatIndex.open(tmp_path / "idx")
     opened.add(parts[1])  # auto ids: appended in place
     opened.add(parts[2], ids=np.arange(5000, 5000 + len(parts[2])))

@@ -15,23 +15,30 @@ from hashlearn.index.permutation import PermutationIndex, _words
 def oracle_candidates(index, db_bits, ids, q_bits):
     """Sorted orders rebuilt with Python sorting; window entries each side of bisect."""
     import bisect
+
     out = []
     perms = index.permutations()
     for qb in q_bits:
         seen = set()
         for perm in perms:
-            keys = sorted((tuple(row[perm]), int(i), r) for r, (row, i) in
-                          enumerate(zip(db_bits, ids, strict=True)))
+            keys = sorted(
+                (tuple(row[perm]), int(i), r)
+                for r, (row, i) in enumerate(zip(db_bits, ids, strict=True))
+            )
             pos = bisect.bisect_left([k[0] for k in keys], tuple(qb[perm]))
-            for k in keys[max(0, pos - index.window):pos + index.window]:
+            for k in keys[max(0, pos - index.window) : pos + index.window]:
                 seen.add(k[1])
         out.append(seen)
     return out
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 60), n_bits=st.sampled_from([5, 16, 64, 70]),
-       window=st.integers(1, 3), seed=st.integers(0, 1000))
+@given(
+    n=st.integers(1, 60),
+    n_bits=st.sampled_from([5, 16, 64, 70]),
+    window=st.integers(1, 3),
+    seed=st.integers(0, 1000),
+)
 def test_candidates_match_oracle(n, n_bits, window, seed):
     rng = np.random.RandomState(seed)
     db_bits = rng.rand(n, n_bits) < 0.5

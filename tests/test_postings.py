@@ -13,7 +13,7 @@ from hashlearn._postings import build_table, find, find_many, merge_tables, remo
 def _as_dict(table):
     keys, offsets, ids = table
     assert np.all(np.diff(keys) > 0)
-    return {int(k): ids[offsets[j]:offsets[j + 1]].tolist() for j, k in enumerate(keys)}
+    return {int(k): ids[offsets[j] : offsets[j + 1]].tolist() for j, k in enumerate(keys)}
 
 
 def _oracle(keys, ids):
@@ -32,9 +32,14 @@ def _find_all(keys, queries):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 10**6)), max_size=60,
-                unique_by=lambda t: t[1]),
-       st.lists(st.integers(-60, 60), max_size=20))
+@given(
+    st.lists(
+        st.tuples(st.integers(-50, 50), st.integers(0, 10**6)),
+        max_size=60,
+        unique_by=lambda t: t[1],
+    ),
+    st.lists(st.integers(-60, 60), max_size=20),
+)
 def test_build_find_merge_remove(entries, queries):
     keys = np.array([k for k, _ in entries], np.int64)
     ids = np.array([i for _, i in entries], np.int64)
@@ -45,8 +50,9 @@ def test_build_find_merge_remove(entries, queries):
     assert find_many(table[0], q).tolist() == expected
     assert _find_all(table[0], q).tolist() == expected
     half = len(entries) // 2
-    merged = merge_tables(build_table(keys[:half], ids[:half]),
-                          build_table(keys[half:], ids[half:]))
+    merged = merge_tables(
+        build_table(keys[:half], ids[:half]), build_table(keys[half:], ids[half:])
+    )
     assert _as_dict(merged) == _oracle(keys, ids)
     dropped = remove_from_table(table, ids[::2])
     assert _as_dict(dropped) == _oracle(keys[1::2], ids[1::2])

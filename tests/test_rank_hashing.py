@@ -70,15 +70,18 @@ def test_ranknet_query_gradient_matches_finite_differences(task):
     queries = np.array([0, 3, 7, 11])
 
     def run():
-        return model._query_gradient(Xs, y if task != "retrieval" else None, neighbors,
-                                     queries, np.random.RandomState(5))
+        return model._query_gradient(
+            Xs, y if task != "retrieval" else None, neighbors, queries, np.random.RandomState(5)
+        )
 
     grad_w, grad_b, _, n_pairs = run()
     assert n_pairs > 0
-    np.testing.assert_allclose(grad_w, _numeric_gradient(lambda: run()[2] / 4,
-                                                         model.weights_), atol=1e-6)
-    np.testing.assert_allclose(grad_b, _numeric_gradient(lambda: run()[2] / 4, model.bias_),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        grad_w, _numeric_gradient(lambda: run()[2] / 4, model.weights_), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        grad_b, _numeric_gradient(lambda: run()[2] / 4, model.bias_), atol=1e-6
+    )
 
 
 def test_lambdarank_reweights_only_boundary_swaps():
@@ -93,12 +96,12 @@ def test_lambdarank_reweights_only_boundary_swaps():
     model.weights_[:] = 0
     model.weights_[0, :] = 0.5  # h = 0.82 or 0.18: not saturated
     model.bias_[:] = 0
-    grad_w, grad_b, _, _ = model._query_gradient(Xs, y, None, np.arange(30),
-                                                 np.random.RandomState(0))
+    grad_w, grad_b, _, _ = model._query_gradient(
+        Xs, y, None, np.arange(30), np.random.RandomState(0)
+    )
     assert np.abs(grad_w).max() < 1e-6 and np.abs(grad_b).max() < 1e-6
     model.objective = "ranknet"
-    grad_w, _, _, _ = model._query_gradient(Xs, y, None, np.arange(30),
-                                            np.random.RandomState(0))
+    grad_w, _, _, _ = model._query_gradient(Xs, y, None, np.arange(30), np.random.RandomState(0))
     assert np.abs(grad_w).max() > 0  # RankNet still pushes the (already right) pairs apart
 
 
@@ -173,9 +176,11 @@ def test_paper_ordering_on_digits(digits_split):
     LambdaRank < RankNet < LSH in k-NN error (margins of 0.5 and 2 points)."""
     X, y, Xq, yq = digits_split
     errors = {}
-    for name, model in (("lsh", RandomHyperplaneLSH(32, random_state=0)),
-                        ("ranknet", RankHashing(32, objective="ranknet", random_state=0)),
-                        ("lambdarank", RankHashing(32, objective="lambdarank", random_state=0))):
+    for name, model in (
+        ("lsh", RandomHyperplaneLSH(32, random_state=0)),
+        ("ranknet", RankHashing(32, objective="ranknet", random_state=0)),
+        ("lambdarank", RankHashing(32, objective="lambdarank", random_state=0)),
+    ):
         model.fit(X, y)
         dist = hamming_cdist(model.encode(Xq), model.encode(X), 32)
         errors[name] = knn_classification_error(dist, y, yq, k=3)

@@ -37,8 +37,10 @@ def _nca_objective(h, Zb, target, layers):
 
 def test_nca_gradient_matches_finite_differences():
     rng = np.random.RandomState(0)
-    layers = [(0.5 * rng.standard_normal((5, 4)), 0.1 * rng.standard_normal(4)),
-              (0.5 * rng.standard_normal((4, 3)), 0.1 * rng.standard_normal(3))]
+    layers = [
+        (0.5 * rng.standard_normal((5, 4)), 0.1 * rng.standard_normal(4)),
+        (0.5 * rng.standard_normal((4, 3)), 0.1 * rng.standard_normal(3)),
+    ]
     Zb = rng.standard_normal((8, 5))
     y = rng.randint(0, 2, 8)
     target = y[:, None] == y[None, :]
@@ -58,8 +60,9 @@ def test_nca_gradient_matches_finite_differences():
                 down = _nca_objective(h, Zb, target, layers)
                 flat[j] = old
                 # gradients are averaged over the batch
-                assert g.reshape(-1)[j] == pytest.approx((up - down) / (2 * eps) / len(Zb),
-                                                         rel=1e-4, abs=1e-8)
+                assert g.reshape(-1)[j] == pytest.approx(
+                    (up - down) / (2 * eps) / len(Zb), rel=1e-4, abs=1e-8
+                )
 
 
 def test_fit_improves_nca_objective_and_is_deterministic(tmp_path):
@@ -99,9 +102,15 @@ def test_beats_lsh_on_digits_label_retrieval():
     q, db, yq, ydb = X[:200], X[200:], y[:200], y[200:]
     truth = label_neighbors(db, q, ydb, yq)
     scores = {}
-    for name, h in (("rbm", RBMHashing(32, hidden_layers=(64,), pretrain_epochs=3,
-                                       finetune_epochs=15, random_state=0)),
-                    ("lsh", RandomHyperplaneLSH(32, random_state=0))):
+    for name, h in (
+        (
+            "rbm",
+            RBMHashing(
+                32, hidden_layers=(64,), pretrain_epochs=3, finetune_epochs=15, random_state=0
+            ),
+        ),
+        ("lsh", RandomHyperplaneLSH(32, random_state=0)),
+    ):
         h.fit(db, ydb)
         scores[name] = recall_at_m(hamming_cdist(h.encode(q), h.encode(db), 32), truth, [200])[0]
     assert scores["rbm"] > scores["lsh"] + 0.05, scores
@@ -116,9 +125,15 @@ def test_beats_lsh_at_32_bits_fashion_mnist():
     db, q, ydb, yq = X[:3000], X[3000:], y[:3000], y[3000:]
     truth = label_neighbors(db, q, ydb, yq)
     scores = {}
-    for name, h in (("rbm", RBMHashing(32, hidden_layers=(128,), pretrain_epochs=3,
-                                       finetune_epochs=15, random_state=0)),
-                    ("lsh", RandomHyperplaneLSH(32, random_state=0))):
+    for name, h in (
+        (
+            "rbm",
+            RBMHashing(
+                32, hidden_layers=(128,), pretrain_epochs=3, finetune_epochs=15, random_state=0
+            ),
+        ),
+        ("lsh", RandomHyperplaneLSH(32, random_state=0)),
+    ):
         h.fit(db, ydb)
         scores[name] = recall_at_m(hamming_cdist(h.encode(q), h.encode(db), 32), truth, [500])[0]
     assert scores["rbm"] > scores["lsh"] + 0.02, scores

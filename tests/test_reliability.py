@@ -27,12 +27,26 @@ from hashlearn.hashers.lsh import RandomHyperplaneLSH
 from hashlearn.index.flat import FlatIndex
 from hashlearn.index.mih import MultiIndexHashing
 
-FUZZ = settings(max_examples=60, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
-dtypes = st.sampled_from([np.uint8, np.int8, np.uint16, np.int32, np.int64, np.float32,
-                          np.float64, np.bool_, np.complex64])
+dtypes = st.sampled_from(
+    [
+        np.uint8,
+        np.int8,
+        np.uint16,
+        np.int32,
+        np.int64,
+        np.float32,
+        np.float64,
+        np.bool_,
+        np.complex64,
+    ]
+)
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6)
+
+
 @st.composite
 def arbitrary_arrays(draw):
     dtype = draw(dtypes)
@@ -55,15 +69,20 @@ INDEXES = {(kind, b): _index(kind, b) for kind in ("flat", "mih") for b in (7, 1
 
 
 @FUZZ
-@given(kind=st.sampled_from(["flat", "mih"]), n_bits=st.sampled_from([7, 16, 64]),
-       queries=arbitrary_arrays(),
-       k=st.one_of(st.integers(-3, 10**9), st.floats(allow_nan=True), st.none(),
-                   st.booleans()))
+@given(
+    kind=st.sampled_from(["flat", "mih"]),
+    n_bits=st.sampled_from([7, 16, 64]),
+    queries=arbitrary_arrays(),
+    k=st.one_of(st.integers(-3, 10**9), st.floats(allow_nan=True), st.none(), st.booleans()),
+)
 def test_search_accepts_valid_input_and_rejects_the_rest_cleanly(kind, n_bits, queries, k):
     index = INDEXES[kind, n_bits]
-    valid_q = queries.dtype == np.uint8 and queries.ndim == 2 and \
-        queries.shape[1] == (n_bits + 7) // 8 and not (
-            n_bits % 8 and queries.size and (queries[:, -1] >> (n_bits % 8)).any())
+    valid_q = (
+        queries.dtype == np.uint8
+        and queries.ndim == 2
+        and queries.shape[1] == (n_bits + 7) // 8
+        and not (n_bits % 8 and queries.size and (queries[:, -1] >> (n_bits % 8)).any())
+    )
     valid_k = isinstance(k, int) and not isinstance(k, bool) and k >= 1
     if valid_q and valid_k and k > 10**6:
         k = 10**6  # huge k is valid; cap the memory of the padded result in the test
@@ -75,7 +94,7 @@ def test_search_accepts_valid_input_and_rejects_the_rest_cleanly(kind, n_bits, q
         return
     assert valid_q and valid_k
     assert D.shape == I.shape == (len(queries), k)
-    assert (I[:, len(index):] == -1).all()
+    assert (I[:, len(index) :] == -1).all()
     flat = INDEXES["flat", n_bits]
     if kind == "mih" and k <= 60:
         for got, want in zip((D, I), flat.search(queries, k), strict=True):
@@ -83,8 +102,10 @@ def test_search_accepts_valid_input_and_rejects_the_rest_cleanly(kind, n_bits, q
 
 
 @FUZZ
-@given(kind=st.sampled_from(["flat", "mih"]), radius=st.one_of(
-    st.integers(-2, 70), st.floats(allow_nan=True)))
+@given(
+    kind=st.sampled_from(["flat", "mih"]),
+    radius=st.one_of(st.integers(-2, 70), st.floats(allow_nan=True)),
+)
 def test_range_search_radius_fuzz(kind, radius):
     index = INDEXES[kind, 16]
     q = np.zeros((3, 2), np.uint8)
@@ -101,9 +122,13 @@ def test_range_search_radius_fuzz(kind, radius):
 def test_codes_functions_fuzz(codes, n_bits):
     """unpack/cdist take only valid packed codes; pack takes only 2-D 0/1 arrays; whatever
     is accepted round-trips exactly."""
-    valid_codes = (codes.dtype == np.uint8 and codes.ndim == 2 and n_bits >= 1
-                   and codes.shape[1] == (n_bits + 7) // 8
-                   and not (n_bits % 8 and codes.size and (codes[:, -1] >> (n_bits % 8)).any()))
+    valid_codes = (
+        codes.dtype == np.uint8
+        and codes.ndim == 2
+        and n_bits >= 1
+        and codes.shape[1] == (n_bits + 7) // 8
+        and not (n_bits % 8 and codes.size and (codes[:, -1] >> (n_bits % 8)).any())
+    )
     try:
         bits = codes_mod.unpack_bits(codes, n_bits)
     except (TypeError, ValueError):
@@ -114,8 +139,11 @@ def test_codes_functions_fuzz(codes, n_bits):
         d = codes_mod.hamming_cdist(codes, codes, n_bits)
         np.testing.assert_array_equal(d, (bits[:, None, :] != bits[None, :, :]).sum(axis=2))
     numeric = codes.dtype == np.bool_ or codes.dtype.kind in "iuf"
-    valid_bits = codes.ndim == 2 and numeric and bool(np.isin(codes, (0, 1)).all()) \
-        if codes.dtype.kind != "c" else False
+    valid_bits = (
+        codes.ndim == 2 and numeric and bool(np.isin(codes, (0, 1)).all())
+        if codes.dtype.kind != "c"
+        else False
+    )
     try:
         packed = codes_mod.pack_bits(codes)
     except (TypeError, ValueError):
@@ -124,29 +152,37 @@ def test_codes_functions_fuzz(codes, n_bits):
         assert valid_bits
         assert packed.shape == (len(codes), (codes.shape[1] + 7) // 8)
         if codes.shape[1]:  # zero-bit codes pack to zero bytes and cannot be unpacked
-            np.testing.assert_array_equal(codes_mod.unpack_bits(packed, codes.shape[1]),
-                                          codes.astype(np.uint8))
+            np.testing.assert_array_equal(
+                codes_mod.unpack_bits(packed, codes.shape[1]), codes.astype(np.uint8)
+            )
 
 
 @FUZZ
-@given(X=hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, max_side=5),
-                    elements=st.floats(allow_nan=True, allow_infinity=True, width=64)))
+@given(
+    X=hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=1, max_dims=3, max_side=5),
+        elements=st.floats(allow_nan=True, allow_infinity=True, width=64),
+    )
+)
 def test_hasher_encode_fuzz_never_returns_garbage(X):
     hasher = RandomHyperplaneLSH(n_bits=12, random_state=0).fit(
-        np.random.default_rng(0).normal(size=(20, 4)))
+        np.random.default_rng(0).normal(size=(20, 4))
+    )
     try:
         out = hasher.encode(X)
     except (TypeError, ValueError):
-        assert X.ndim != 2 or X.shape[1] != 4 or X.shape[0] == 0 or \
-            not np.isfinite(X).all()
+        assert X.ndim != 2 or X.shape[1] != 4 or X.shape[0] == 0 or not np.isfinite(X).all()
         return
     assert X.ndim == 2 and X.shape[1] == 4 and np.isfinite(X).all()
     assert out.dtype == np.uint8 and out.shape == (len(X), 2)
 
 
 @FUZZ
-@given(blob=st.binary(max_size=300), field=st.sampled_from(
-    ["meta", "class", "version", "shape", "file", "arrays"]))
+@given(
+    blob=st.binary(max_size=300),
+    field=st.sampled_from(["meta", "class", "version", "shape", "file", "arrays"]),
+)
 def test_io_load_of_damaged_metadata_is_a_clear_error(tmp_path_factory, blob, field):
     path = tmp_path_factory.mktemp("save") / "idx"
     _index("flat", 16).save(path)
@@ -241,10 +277,19 @@ def test_kill_9_during_appends_and_mih_saves_repeated(tmp_path):
     chunk = np.random.default_rng(0).integers(0, 256, (20_000, 8), dtype=np.uint8)
     path, mih_path = tmp_path / "flat", tmp_path / "mih"
     FlatIndex(64).save(path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(hashlearn.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(mih_path)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(hashlearn.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(path), str(mih_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     q = np.random.default_rng(5).integers(0, 256, (5, 8), dtype=np.uint8)
     try:
         assert _readline(proc) == "ready"
@@ -259,7 +304,7 @@ def test_kill_9_during_appends_and_mih_saves_repeated(tmp_path):
             assert len(loaded) % len(chunk) == 0
             reps = len(loaded) // len(chunk)
             if reps:
-                np.testing.assert_array_equal(loaded.codes[-len(chunk):], chunk)
+                np.testing.assert_array_equal(loaded.codes[-len(chunk) :], chunk)
                 assert loaded.ids[-1] == len(loaded) - 1
             if (mih_path / "meta.json").exists():
                 mih = MultiIndexHashing.load(mih_path, verify=True)
@@ -333,13 +378,27 @@ _CAPPED = textwrap.dedent("""
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
 def test_ten_million_codes_build_and_search_under_a_memory_cap():
     """80 MB of codes + 80 MB of ids: the build must fit in ~600 MB above the interpreter."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(hashlearn.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(hashlearn.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     # the child caps its address space at its own footprint after imports plus 600 MB
-    out = subprocess.run([sys.executable, "-c", _CAPPED, str(600 * 2**20)], capture_output=True,
-                         text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _CAPPED, str(600 * 2**20)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
     # and the cap is real: the same build does not fit in 100 MB
-    out = subprocess.run([sys.executable, "-c", _CAPPED, str(100 * 2**20)], capture_output=True,
-                         text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _CAPPED, str(100 * 2**20)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode != 0 and "MemoryError" in out.stderr

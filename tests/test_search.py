@@ -38,8 +38,9 @@ def make_searcher(db, ids, rerank=None, n_candidates=None, n_bits=N_BITS, index=
 def hamming_candidates(hasher, db, ids, queries, n_cand):
     """Hamming top-n_cand by brute force on unpacked bits (ties by smaller id)."""
     b = hasher.n_bits
-    return brute_knn(unpack_le(hasher.encode(queries), b), unpack_le(hasher.encode(db), b),
-                     ids, n_cand)[1]
+    return brute_knn(
+        unpack_le(hasher.encode(queries), b), unpack_le(hasher.encode(db), b), ids, n_cand
+    )[1]
 
 
 def rerank_oracle(db, ids, queries, cand, k, dist_fn):
@@ -83,8 +84,7 @@ def test_without_rerank_equals_encode_plus_flat_index(split):
 
 
 @pytest.mark.parametrize("n_candidates,k", [(None, 5), (50, 10), (13, 13), (200, 1)])
-def test_euclidean_rerank_equals_brute_force_rerank_of_hamming_candidates(split, n_candidates,
-                                                                          k):
+def test_euclidean_rerank_equals_brute_force_rerank_of_hamming_candidates(split, n_candidates, k):
     db, ids, queries = split
     s = make_searcher(db, ids, rerank="euclidean", n_candidates=n_candidates)
     D, I = s.search(queries, k)
@@ -110,10 +110,13 @@ def test_rerank_with_all_candidates_is_exact_euclidean_knn(split):
     np.testing.assert_allclose(np.sort(sk_D, axis=1), np.sqrt(eD), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,fn", [
-    ("sqeuclidean", sq_dist),
-    ("inner_product", lambda q, x: -float(q.astype(np.int64) @ x.astype(np.int64))),
-])
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("sqeuclidean", sq_dist),
+        ("inner_product", lambda q, x: -float(q.astype(np.int64) @ x.astype(np.int64))),
+    ],
+)
 def test_other_named_rerankers(split, name, fn):
     db, ids, queries = split
     assert name in available_rerankers()
@@ -156,8 +159,7 @@ def test_callable_reranker(split):
     D, I = s.search(queries, 6)
     assert calls
     cand = hamming_candidates(s.hasher, db, ids, queries, 40)
-    eD, eI = rerank_oracle(db, ids, queries, cand, 6,
-                           lambda q, x: float(np.abs(q - x).sum()))
+    eD, eI = rerank_oracle(db, ids, queries, cand, 6, lambda q, x: float(np.abs(q - x).sum()))
     np.testing.assert_array_equal(I, eI)
     np.testing.assert_allclose(D, eD, rtol=1e-6)
 
@@ -173,8 +175,9 @@ def test_adding_in_batches_keeps_vectors_matched_to_ids(split):
     db, ids, queries = split
     once = make_searcher(db, ids, rerank="euclidean", n_candidates=80)
     order = np.argsort(-ids)  # later batches have smaller ids
-    s = Searcher(RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank="euclidean",
-                 n_candidates=80).fit(db)
+    s = Searcher(
+        RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank="euclidean", n_candidates=80
+    ).fit(db)
     for part in np.array_split(order, 4):
         s.add(db[part], ids=ids[part])
     for a, b in zip(s.search(queries, 9), once.search(queries, 9), strict=True):
@@ -187,8 +190,9 @@ def test_sparse_input(split):
     hasher = RandomHyperplaneLSH(n_bits=N_BITS, random_state=0)
     sparse = Searcher(hasher, rerank="euclidean", n_candidates=50).fit(sp.csr_matrix(db))
     sparse.add(sp.csr_matrix(db), ids=ids)
-    for a, b in zip(sparse.search(sp.csr_matrix(queries), 5), dense.search(queries, 5),
-                    strict=True):
+    for a, b in zip(
+        sparse.search(sp.csr_matrix(queries), 5), dense.search(queries, 5), strict=True
+    ):
         np.testing.assert_allclose(a, b)
 
 
@@ -206,8 +210,9 @@ def test_remove_removes_from_index_and_vectors(split, rerank):
     assert len(s.index) == len(keep)
     D, I = s.search(queries, 8)
     assert not np.isin(I, ids[drop]).any()
-    fresh = Searcher(RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank=rerank,
-                     n_candidates=100).fit(db)  # same hash functions
+    fresh = Searcher(
+        RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank=rerank, n_candidates=100
+    ).fit(db)  # same hash functions
     fresh.add(db[keep], ids=ids[keep])
     fD, fI = fresh.search(queries, 8)
     np.testing.assert_array_equal(I, fI)

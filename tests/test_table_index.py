@@ -33,8 +33,13 @@ def assert_same(got, want):
         assert gi.dtype == np.int64
 
 
-@given(n=st.integers(0, 120), n_tables=st.integers(1, 6), n_keys=st.integers(1, 9),
-       min_count=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+@given(
+    n=st.integers(0, 120),
+    n_tables=st.integers(1, 6),
+    n_keys=st.integers(1, 9),
+    min_count=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+)
 @settings(max_examples=60, deadline=None)
 def test_candidates_match_oracle(n, n_tables, n_keys, min_count, seed):
     rng = np.random.default_rng(seed)
@@ -44,8 +49,10 @@ def test_candidates_match_oracle(n, n_tables, n_keys, min_count, seed):
     index = TableIndex(n_tables)
     index.add(keys, ids=ids)
     min_count = min(min_count, n_tables)
-    assert_same(index.candidates(queries, min_count=min_count),
-                oracle_candidates(keys, ids, queries, min_count))
+    assert_same(
+        index.candidates(queries, min_count=min_count),
+        oracle_candidates(keys, ids, queries, min_count),
+    )
     lims, cids, counts = index.candidates_csr(queries, min_count=min_count, n_threads=2)
     assert lims[0] == 0 and lims[-1] == len(cids) == len(counts)
 
@@ -69,8 +76,10 @@ def test_batched_add_and_remove_match_oracle():
     assert index.remove(drop) == 5
     keep = ~np.isin(all_ids, drop)
     assert len(index) == keep.sum()
-    assert_same(index.candidates(queries, min_count=2),
-                oracle_candidates(all_keys[keep], all_ids[keep], queries, 2))
+    assert_same(
+        index.candidates(queries, min_count=2),
+        oracle_candidates(all_keys[keep], all_ids[keep], queries, 2),
+    )
     # ids are never renumbered; a fresh add continues after the largest id ever added
     assert index.add(keys[:1])[0] == 1001
     with pytest.raises(ValueError, match="not in the index"):
@@ -154,7 +163,7 @@ def test_searcher_two_stage_matches_exact_rerank_of_candidates():
         dist = np.linalg.norm(X[ids] - Q[q], axis=1)
         order = np.lexsort((ids, dist))[:5]
         want = np.full(5, -1)
-        want[:len(order)] = ids[order]
+        want[: len(order)] = ids[order]
         np.testing.assert_array_equal(I[q], want)
         np.testing.assert_allclose(D[q][: len(order)], dist[order], rtol=1e-5)
     # candidates are a subset of the database, and most true nearest neighbours are found

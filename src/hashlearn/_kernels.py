@@ -140,8 +140,27 @@ def _push(buf_d, buf_p, base, count, d, pos, cap, k, hist, tau):
 
 
 @njit(nogil=True, inline="always")
-def _scan_pair_one_word(db, b0, b1, qa, qb, ta, tb, ca, cb, base_a, base_b, buf_d, buf_p,
-                        cap, k, hist, n_bits, mini_a, mini_b):
+def _scan_pair_one_word(
+    db,
+    b0,
+    b1,
+    qa,
+    qb,
+    ta,
+    tb,
+    ca,
+    cb,
+    base_a,
+    base_b,
+    buf_d,
+    buf_p,
+    cap,
+    k,
+    hist,
+    n_bits,
+    mini_a,
+    mini_b,
+):
     """Scan ``db[b0:b1]`` for two queries of one 64-bit word each.
 
     Distances of a mini-block of 8 codes are computed branch-free (LLVM vectorises this) and
@@ -173,8 +192,9 @@ def _scan_pair_one_word(db, b0, b1, qa, qb, ta, tb, ca, cb, base_a, base_b, buf_
 
 
 @njit(nogil=True, inline="always")
-def _scan_pair_words(db, b0, b1, queries, oa, ob, n_words, ta, tb, ca, cb, base_a, base_b,
-                     buf_d, buf_p, cap, k, hist):
+def _scan_pair_words(
+    db, b0, b1, queries, oa, ob, n_words, ta, tb, ca, cb, base_a, base_b, buf_d, buf_p, cap, k, hist
+):
     """Scan ``db[b0:b1]`` for two queries of ``n_words`` words each, item by item.
 
     Up to 4 words, the query words are held in registers and each loaded database word
@@ -243,13 +263,47 @@ def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, 
             ob = (q_start + min(qa + 1, n_q - 1)) * n_words
             if n_words == 1:
                 ta, tb, ca, cb = _scan_pair_one_word(
-                    db, b0, b1, queries[oa], queries[ob], tau[qa], tau[qb], count[qa],
-                    count[qb], qa * cap, qb * cap, buf_d, buf_p, cap, k, hist, n_bits,
-                    mini_a, mini_b)
+                    db,
+                    b0,
+                    b1,
+                    queries[oa],
+                    queries[ob],
+                    tau[qa],
+                    tau[qb],
+                    count[qa],
+                    count[qb],
+                    qa * cap,
+                    qb * cap,
+                    buf_d,
+                    buf_p,
+                    cap,
+                    k,
+                    hist,
+                    n_bits,
+                    mini_a,
+                    mini_b,
+                )
             else:
                 ta, tb, ca, cb = _scan_pair_words(
-                    db, b0, b1, queries, oa, ob, n_words, tau[qa], tau[qb], count[qa],
-                    count[qb], qa * cap, qb * cap, buf_d, buf_p, cap, k, hist)
+                    db,
+                    b0,
+                    b1,
+                    queries,
+                    oa,
+                    ob,
+                    n_words,
+                    tau[qa],
+                    tau[qb],
+                    count[qa],
+                    count[qb],
+                    qa * cap,
+                    qb * cap,
+                    buf_d,
+                    buf_p,
+                    cap,
+                    k,
+                    hist,
+                )
             tau[qa] = ta
             tau[qb] = tb
             count[qa] = ca
@@ -436,8 +490,26 @@ def _next_mask(mask):
 
 
 @njit(nogil=True, cache=True)
-def mih_knn(db, n, n_words, queries, q_start, q_end, k, sub_start, sub_len, dense, key_lo,
-            key_hi, keys, off_lo, offsets, postings, out_d, out_p):
+def mih_knn(
+    db,
+    n,
+    n_words,
+    queries,
+    q_start,
+    q_end,
+    k,
+    sub_start,
+    sub_len,
+    dense,
+    key_lo,
+    key_hi,
+    keys,
+    off_lo,
+    offsets,
+    postings,
+    out_d,
+    out_p,
+):
     """Exact k-NN of queries ``q_start:q_end`` by multi-index hashing.
 
     Substring radii grow 0, 1, 2, ...; after table ``s`` has been probed at radius ``r``
@@ -507,8 +579,28 @@ def mih_knn(db, n, n_words, queries, q_start, q_end, k, sub_start, sub_len, dens
 
 
 @njit(nogil=True, cache=True)
-def mih_range(db, n, n_words, queries, q_start, q_end, radius, sub_start, sub_len, dense,
-              key_lo, key_hi, keys, off_lo, offsets, postings, lims, out_d, out_p, counts):
+def mih_range(
+    db,
+    n,
+    n_words,
+    queries,
+    q_start,
+    q_end,
+    radius,
+    sub_start,
+    sub_len,
+    dense,
+    key_lo,
+    key_hi,
+    keys,
+    off_lo,
+    offsets,
+    postings,
+    lims,
+    out_d,
+    out_p,
+    counts,
+):
     """Range search (distance ``<= radius``) by multi-index hashing.
 
     A code within ``radius`` has some substring within ``radius // m`` of the query's

@@ -34,20 +34,25 @@ def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=max(32, available_cores()),
-                                       thread_name_prefix="hashlearn")
+            _POOL = ThreadPoolExecutor(
+                max_workers=max(32, available_cores()), thread_name_prefix="hashlearn"
+            )
         return _POOL
 
 
-def parallel_chunks(kernel: Callable[[int, int], None], m: int, n_threads: int | None,
-                    *, min_chunk: int = 4) -> None:
+def parallel_chunks(
+    kernel: Callable[[int, int], None], m: int, n_threads: int | None, *, min_chunk: int = 4
+) -> None:
     """Call ``kernel(start, stop)`` over ``[0, m)`` in chunks, on ``n_threads`` threads.
 
     ``n_threads=None`` uses every available core. Each thread takes consecutive chunks of at
     most 256 queries (bounding per-chunk buffers), so the work is split evenly.
     """
-    threads = available_cores() if n_threads is None else check_int(
-        n_threads, "n_threads", "search", low=1, high=1024)
+    threads = (
+        available_cores()
+        if n_threads is None
+        else check_int(n_threads, "n_threads", "search", low=1, high=1024)
+    )
     threads = max(1, min(threads, m // min_chunk))
     if m == 0:
         return

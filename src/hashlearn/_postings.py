@@ -25,8 +25,9 @@ def build_table(keys: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarr
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     if keys.shape != ids.shape or keys.ndim != 1:
-        raise ValueError(f"keys and ids must be 1-d of the same length; got {keys.shape} "
-                         f"and {ids.shape}.")
+        raise ValueError(
+            f"keys and ids must be 1-d of the same length; got {keys.shape} and {ids.shape}."
+        )
     order = np.lexsort((ids, keys))
     sorted_keys = keys[order]
     if len(sorted_keys):

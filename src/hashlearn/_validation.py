@@ -26,8 +26,9 @@ def n_bytes_for(n_bits: int) -> int:
     return (int(n_bits) + 7) // 8
 
 
-def check_int(value: Any, name: str, owner: str, *, low: int | None = 1,
-              high: int | None = None) -> int:
+def check_int(
+    value: Any, name: str, owner: str, *, low: int | None = 1, high: int | None = None
+) -> int:
     """Validate an integer parameter in ``[low, high]`` and return it as ``int``."""
     lo = "-inf" if low is None else str(low)
     hi = "inf" if high is None else str(high)
@@ -42,8 +43,15 @@ def check_int(value: Any, name: str, owner: str, *, low: int | None = 1,
     return int(value)
 
 
-def check_real(value: Any, name: str, owner: str, *, low: float | None = None,
-               high: float | None = None, low_open: bool = False) -> float:
+def check_real(
+    value: Any,
+    name: str,
+    owner: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> float:
     """Validate a finite real parameter in ``[low, high]`` (``(low, high]`` if ``low_open``)."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(value)
     if ok and low is not None and (value <= low if low_open else value < low):
@@ -61,8 +69,9 @@ def check_real(value: Any, name: str, owner: str, *, low: float | None = None,
     return float(value)
 
 
-def check_codes(codes: Any, n_bits: int, name: str = "codes", *, allow_empty: bool = True
-                ) -> np.ndarray:
+def check_codes(
+    codes: Any, n_bits: int, name: str = "codes", *, allow_empty: bool = True
+) -> np.ndarray:
     """Validate packed binary codes: a 2-D ``uint8`` array of width ``ceil(n_bits / 8)``.
 
     The padding bits above ``n_bits`` in the last byte must be zero, otherwise Hamming
@@ -114,8 +123,9 @@ def check_ids(ids: Any, n: int, name: str = "ids") -> np.ndarray:
         raise TypeError(f"{name} must contain integers. Got dtype {arr.dtype}.")
     arr = arr.astype(np.int64, copy=False)
     if n and arr.min() < 0:
-        raise ValueError(f"{name} must be non-negative (-1 marks a missing result). "
-                         f"Got min {arr.min()}.")
+        raise ValueError(
+            f"{name} must be non-negative (-1 marks a missing result). Got min {arr.min()}."
+        )
     if n > 1:
         sorted_ids = np.sort(arr)
         dup = sorted_ids[1:][sorted_ids[1:] == sorted_ids[:-1]]

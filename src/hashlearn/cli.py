@@ -41,8 +41,11 @@ class BitsParam(click.ParamType):
         except ValueError:
             bits = ()
         if not bits or min(bits) < 1:
-            self.fail(f"expected comma-separated positive integers such as 16,32,64. "
-                      f"Got {value!r}.", param, ctx)
+            self.fail(
+                f"expected comma-separated positive integers such as 16,32,64. Got {value!r}.",
+                param,
+                ctx,
+            )
         return tuple(dict.fromkeys(bits))
 
 
@@ -53,33 +56,78 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--dataset", type=click.Choice(DATASETS), default="digits",
-              show_default=True,
-              help="digits is embedded; fashion-mnist needs the Debian package "
-                   "dataset-fashion-mnist.")
-@click.option("--bits", type=BitsParam(), default=None,
-              help="Code lengths to train, comma-separated.  [default: 16,32,64; "
-                   "16,32 with --quick]")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("demo-out"), show_default=True, help="Directory for the results.")
-@click.option("--n-queries", type=click.IntRange(min=1), default=None,
-              help="Number of queries.  [default: 300 digits, 1000 fashion-mnist]")
-@click.option("--n-train", type=click.IntRange(min=1), default=None,
-              help="Training sample size.  [default: the database for digits, 10000 "
-                   "for fashion-mnist]")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the split, the hashers and the tie-breaking.")
-@click.option("--quick", is_flag=True,
-              help="Small settings for a fast check: bits 16,32, 100 queries, 1000 "
-                   "training items.")
-@click.option("--hashers", "hasher_names", default=None, metavar="NAMES",
-              help="Comma-separated hasher names (see `hashlearn info`).  [default: all]")
+@click.option(
+    "--dataset",
+    type=click.Choice(DATASETS),
+    default="digits",
+    show_default=True,
+    help="digits is embedded; fashion-mnist needs the Debian package dataset-fashion-mnist.",
+)
+@click.option(
+    "--bits",
+    type=BitsParam(),
+    default=None,
+    help="Code lengths to train, comma-separated.  [default: 16,32,64; 16,32 with --quick]",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("demo-out"),
+    show_default=True,
+    help="Directory for the results.",
+)
+@click.option(
+    "--n-queries",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Number of queries.  [default: 300 digits, 1000 fashion-mnist]",
+)
+@click.option(
+    "--n-train",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Training sample size.  [default: the database for digits, 10000 for fashion-mnist]",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the split, the hashers and the tie-breaking.",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Small settings for a fast check: bits 16,32, 100 queries, 1000 training items.",
+)
+@click.option(
+    "--hashers",
+    "hasher_names",
+    default=None,
+    metavar="NAMES",
+    help="Comma-separated hasher names (see `hashlearn info`).  [default: all]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Report each stage on stderr.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, hidden=True,
-              help="Directory of the Fashion-MNIST IDX files (default: the Debian path).")
-def demo(dataset: str, bits: tuple[int, ...] | None, out_dir: Path, n_queries: int | None,
-         n_train: int | None, seed: int, quick: bool, hasher_names: str | None, verbose: bool,
-         data_dir: Path | None) -> None:
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    hidden=True,
+    help="Directory of the Fashion-MNIST IDX files (default: the Debian path).",
+)
+def demo(
+    dataset: str,
+    bits: tuple[int, ...] | None,
+    out_dir: Path,
+    n_queries: int | None,
+    n_train: int | None,
+    seed: int,
+    quick: bool,
+    hasher_names: str | None,
+    verbose: bool,
+    data_dir: Path | None,
+) -> None:
     """Train every hasher at each code length and evaluate it against exact search.
 
     Writes results.json, results.md, pr_curves.png and recall_at_m.png to --out and
@@ -90,18 +138,28 @@ def demo(dataset: str, bits: tuple[int, ...] | None, out_dir: Path, n_queries: i
     if dataset == "fashion-mnist" and not fashion_mnist_available(data_dir):
         raise click.ClickException(
             f"Fashion-MNIST is not installed (no IDX files in {data_dir or FASHION_MNIST_DIR})."
-            f" Install it with: {FASHION_MNIST_INSTALL}")
+            f" Install it with: {FASHION_MNIST_INSTALL}"
+        )
     if quick:
         bits = bits or _QUICK["bits"]
         n_queries = _QUICK["n_queries"] if n_queries is None else n_queries
         n_train = _QUICK["n_train"] if n_train is None else n_train
     progress = functools.partial(tqdm, file=sys.stderr, unit="run", leave=False)
     try:
-        rows = run_demo(dataset, bits or (16, 32, 64), out_dir, n_queries=n_queries,
-                        n_train=n_train, random_state=seed, verbose=verbose,
-                        progress=progress, data_dir=data_dir,
-                        hashers=None if hasher_names is None else [
-                            name.strip() for name in hasher_names.split(",")])
+        rows = run_demo(
+            dataset,
+            bits or (16, 32, 64),
+            out_dir,
+            n_queries=n_queries,
+            n_train=n_train,
+            random_state=seed,
+            verbose=verbose,
+            progress=progress,
+            data_dir=data_dir,
+            hashers=None
+            if hasher_names is None
+            else [name.strip() for name in hasher_names.split(",")],
+        )
     except DemoParameterError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(format_table(rows))
@@ -122,8 +180,11 @@ def _module_version(name: str) -> str:
 @main.command()
 def info() -> None:
     """Versions, cores, registered hashers and indexes, optional data and libraries."""
-    fashion = (f"installed ({FASHION_MNIST_DIR})" if fashion_mnist_available()
-               else f"not installed; install with: {FASHION_MNIST_INSTALL}")
+    fashion = (
+        f"installed ({FASHION_MNIST_DIR})"
+        if fashion_mnist_available()
+        else f"not installed; install with: {FASHION_MNIST_INSTALL}"
+    )
     lines = [
         ("hashlearn", __version__),
         ("python", f"{platform.python_version()} ({sys.executable})"),
@@ -145,19 +206,43 @@ def info() -> None:
 
 @main.command()
 @click.argument("name", type=click.Choice(sorted(EXPERIMENTS)))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help="Directory for tables and plots.  [default: "
-                                 "reproduce-out/NAME]")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory for tables and plots.  [default: reproduce-out/NAME]",
+)
 @click.option("--quick", is_flag=True, help="Small settings for a fast check.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the splits and of the stochastic methods.")
-@click.option("--results", "results_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Also write the report as a section of this markdown file "
-                                 "(e.g. docs/results.md).")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, hidden=True,
-              help="Directory of the Fashion-MNIST IDX files (default: the Debian path).")
-def reproduce(name: str, out_dir: Path | None, quick: bool, seed: int,
-              results_file: Path | None, data_dir: Path | None) -> None:
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the splits and of the stochastic methods.",
+)
+@click.option(
+    "--results",
+    "results_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the report as a section of this markdown file (e.g. docs/results.md).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    hidden=True,
+    help="Directory of the Fashion-MNIST IDX files (default: the Debian path).",
+)
+def reproduce(
+    name: str,
+    out_dir: Path | None,
+    quick: bool,
+    seed: int,
+    results_file: Path | None,
+    data_dir: Path | None,
+) -> None:
     """Reproduce a paper's experiments on real data: tables, PNG plots, a markdown report.
 
     NAME is one of the experiments; the report is printed and written to OUT/results.md.
@@ -169,8 +254,9 @@ def reproduce(name: str, out_dir: Path | None, quick: bool, seed: int,
     out_dir = out_dir or Path("reproduce-out") / name
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
-    report = get_experiment(name).run(out_dir, quick=quick, seed=seed, data_dir=data_dir,
-                                      progress=progress)
+    report = get_experiment(name).run(
+        out_dir, quick=quick, seed=seed, data_dir=data_dir, progress=progress
+    )
     (out_dir / "results.md").write_text(report.rstrip() + "\n")
     if results_file is not None:
         write_section(results_file, f"reproduce-{name}", report)
@@ -185,18 +271,47 @@ def bench() -> None:
 
 @bench.command("ann")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("bench-out"), show_default=True, help="Directory for the outputs.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("bench-out"),
+    show_default=True,
+    help="Directory for the outputs.",
+)
 @click.option("--index", type=click.Choice(["mih", "flat"]), default="mih", show_default=True)
-@click.option("--bits", "n_bits", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Code length for vector datasets (Hamming datasets use their own).")
+@click.option(
+    "--bits",
+    "n_bits",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Code length for vector datasets (Hamming datasets use their own).",
+)
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--queries", "n_queries", type=click.IntRange(min=1), default=None,
-              help="Use only the first N test queries.")
-@click.option("--results", "results_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Also write the report as a section of this markdown file.")
-def bench_ann(file: Path, out_dir: Path, index: str, n_bits: int, k: int,
-              n_queries: int | None, results_file: Path | None) -> None:
+@click.option(
+    "--queries",
+    "n_queries",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Use only the first N test queries.",
+)
+@click.option(
+    "--results",
+    "results_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the report as a section of this markdown file.",
+)
+def bench_ann(
+    file: Path,
+    out_dir: Path,
+    index: str,
+    n_bits: int,
+    k: int,
+    n_queries: int | None,
+    results_file: Path | None,
+) -> None:
     """The ann-benchmarks recall-QPS sweep of FILE.hdf5, run locally; writes a plot."""
     from tqdm import tqdm
 
@@ -204,8 +319,9 @@ def bench_ann(file: Path, out_dir: Path, index: str, n_bits: int, k: int,
     from hashlearn.experiments._common import write_section
 
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
-    report = ann_bench.run_file(file, out_dir, index=index, n_bits=n_bits, k=k,
-                                n_queries=n_queries, progress=progress)
+    report = ann_bench.run_file(
+        file, out_dir, index=index, n_bits=n_bits, k=k, n_queries=n_queries, progress=progress
+    )
     if results_file is not None:
         write_section(results_file, f"bench-ann-{file.stem}", report)
     click.echo(report)

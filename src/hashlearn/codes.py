@@ -118,6 +118,9 @@ def hamming_cdist(a: np.ndarray, b: np.ndarray, n_bits: int | None = None) -> np
     if out.size:
         n_words = (n_bytes_for(n_bits) + 7) // 8
         a_words, b_words = as_words(a), as_words(b)
-        parallel_chunks(lambda start, stop: _kernels.hamming_cdist(
-            a_words, b_words, n_words, out, start, stop), out.shape[0], None)
+        parallel_chunks(
+            lambda start, stop: _kernels.hamming_cdist(a_words, b_words, n_words, out, start, stop),
+            out.shape[0],
+            None,
+        )
     return out

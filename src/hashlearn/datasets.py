@@ -96,18 +96,57 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 STDLIB_DOCSTRING_MODULES = (
-    "argparse", "ast", "asyncio.base_events", "calendar", "collections", "configparser",
-    "csv", "datetime", "decimal", "difflib", "email.message", "fractions", "ftplib",
-    "functools", "http.client", "imaplib", "inspect", "ipaddress", "logging", "mailbox",
-    "multiprocessing.managers", "nntplib", "os", "pathlib", "pickle", "pydoc", "random",
-    "shutil", "smtplib", "socket", "ssl", "statistics", "string", "subprocess", "tarfile",
-    "tempfile", "textwrap", "threading", "turtle", "typing", "unittest.case", "urllib.request",
-    "uuid", "xml.dom.minidom", "zipfile",
+    "argparse",
+    "ast",
+    "asyncio.base_events",
+    "calendar",
+    "collections",
+    "configparser",
+    "csv",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email.message",
+    "fractions",
+    "ftplib",
+    "functools",
+    "http.client",
+    "imaplib",
+    "inspect",
+    "ipaddress",
+    "logging",
+    "mailbox",
+    "multiprocessing.managers",
+    "nntplib",
+    "os",
+    "pathlib",
+    "pickle",
+    "pydoc",
+    "random",
+    "shutil",
+    "smtplib",
+    "socket",
+    "ssl",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "turtle",
+    "typing",
+    "unittest.case",
+    "urllib.request",
+    "uuid",
+    "xml.dom.minidom",
+    "zipfile",
 )
 
 
-def load_stdlib_docstrings(min_docs: int = 20, min_words: int = 5
-                           ) -> tuple[sp.csr_matrix, np.ndarray]:
+def load_stdlib_docstrings(
+    min_docs: int = 20, min_words: int = 5
+) -> tuple[sp.csr_matrix, np.ndarray]:
     """A sparse bag-of-words classification set that ships with Python: stdlib docstrings.
 
     Every class, function and method docstring of the modules in
@@ -148,8 +187,13 @@ def load_stdlib_docstrings(min_docs: int = 20, min_words: int = 5
             label += 1
     if label < 2:
         raise ValueError(f"{owner} found fewer than 2 modules with {min_docs} docstrings.")
-    vectorizer = TfidfVectorizer(lowercase=True, token_pattern=r"(?u)\b[a-zA-Z]{3,}\b",
-                                 stop_words="english", min_df=2, dtype=np.float32)
+    vectorizer = TfidfVectorizer(
+        lowercase=True,
+        token_pattern=r"(?u)\b[a-zA-Z]{3,}\b",
+        stop_words="english",
+        min_df=2,
+        dtype=np.float32,
+    )
     X = vectorizer.fit_transform(texts).tocsr()
     return X, np.asarray(labels, dtype=np.int64)
 
@@ -446,9 +490,7 @@ def load_ann_benchmarks(path: PathLike) -> ANNDataset:
 # --------------------------------------------------------------------------------------
 
 
-def make_uniform(
-    n_samples: int, n_features: int = 10, random_state: Any = None
-) -> np.ndarray:
+def make_uniform(n_samples: int, n_features: int = 10, random_state: Any = None) -> np.ndarray:
     """Points uniform on ``[0, 1)^n_features`` as float32 (the MLH paper's 10-D uniform set)."""
     n_samples = check_int(n_samples, "n_samples", "make_uniform")
     n_features = check_int(n_features, "n_features", "make_uniform")
@@ -518,6 +560,6 @@ def tile_with_noise(
         rng = check_random_state(random_state)
         block = max(1, (1 << 22) // X.shape[1])
         for start in range(0, n_samples, block):
-            rows = out[start:start + block]
+            rows = out[start : start + block]
             rows += (scale * rng.standard_normal(rows.shape)).astype(np.float32)
     return out

@@ -113,8 +113,10 @@ def _log(verbose: bool, message: str) -> None:
 
 # ---------------------------------------------------------------------------------- data
 
-def _load(dataset: str, data_dir: str | os.PathLike | None
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+
+def _load(
+    dataset: str, data_dir: str | os.PathLike | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Features, labels, and the rows queries are drawn from (None: any row)."""
     if dataset == "digits":
         X, y = load_digits()
@@ -125,19 +127,22 @@ def _load(dataset: str, data_dir: str | os.PathLike | None
     return np.concatenate([X_train, X_test]), np.concatenate([y_train, y_test]), pool
 
 
-def _split(dataset: str, n_queries: int | None, n_train: int | None,
-           data_dir: str | os.PathLike | None, rng: np.random.RandomState) -> _Split:
+def _split(
+    dataset: str,
+    n_queries: int | None,
+    n_train: int | None,
+    data_dir: str | os.PathLike | None,
+    rng: np.random.RandomState,
+) -> _Split:
     """Scale to [0, 1], draw the queries, the database and the training sample (seeded)."""
     X, y, pool = _load(dataset, data_dir)
     default_q, default_train = _DEFAULTS[dataset]
     if pool is None:  # digits: queries and database from one permutation
-        n_q = _check(default_q if n_queries is None else n_queries, "n_queries",
-                     high=len(X) - 1)
+        n_q = _check(default_q if n_queries is None else n_queries, "n_queries", high=len(X) - 1)
         perm = rng.permutation(len(X))
         q_rows, db_rows = np.sort(perm[:n_q]), np.sort(perm[n_q:])
     else:  # fashion-mnist: queries from the test set, database = the training set
-        n_q = _check(default_q if n_queries is None else n_queries, "n_queries",
-                     high=len(pool))
+        n_q = _check(default_q if n_queries is None else n_queries, "n_queries", high=len(pool))
         q_rows = np.sort(rng.choice(pool, n_q, replace=False))
         db_rows = np.arange(pool[0])
     n_db = len(db_rows)
@@ -152,16 +157,21 @@ def _split(dataset: str, n_queries: int | None, n_train: int | None,
 
 # ---------------------------------------------------------------------------- one run
 
+
 def _make(name: str, n_bits: int, random_state: int, verbose: bool):
     """``make_hasher`` with ``random_state`` / ``verbose`` where the family takes them."""
     params = inspect.signature(available_hashers()[name]).parameters
-    extra = {key: value for key, value in (("random_state", random_state), ("verbose", verbose))
-             if key in params}
+    extra = {
+        key: value
+        for key, value in (("random_state", random_state), ("verbose", verbose))
+        if key in params
+    }
     return make_hasher(name, n_bits=n_bits, **extra)
 
 
-def _queries_per_second(index: FlatIndex, queries: np.ndarray, k: int,
-                        min_time: float = 0.2, max_repeats: int = 20) -> float:
+def _queries_per_second(
+    index: FlatIndex, queries: np.ndarray, k: int, min_time: float = 0.2, max_repeats: int = 20
+) -> float:
     """Best-of-repeats throughput of ``index.search`` over all ``queries`` (after a warm-up)."""
     index.search(queries[:1], k)  # compile / load the kernels outside the timing
     best, spent, repeats = np.inf, 0.0, 0
@@ -173,8 +183,15 @@ def _queries_per_second(index: FlatIndex, queries: np.ndarray, k: int,
     return len(queries) / max(best, 1e-9)
 
 
-def _evaluate_run(name: str, supervised: bool, n_bits: int, data: _Split, truth: dict,
-                  random_state: int, verbose: bool) -> dict[str, Any]:
+def _evaluate_run(
+    name: str,
+    supervised: bool,
+    n_bits: int,
+    data: _Split,
+    truth: dict,
+    random_state: int,
+    verbose: bool,
+) -> dict[str, Any]:
     """Fit, encode, index, time and measure one (hasher, n_bits)."""
     hasher = _make(name, n_bits, random_state, verbose)
     start = time.perf_counter()
@@ -204,17 +221,24 @@ def _evaluate_run(name: str, supervised: bool, n_bits: int, data: _Split, truth:
         f"precision@r<={RADIUS}": p_r,
         f"recall@r<={RADIUS}": r_r,
         "pr_auc": ev.pr_auc(precision, recall),
-        "map": ev.mean_average_precision(dist, truth["label_relevant"], ties="random",
-                                         random_state=random_state),
+        "map": ev.mean_average_precision(
+            dist, truth["label_relevant"], ties="random", random_state=random_state
+        ),
         f"knn{KNN_K}_error": ev.knn_classification_error(dist, data.y_db, data.y_q, k=KNN_K),
         "curves": {
-            "pr": {"radius": list(range(n_bits + 1)), "precision": precision.tolist(),
-                   "recall": recall.tolist()},
+            "pr": {
+                "radius": list(range(n_bits + 1)),
+                "precision": precision.tolist(),
+                "recall": recall.tolist(),
+            },
             "recall_at_m": {"m": m_grid.tolist(), "recall": recall_curve.tolist()},
         },
     }
-    _log(verbose, f"{name} {n_bits} bits: recall@{TRUE_K}={recall_of.get(TRUE_K, np.nan):.3f} "
-                  f"mAP={row['map']:.3f} fit {fit_s:.2f}s")
+    _log(
+        verbose,
+        f"{name} {n_bits} bits: recall@{TRUE_K}={recall_of.get(TRUE_K, np.nan):.3f} "
+        f"mAP={row['map']:.3f} fit {fit_s:.2f}s",
+    )
     return row
 
 
@@ -264,17 +288,20 @@ _COLUMNS = (  # (row key or key prefix, header, format)
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table (recall@M columns for every M the rows carry)."""
-    recall_keys = sorted({key for row in rows for key in row
-                          if key.startswith("recall@") and key[7:].isdigit()},
-                         key=lambda key: int(key[7:]))
+    recall_keys = sorted(
+        {key for row in rows for key in row if key.startswith("recall@") and key[7:].isdigit()},
+        key=lambda key: int(key[7:]),
+    )
     columns = []
     for key, header, fmt in _COLUMNS:
         if key == "recall@":
             columns += [(k, header.format(k[7:]), fmt) for k in recall_keys]
         else:
             columns.append((key, header, fmt))
-    lines = ["| " + " | ".join(header for _, header, _ in columns) + " |",
-             "|:---|" + "---:|" * (len(columns) - 1)]
+    lines = [
+        "| " + " | ".join(header for _, header, _ in columns) + " |",
+        "|:---|" + "---:|" * (len(columns) - 1),
+    ]
     for row in rows:
         cells = ["–" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
@@ -309,28 +336,46 @@ def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
     runs = [row for row in rows if row["hasher"] != EXACT_ROW]
     label = "{hasher} {n_bits} bits".format
     where = f"{sizes['name']}, {sizes['n_queries']} queries, {sizes['n_database']} items"
-    plot_pr_curves({label(**row): (row["curves"]["pr"]["precision"],
-                                   row["curves"]["pr"]["recall"]) for row in runs},
-                   out / "pr_curves.png",
-                   f"Precision-recall over Hamming radius, relevant = true "
-                   f"{p['true_k']}-NN\n({where})")
+    plot_pr_curves(
+        {
+            label(**row): (row["curves"]["pr"]["precision"], row["curves"]["pr"]["recall"])
+            for row in runs
+        },
+        out / "pr_curves.png",
+        f"Precision-recall over Hamming radius, relevant = true {p['true_k']}-NN\n({where})",
+    )
     m_grid = np.asarray(runs[0]["curves"]["recall_at_m"]["m"]) if runs else np.ones(1)
-    plot_recall_at_m({label(**row): (row["curves"]["recall_at_m"]["m"],
-                                     row["curves"]["recall_at_m"]["recall"]) for row in runs},
-                     out / "recall_at_m.png",
-                     f"Recall of the true Euclidean {p['true_k']}-NN in the first M\n({where})",
-                     reference={"exact Euclidean ranking":
-                                (m_grid, np.minimum(m_grid, p["true_k"]) / p["true_k"])})
+    plot_recall_at_m(
+        {
+            label(**row): (
+                row["curves"]["recall_at_m"]["m"],
+                row["curves"]["recall_at_m"]["recall"],
+            )
+            for row in runs
+        },
+        out / "recall_at_m.png",
+        f"Recall of the true Euclidean {p['true_k']}-NN in the first M\n({where})",
+        reference={
+            "exact Euclidean ranking": (m_grid, np.minimum(m_grid, p["true_k"]) / p["true_k"])
+        },
+    )
 
 
 # --------------------------------------------------------------------------------- main
 
-def run_demo(dataset: str = "digits", bits: Sequence[int] = (16, 32, 64),
-             out_dir: str | os.PathLike = "demo-out", n_queries: int | None = None,
-             n_train: int | None = None, random_state: int = 0, verbose: bool = False,
-             progress: Progress | None = None,
-             data_dir: str | os.PathLike | None = None,
-             hashers: Sequence[str] | None = None) -> list[dict[str, Any]]:
+
+def run_demo(
+    dataset: str = "digits",
+    bits: Sequence[int] = (16, 32, 64),
+    out_dir: str | os.PathLike = "demo-out",
+    n_queries: int | None = None,
+    n_train: int | None = None,
+    random_state: int = 0,
+    verbose: bool = False,
+    progress: Progress | None = None,
+    data_dir: str | os.PathLike | None = None,
+    hashers: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
     """Train every registered hasher at every code length in ``bits`` and evaluate it.
 
     See the module docstring for the protocol. Returns one row (a dict of measures, with the
@@ -345,11 +390,15 @@ def run_demo(dataset: str = "digits", bits: Sequence[int] = (16, 32, 64),
     of range raise :class:`DemoParameterError` (a ``ValueError``) before any training.
     """
     if dataset not in DATASETS:
-        raise DemoParameterError(f"The 'dataset' parameter of run_demo must be one of "
-                                 f"{list(DATASETS)}. Got {dataset!r} instead.")
+        raise DemoParameterError(
+            f"The 'dataset' parameter of run_demo must be one of "
+            f"{list(DATASETS)}. Got {dataset!r} instead."
+        )
     if isinstance(bits, int | str) or len(bits) == 0:
-        raise DemoParameterError(f"The 'bits' parameter of run_demo must be a non-empty "
-                                 f"sequence of ints >= 1. Got {bits!r} instead.")
+        raise DemoParameterError(
+            f"The 'bits' parameter of run_demo must be a non-empty "
+            f"sequence of ints >= 1. Got {bits!r} instead."
+        )
     bits = list(dict.fromkeys(_check(b, "bits") for b in bits))
     random_state = _check(random_state, "random_state", low=0)
     rng = np.random.RandomState(random_state)
@@ -362,9 +411,11 @@ def run_demo(dataset: str = "digits", bits: Sequence[int] = (16, 32, 64),
     if hashers is None:
         hashers = [name for name in registered if name not in SLOW_HASHERS]
     elif isinstance(hashers, str) or not hashers or any(h not in registered for h in hashers):
-        raise DemoParameterError(f"The 'hashers' parameter of run_demo must be a non-empty "
-                                 f"list of names from {sorted(registered)}. Got {hashers!r} "
-                                 "instead.")
+        raise DemoParameterError(
+            f"The 'hashers' parameter of run_demo must be a non-empty "
+            f"list of names from {sorted(registered)}. Got {hashers!r} "
+            "instead."
+        )
     hashers = {name: registered[name] for name in dict.fromkeys(hashers)}
     runs = [(name, b) for name in hashers for b in bits]
     if progress is None and verbose:
@@ -376,23 +427,39 @@ def run_demo(dataset: str = "digits", bits: Sequence[int] = (16, 32, 64),
     for name, n_bits in iterator:
         if hasattr(iterator, "set_postfix_str"):
             iterator.set_postfix_str(f"{name} {n_bits} bits")
-        rows.append(_evaluate_run(name, bool(hashers[name].supervised), n_bits, data, truth,
-                                  random_state, verbose))
+        rows.append(
+            _evaluate_run(
+                name, bool(hashers[name].supervised), n_bits, data, truth, random_state, verbose
+            )
+        )
     rows.append(exact_row)
 
     from hashlearn import __version__
 
     meta = {
         "hashlearn_version": __version__,
-        "dataset": {"name": dataset, "n_features": int(data.X_db.shape[1]),
-                    "n_database": len(data.X_db), "n_queries": len(data.X_q),
-                    "n_train": len(data.train), "n_classes": int(len(np.unique(data.y_db))),
-                    "feature_max": data.feature_max},
-        "protocol": {"bits": bits, "hashers": list(hashers), "random_state": random_state,
-                     "true_k": min(TRUE_K, len(data.X_db)), "m_values": truth["m_values"],
-                     "radius": RADIUS, "knn_k": KNN_K, "search_k": SEARCH_K, "index": "flat",
-                     "scaling": "divide by the maximum feature value",
-                     "ties": "random, seeded with random_state"},
+        "dataset": {
+            "name": dataset,
+            "n_features": int(data.X_db.shape[1]),
+            "n_database": len(data.X_db),
+            "n_queries": len(data.X_q),
+            "n_train": len(data.train),
+            "n_classes": int(len(np.unique(data.y_db))),
+            "feature_max": data.feature_max,
+        },
+        "protocol": {
+            "bits": bits,
+            "hashers": list(hashers),
+            "random_state": random_state,
+            "true_k": min(TRUE_K, len(data.X_db)),
+            "m_values": truth["m_values"],
+            "radius": RADIUS,
+            "knn_k": KNN_K,
+            "search_k": SEARCH_K,
+            "index": "flat",
+            "scaling": "divide by the maximum feature value",
+            "ties": "random, seeded with random_state",
+        },
         "machine": {"cores": available_cores(), "python": platform.python_version()},
         "elapsed_s": time.perf_counter() - started,
     }

@@ -35,8 +35,9 @@ def connect(address: str, *, timeout: float = 10.0):
     from distributed import Client
 
     if not isinstance(address, str) or not address:
-        raise ValueError(f"address must be a scheduler address such as 'tcp://host:8786'. "
-                         f"Got {address!r}.")
+        raise ValueError(
+            f"address must be a scheduler address such as 'tcp://host:8786'. Got {address!r}."
+        )
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds. Got {timeout!r}.")
     try:
@@ -123,8 +124,17 @@ class ShardedIndex:
     # ---------------------------------------------------------------------- construction
 
     @classmethod
-    def from_codes(cls, client, codes: np.ndarray, *, n_bits: int, n_shards: int,
-                   ids=None, index: str = "flat", **index_params) -> ShardedIndex:
+    def from_codes(
+        cls,
+        client,
+        codes: np.ndarray,
+        *,
+        n_bits: int,
+        n_shards: int,
+        ids=None,
+        index: str = "flat",
+        **index_params,
+    ) -> ShardedIndex:
         """Split ``codes`` into ``n_shards`` contiguous shards and build one index per shard
         on the workers. ``ids`` default to ``0..n-1``."""
         n_bits = check_int(n_bits, "n_bits", "ShardedIndex.from_codes")
@@ -137,16 +147,18 @@ class ShardedIndex:
         bounds = [n * s // n_shards for s in range(n_shards + 1)]
         futures = []
         for s in range(n_shards):
-            part, part_ids = codes[bounds[s]:bounds[s + 1]], ids[bounds[s]:bounds[s + 1]]
+            part, part_ids = codes[bounds[s] : bounds[s + 1]], ids[bounds[s] : bounds[s + 1]]
             [data] = client.scatter([part], hash=False)
-            futures.append(client.submit(_build_shard, data, part_ids, n_bits, index,
-                                         index_params, pure=False))
+            futures.append(
+                client.submit(_build_shard, data, part_ids, n_bits, index, index_params, pure=False)
+            )
         client.gather(futures)  # surface build errors now, not at the first search
         return cls(client, futures, n_bits)
 
     @classmethod
-    def from_dask_array(cls, client, codes, *, n_bits: int, index: str = "flat",
-                        **index_params) -> ShardedIndex:
+    def from_dask_array(
+        cls, client, codes, *, n_bits: int, index: str = "flat", **index_params
+    ) -> ShardedIndex:
         """One shard per row block of a dask array of packed codes; ids are row numbers."""
         import dask.array as da
 
@@ -155,15 +167,26 @@ class ShardedIndex:
             raise TypeError(f"codes must be a dask.array.Array. Got {type(codes).__name__}.")
         code_size = (n_bits + 7) // 8
         if codes.ndim != 2 or codes.shape[1] != code_size or codes.dtype != np.uint8:
-            raise ValueError(f"codes must be uint8 of shape (n, {code_size}) for {n_bits}-bit "
-                             f"codes. Got {codes.dtype} {codes.shape} instead.")
+            raise ValueError(
+                f"codes must be uint8 of shape (n, {code_size}) for {n_bits}-bit "
+                f"codes. Got {codes.dtype} {codes.shape} instead."
+            )
         if len(codes.chunks[1]) != 1:
             codes = codes.rechunk({1: -1})
         blocks = client.compute(list(codes.to_delayed().ravel()))
         starts = np.concatenate([[0], np.cumsum(codes.chunks[0])])
-        futures = [client.submit(_build_shard, block, np.arange(starts[i], starts[i + 1]),
-                                 n_bits, index, index_params, pure=False)
-                   for i, block in enumerate(blocks)]
+        futures = [
+            client.submit(
+                _build_shard,
+                block,
+                np.arange(starts[i], starts[i + 1]),
+                n_bits,
+                index,
+                index_params,
+                pure=False,
+            )
+            for i, block in enumerate(blocks)
+        ]
         client.gather(futures)
         return cls(client, futures, n_bits)
 
@@ -179,8 +202,7 @@ class ShardedIndex:
         futures = [s if hasattr(s, "key") else client.scatter(s) for s in shards]
         lengths = client.gather([client.submit(_shard_bits, f, pure=False) for f in futures])
         if len(set(lengths)) != 1:
-            raise ValueError(f"all shards must have the same code length; got n_bits "
-                             f"{lengths}.")
+            raise ValueError(f"all shards must have the same code length; got n_bits {lengths}.")
         return cls(client, futures, lengths[0])
 
     # -------------------------------------------------------------------------- queries
@@ -190,8 +212,13 @@ class ShardedIndex:
         return len(self.shards)
 
     def __len__(self) -> int:
-        return int(sum(self.client.gather(
-            [self.client.submit(_shard_len, s, pure=False) for s in self.shards])))
+        return int(
+            sum(
+                self.client.gather(
+                    [self.client.submit(_shard_len, s, pure=False) for s in self.shards]
+                )
+            )
+        )
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact k-NN over all shards: ``(D int32 (m, k), I int64 (m, k))`` by (distance, id)."""
@@ -201,7 +228,8 @@ class ShardedIndex:
             return np.full((0, k), -1, np.int32), np.full((0, k), -1, np.int64)
         [q] = self.client.scatter([queries], broadcast=True, hash=False)
         results = self.client.gather(
-            [self.client.submit(_search_shard, s, q, k, pure=False) for s in self.shards])
+            [self.client.submit(_search_shard, s, q, k, pure=False) for s in self.shards]
+        )
         D = np.concatenate([r[0] for r in results], axis=1)
         I = np.concatenate([r[1] for r in results], axis=1)
         return merge_topk(D, I, k)

@@ -73,6 +73,7 @@ _BLOCK_PAIRS = 1 << 22
 
 # ----------------------------------------------------------------------------- validation
 
+
 def _check_choice(value: Any, name: str, owner: str, options: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(
@@ -85,14 +86,17 @@ def _check_choice(value: Any, name: str, owner: str, options: Sequence[str]) -> 
 def _check_int_array(arr: Any, name: str, owner: str, ndim: int) -> np.ndarray:
     """An integer ``np.ndarray`` with ``ndim`` dimensions (bool is not an integer here)."""
     if not isinstance(arr, np.ndarray):
-        raise TypeError(f"{name} of {owner} must be a numpy.ndarray. "
-                        f"Got {type(arr).__name__} instead.")
+        raise TypeError(
+            f"{name} of {owner} must be a numpy.ndarray. Got {type(arr).__name__} instead."
+        )
     if not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"{name} of {owner} must have an integer dtype. "
-                        f"Got dtype {arr.dtype} instead.")
+        raise TypeError(
+            f"{name} of {owner} must have an integer dtype. Got dtype {arr.dtype} instead."
+        )
     if arr.ndim != ndim:
-        raise ValueError(f"{name} of {owner} must be a {ndim}-D array. "
-                         f"Got shape {arr.shape} instead.")
+        raise ValueError(
+            f"{name} of {owner} must be a {ndim}-D array. Got shape {arr.shape} instead."
+        )
     return arr
 
 
@@ -100,30 +104,39 @@ def _check_distances(distances: Any, owner: str, n_bits: int | None = None) -> n
     """A non-empty ``(n_queries, n_db)`` matrix of non-negative integer (Hamming) distances."""
     d = _check_int_array(distances, "distances", owner, 2)
     if d.shape[0] == 0 or d.shape[1] == 0:
-        raise ValueError(f"distances of {owner} must have at least one query and one database "
-                         f"item. Got shape {d.shape} instead.")
+        raise ValueError(
+            f"distances of {owner} must have at least one query and one database "
+            f"item. Got shape {d.shape} instead."
+        )
     if d.min() < 0 or d.max() >= 2**31:
-        raise ValueError(f"distances of {owner} must be in [0, 2**31) (Hamming distances). "
-                         f"Got values in [{d.min()}, {d.max()}].")
+        raise ValueError(
+            f"distances of {owner} must be in [0, 2**31) (Hamming distances). "
+            f"Got values in [{d.min()}, {d.max()}]."
+        )
     if n_bits is not None and d.max() > n_bits:
-        raise ValueError(f"distances of {owner} must be at most n_bits={n_bits}. "
-                         f"Got max {d.max()}.")
+        raise ValueError(
+            f"distances of {owner} must be at most n_bits={n_bits}. Got max {d.max()}."
+        )
     return d
 
 
 def _check_relevant(relevant: Any, shape: tuple[int, ...], owner: str) -> np.ndarray:
     if not isinstance(relevant, np.ndarray) or relevant.dtype != np.bool_:
         got = relevant.dtype if isinstance(relevant, np.ndarray) else type(relevant).__name__
-        raise TypeError(f"relevant of {owner} must be a numpy.ndarray of dtype bool. "
-                        f"Got {got} instead.")
+        raise TypeError(
+            f"relevant of {owner} must be a numpy.ndarray of dtype bool. Got {got} instead."
+        )
     if relevant.shape != shape:
-        raise ValueError(f"relevant of {owner} must have the shape of distances {shape}. "
-                         f"Got shape {relevant.shape} instead.")
+        raise ValueError(
+            f"relevant of {owner} must have the shape of distances {shape}. "
+            f"Got shape {relevant.shape} instead."
+        )
     return relevant
 
 
-def _check_labels(labels: Any, name: str, owner: str, n: int | None = None,
-                  non_negative: bool = False) -> np.ndarray:
+def _check_labels(
+    labels: Any, name: str, owner: str, n: int | None = None, non_negative: bool = False
+) -> np.ndarray:
     arr = _check_int_array(labels, name, owner, 1)
     if n is not None and arr.shape[0] != n:
         raise ValueError(f"{name} of {owner} must have length {n}. Got {arr.shape[0]} instead.")
@@ -132,16 +145,20 @@ def _check_labels(labels: Any, name: str, owner: str, n: int | None = None,
     return arr
 
 
-def _check_id_lists(ids: Any, name: str, owner: str, n_rows: int | None = None,
-                    n_db: int | None = None) -> np.ndarray:
+def _check_id_lists(
+    ids: Any, name: str, owner: str, n_rows: int | None = None, n_db: int | None = None
+) -> np.ndarray:
     """Rows of database ids, ``-1`` for padding; no id repeated within a row."""
     arr = _check_int_array(ids, name, owner, 2)
     if n_rows is not None and arr.shape[0] != n_rows:
-        raise ValueError(f"{name} of {owner} must have {n_rows} rows (one per query). "
-                         f"Got shape {arr.shape} instead.")
+        raise ValueError(
+            f"{name} of {owner} must have {n_rows} rows (one per query). "
+            f"Got shape {arr.shape} instead."
+        )
     if arr.size and arr.min() < -1:
-        raise ValueError(f"{name} of {owner} must hold ids >= 0, or -1 for padding. "
-                         f"Got min {arr.min()}.")
+        raise ValueError(
+            f"{name} of {owner} must hold ids >= 0, or -1 for padding. Got min {arr.min()}."
+        )
     if n_db is not None and arr.size and arr.max() >= n_db:
         raise ValueError(f"{name} of {owner} must hold ids < n_db={n_db}. Got max {arr.max()}.")
     s = np.sort(arr, axis=1)
@@ -158,11 +175,15 @@ def _check_data(X: Any, name: str, owner: str) -> np.ndarray | sp.csr_matrix:
     elif isinstance(X, np.ndarray):
         values = X
     else:
-        raise TypeError(f"{name} of {owner} must be a numpy.ndarray or a scipy.sparse matrix. "
-                        f"Got {type(X).__name__} instead.")
+        raise TypeError(
+            f"{name} of {owner} must be a numpy.ndarray or a scipy.sparse matrix. "
+            f"Got {type(X).__name__} instead."
+        )
     if X.dtype not in (np.float32, np.float64):
-        raise TypeError(f"{name} of {owner} must have dtype float32 or float64. Got dtype "
-                        f"{X.dtype} instead; convert explicitly, e.g. X.astype(np.float32).")
+        raise TypeError(
+            f"{name} of {owner} must have dtype float32 or float64. Got dtype "
+            f"{X.dtype} instead; convert explicitly, e.g. X.astype(np.float32)."
+        )
     if X.ndim != 2:
         raise ValueError(f"{name} of {owner} must be a 2-D array. Got shape {X.shape} instead.")
     if not np.isfinite(values).all():
@@ -178,10 +199,12 @@ def _query_blocks(n_queries: int, n_db: int, rows: int | None = None) -> Iterato
 
 def _document(conventions: str) -> Callable[[Any], Any]:
     """Append a shared conventions paragraph to a docstring (kept working under ``-OO``)."""
+
     def decorate(func: Any) -> Any:
         if func.__doc__ is not None:
             func.__doc__ += conventions
         return func
+
     return decorate
 
 
@@ -193,6 +216,7 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------------------- ranking
 
+
 def _rank(keys: np.ndarray, k: int) -> np.ndarray:
     """Columns of the ``k`` smallest ``keys`` per row, ordered by ``(key, column)``.
 
@@ -202,7 +226,7 @@ def _rank(keys: np.ndarray, k: int) -> np.ndarray:
     """
     if k >= keys.shape[1]:
         return np.argsort(keys, axis=1, kind="stable")
-    kth = np.partition(keys, k - 1, axis=1)[:, k - 1:k]
+    kth = np.partition(keys, k - 1, axis=1)[:, k - 1 : k]
     tied = keys == kth
     chosen = tied | (keys < kth)
     room = k - (chosen.sum(axis=1) - tied.sum(axis=1))
@@ -215,8 +239,9 @@ def _rank(keys: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(cols, order, axis=1)
 
 
-def _hamming_order(d: np.ndarray, k: int, ties: str, rng: np.random.RandomState,
-                   relevant: np.ndarray | None = None) -> np.ndarray:
+def _hamming_order(
+    d: np.ndarray, k: int, ties: str, rng: np.random.RandomState, relevant: np.ndarray | None = None
+) -> np.ndarray:
     """First ``k`` database indices of a block of the Hamming ranking, ties broken by rule."""
     if ties == "index":
         return _rank(d, k)
@@ -229,6 +254,7 @@ def _hamming_order(d: np.ndarray, k: int, ties: str, rng: np.random.RandomState,
 
 
 # -------------------------------------------------------------------------- ground truth
+
 
 def _metric_keys(Q: Any, X_db: Any, db_sq: np.ndarray, metric: str) -> np.ndarray:
     """Ascending ranking keys ``(n_q, n_db)``: squared distance, 1 - cos or -inner product."""
@@ -246,8 +272,9 @@ def _metric_keys(Q: Any, X_db: Any, db_sq: np.ndarray, metric: str) -> np.ndarra
     return np.maximum(keys, 0.0, out=keys)
 
 
-def exact_knn(X_db: Any, X_query: Any, k: int, metric: str = "euclidean",
-              batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def exact_knn(
+    X_db: Any, X_query: Any, k: int, metric: str = "euclidean", batch_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact k nearest neighbours by blocked brute force: ``(D float32 (m, k), I int64 (m, k))``.
 
     Parameters
@@ -271,11 +298,12 @@ def exact_knn(X_db: Any, X_query: Any, k: int, metric: str = "euclidean",
     X_db = _check_data(X_db, "X_db", owner)
     X_query = _check_data(X_query, "X_query", owner)
     if X_db.shape[0] == 0:
-        raise ValueError(f"X_db of {owner} must contain at least one row. Got shape "
-                         f"{X_db.shape}.")
+        raise ValueError(f"X_db of {owner} must contain at least one row. Got shape {X_db.shape}.")
     if X_query.shape[1] != X_db.shape[1]:
-        raise ValueError(f"X_query of {owner} must have {X_db.shape[1]} features like X_db. "
-                         f"Got {X_query.shape[1]} instead.")
+        raise ValueError(
+            f"X_query of {owner} must have {X_db.shape[1]} features like X_db. "
+            f"Got {X_query.shape[1]} instead."
+        )
     k = check_int(k, "k", owner)
     if batch_size is not None:
         batch_size = check_int(batch_size, "batch_size", owner)
@@ -284,8 +312,10 @@ def exact_knn(X_db: Any, X_query: Any, k: int, metric: str = "euclidean",
     if metric == "cosine":
         for name, sq in (("X_db", db_sq), ("X_query", row_norms(X_query, squared=True))):
             if np.any(sq == 0):
-                raise ValueError(f"{name} of {owner} has an all-zero row (row "
-                                 f"{int(np.argmax(sq == 0))}); its cosine is undefined.")
+                raise ValueError(
+                    f"{name} of {owner} has an all-zero row (row "
+                    f"{int(np.argmax(sq == 0))}); its cosine is undefined."
+                )
     m, kk = X_query.shape[0], min(k, X_db.shape[0])
     D = np.full((m, k), -np.inf if metric == "inner_product" else np.inf, dtype=np.float32)
     ids = np.full((m, k), -1, dtype=np.int64)
@@ -325,17 +355,23 @@ def relevance_from_neighbors(neighbor_ids: np.ndarray, n_db: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- precision and recall
 
-def _aggregate_pr(hits: np.ndarray, retrieved: np.ndarray, n_relevant: np.ndarray,
-                  aggregate: str, empty: str) -> tuple[np.ndarray, np.ndarray]:
+
+def _aggregate_pr(
+    hits: np.ndarray, retrieved: np.ndarray, n_relevant: np.ndarray, aggregate: str, empty: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Precision and recall per column of ``(m, n_radii)`` count matrices."""
     if aggregate == "pooled":
-        return (_safe_ratio(hits.sum(axis=0), retrieved.sum(axis=0)),
-                _safe_ratio(hits.sum(axis=0), n_relevant.sum()))
+        return (
+            _safe_ratio(hits.sum(axis=0), retrieved.sum(axis=0)),
+            _safe_ratio(hits.sum(axis=0), n_relevant.sum()),
+        )
     precision = _safe_ratio(hits, retrieved)  # 0 for an empty retrieval
     n_counted = retrieved.shape[0] if empty == "zero" else (retrieved > 0).sum(axis=0)
     recall = _safe_ratio(hits, n_relevant[:, None])  # 0 rows for queries with nothing relevant
-    return (_safe_ratio(precision.sum(axis=0), n_counted),
-            _safe_ratio(recall.sum(axis=0), np.count_nonzero(n_relevant)))
+    return (
+        _safe_ratio(precision.sum(axis=0), n_counted),
+        _safe_ratio(recall.sum(axis=0), np.count_nonzero(n_relevant)),
+    )
 
 
 _PR_CONVENTIONS = """
@@ -351,9 +387,13 @@ _PR_CONVENTIONS = """
 
 
 @_document(_PR_CONVENTIONS)
-def precision_recall_at_radius(distances: np.ndarray, relevant: np.ndarray, radius: int,
-                               aggregate: str = "pooled", empty: str = "zero"
-                               ) -> tuple[float, float]:
+def precision_recall_at_radius(
+    distances: np.ndarray,
+    relevant: np.ndarray,
+    radius: int,
+    aggregate: str = "pooled",
+    empty: str = "zero",
+) -> tuple[float, float]:
     """Precision and recall of the Hamming ball ``distance <= radius`` (MLH, Sec. 6)."""
     owner = "precision_recall_at_radius"
     d = _check_distances(distances, owner)
@@ -363,15 +403,23 @@ def precision_recall_at_radius(distances: np.ndarray, relevant: np.ndarray, radi
     empty = _check_choice(empty, "empty", owner, _EMPTY)
     inside = d <= radius
     precision, recall = _aggregate_pr(
-        np.count_nonzero(inside & rel, axis=1)[:, None], np.count_nonzero(inside, axis=1)[:, None],
-        np.count_nonzero(rel, axis=1), aggregate, empty)
+        np.count_nonzero(inside & rel, axis=1)[:, None],
+        np.count_nonzero(inside, axis=1)[:, None],
+        np.count_nonzero(rel, axis=1),
+        aggregate,
+        empty,
+    )
     return float(precision[0]), float(recall[0])
 
 
 @_document(_PR_CONVENTIONS)
-def precision_recall_curve(distances: np.ndarray, relevant: np.ndarray, n_bits: int,
-                           aggregate: str = "pooled", empty: str = "zero"
-                           ) -> tuple[np.ndarray, np.ndarray]:
+def precision_recall_curve(
+    distances: np.ndarray,
+    relevant: np.ndarray,
+    n_bits: int,
+    aggregate: str = "pooled",
+    empty: str = "zero",
+) -> tuple[np.ndarray, np.ndarray]:
     """Precision and recall ``(n_bits + 1,)`` for every radius ``R = 0..n_bits`` (MLH, Fig. 4).
 
     One pass: per-query histograms of the distances (all items and relevant ones), summed
@@ -392,9 +440,13 @@ def precision_recall_curve(distances: np.ndarray, relevant: np.ndarray, n_bits: 
         size = block.shape[0] * n_bins
         retrieved[rows] = np.bincount(flat, minlength=size).reshape(-1, n_bins)
         hits[rows] = np.bincount(flat[rel[rows].ravel()], minlength=size).reshape(-1, n_bins)
-    return _aggregate_pr(hits.cumsum(axis=1), retrieved.cumsum(axis=1),
-                         np.count_nonzero(rel, axis=1), aggregate, empty)
-
+    return _aggregate_pr(
+        hits.cumsum(axis=1),
+        retrieved.cumsum(axis=1),
+        np.count_nonzero(rel, axis=1),
+        aggregate,
+        empty,
+    )
 
 
 def pr_auc(precision: np.ndarray, recall: np.ndarray) -> float:
@@ -413,8 +465,10 @@ def pr_auc(precision: np.ndarray, recall: np.ndarray) -> float:
             got = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
             raise TypeError(f"{name} of {owner} must be a float numpy.ndarray. Got {got}.")
         if arr.ndim != 1 or arr.shape != precision.shape or arr.size == 0:
-            raise ValueError(f"precision and recall of {owner} must be non-empty 1-D arrays of "
-                             f"equal length. Got shapes {precision.shape} and {recall.shape}.")
+            raise ValueError(
+                f"precision and recall of {owner} must be non-empty 1-D arrays of "
+                f"equal length. Got shapes {precision.shape} and {recall.shape}."
+            )
         if not np.all(np.isfinite(arr)) or arr.min() < 0 or arr.max() > 1:
             raise ValueError(f"{name} of {owner} must hold finite values in [0, 1].")
         arrays.append(arr.astype(np.float64))
@@ -431,8 +485,10 @@ def pr_auc(precision: np.ndarray, recall: np.ndarray) -> float:
 
 # ------------------------------------------------------------------- ranking measures
 
-def hamming_ranking(distances: np.ndarray, k: int | None = None, random_state: Any = 0,
-                    ties: str = "random") -> np.ndarray:
+
+def hamming_ranking(
+    distances: np.ndarray, k: int | None = None, random_state: Any = 0, ties: str = "random"
+) -> np.ndarray:
     """Database indices ``(m, k)`` int64 in increasing Hamming distance, ties broken by rule.
 
     ``ties="random"``: a seeded random 31-bit key per query--item pair orders the items
@@ -456,16 +512,20 @@ def hamming_ranking(distances: np.ndarray, k: int | None = None, random_state: A
 def _check_m_values(m_values: Any, owner: str) -> np.ndarray:
     arr = np.asarray(m_values)
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"The 'm_values' parameter of {owner} must be a non-empty 1-D "
-                         f"sequence of ints. Got {m_values!r} instead.")
+        raise ValueError(
+            f"The 'm_values' parameter of {owner} must be a non-empty 1-D "
+            f"sequence of ints. Got {m_values!r} instead."
+        )
     if arr.min() < 1:
-        raise ValueError(f"The 'm_values' parameter of {owner} must hold ints >= 1. "
-                         f"Got min {arr.min()}.")
+        raise ValueError(
+            f"The 'm_values' parameter of {owner} must hold ints >= 1. Got min {arr.min()}."
+        )
     return arr.astype(np.int64)
 
 
-def _recall_at_m(retrieved: np.ndarray, true_neighbors: np.ndarray,
-                 m_values: np.ndarray) -> np.ndarray:
+def _recall_at_m(
+    retrieved: np.ndarray, true_neighbors: np.ndarray, m_values: np.ndarray
+) -> np.ndarray:
     """Validated inputs: per-query recall of ``true_neighbors`` in ``retrieved[:, :M]``."""
     n_rows = retrieved.shape[0]
     span = int(max(retrieved.max(initial=0), true_neighbors.max(initial=0))) + 2
@@ -488,8 +548,13 @@ _RECALL_CONVENTIONS = """
 
 
 @_document(_RECALL_CONVENTIONS)
-def recall_at_m(distances: np.ndarray, true_neighbors: np.ndarray, m_values: Sequence[int],
-                random_state: Any = 0, ties: str = "random") -> np.ndarray:
+def recall_at_m(
+    distances: np.ndarray,
+    true_neighbors: np.ndarray,
+    m_values: Sequence[int],
+    random_state: Any = 0,
+    ties: str = "random",
+) -> np.ndarray:
     """Fraction of the true K-NN among the first M of the Hamming ranking (survey, Fig. 11).
 
     Returns a float64 array, one value per entry of ``m_values``. The ranking is
@@ -498,30 +563,37 @@ def recall_at_m(distances: np.ndarray, true_neighbors: np.ndarray, m_values: Seq
     """
     owner = "recall_at_m"
     d = _check_distances(distances, owner)
-    true_neighbors = _check_id_lists(true_neighbors, "true_neighbors", owner,
-                                     n_rows=d.shape[0], n_db=d.shape[1])
+    true_neighbors = _check_id_lists(
+        true_neighbors, "true_neighbors", owner, n_rows=d.shape[0], n_db=d.shape[1]
+    )
     m_values = _check_m_values(m_values, owner)
     ranking = hamming_ranking(d, int(min(m_values.max(), d.shape[1])), random_state, ties)
     return _recall_at_m(ranking, true_neighbors, m_values)
 
 
 @_document(_RECALL_CONVENTIONS)
-def recall_at_m_from_ids(retrieved_ids: np.ndarray, true_neighbors: np.ndarray,
-                         m_values: Sequence[int]) -> np.ndarray:
+def recall_at_m_from_ids(
+    retrieved_ids: np.ndarray, true_neighbors: np.ndarray, m_values: Sequence[int]
+) -> np.ndarray:
     """Recall@M for a ranked id list a search structure returned (``-1`` padded, no repeats).
 
     Ties were broken by whatever produced ``retrieved_ids``; positions count list slots.
     """
     owner = "recall_at_m_from_ids"
     retrieved_ids = _check_id_lists(retrieved_ids, "retrieved_ids", owner)
-    true_neighbors = _check_id_lists(true_neighbors, "true_neighbors", owner,
-                                     n_rows=retrieved_ids.shape[0])
+    true_neighbors = _check_id_lists(
+        true_neighbors, "true_neighbors", owner, n_rows=retrieved_ids.shape[0]
+    )
     return _recall_at_m(retrieved_ids, true_neighbors, _check_m_values(m_values, owner))
 
 
-
-def mean_average_precision(distances: np.ndarray, relevant: np.ndarray, ties: str = "random",
-                           random_state: Any = 0, top: int | None = None) -> float:
+def mean_average_precision(
+    distances: np.ndarray,
+    relevant: np.ndarray,
+    ties: str = "random",
+    random_state: Any = 0,
+    top: int | None = None,
+) -> float:
     r"""Mean over queries of the average precision of the Hamming ranking.
 
     .. math:: \mathrm{AP} = \frac{1}{\min(G, L)} \sum_{j \le L} P@j \cdot rel_j
@@ -547,15 +619,16 @@ def mean_average_precision(distances: np.ndarray, relevant: np.ndarray, ties: st
         order = _hamming_order(d[rows], depth, ties, rng, rel[rows])
         rel_ranked = np.take_along_axis(rel[rows], order, axis=1)
         precision_at = np.cumsum(rel_ranked, axis=1) / np.arange(1, depth + 1)
-        ap[rows] = _safe_ratio((precision_at * rel_ranked).sum(axis=1),
-                               np.minimum(n_relevant[rows], depth))
+        ap[rows] = _safe_ratio(
+            (precision_at * rel_ranked).sum(axis=1), np.minimum(n_relevant[rows], depth)
+        )
     return float(_safe_ratio(ap.sum(), np.count_nonzero(n_relevant)))
 
 
 # ------------------------------------------------------------------ k-NN classification
 
-def _majority_vote(voter_class: np.ndarray, voter_dist: np.ndarray, n_classes: int
-                   ) -> np.ndarray:
+
+def _majority_vote(voter_class: np.ndarray, voter_dist: np.ndarray, n_classes: int) -> np.ndarray:
     """Class index per row by majority vote; ``-1`` where a row has no voter.
 
     ``voter_class`` ``(b, L)`` holds class indices (``-1`` = not a voter). Ties between classes
@@ -587,15 +660,18 @@ _KNN_CONVENTIONS = """
 
 
 @_document(_KNN_CONVENTIONS)
-def knn_classify(distances: np.ndarray, db_labels: np.ndarray, radius: int | None = None,
-                 k: int | None = None) -> np.ndarray:
+def knn_classify(
+    distances: np.ndarray, db_labels: np.ndarray, radius: int | None = None, k: int | None = None
+) -> np.ndarray:
     """Predicted labels ``(m,)`` int64 by k-NN over Hamming distances."""
     owner = "knn_classify"
     d = _check_distances(distances, owner)
     db_labels = _check_labels(db_labels, "db_labels", owner, n=d.shape[1], non_negative=True)
     if (radius is None) == (k is None):
-        raise ValueError(f"{owner} takes exactly one of 'radius' (absolute threshold) and 'k' "
-                         f"(relative threshold). Got radius={radius!r}, k={k!r}.")
+        raise ValueError(
+            f"{owner} takes exactly one of 'radius' (absolute threshold) and 'k' "
+            f"(relative threshold). Got radius={radius!r}, k={k!r}."
+        )
     if radius is not None:
         radius = check_int(radius, "radius", owner, low=0)
     else:
@@ -608,8 +684,9 @@ def knn_classify(distances: np.ndarray, db_labels: np.ndarray, radius: int | Non
             threshold = np.full((block.shape[0], 1), radius)
         else:  # the k-th smallest distinct distance of each row (its largest if fewer)
             s = np.sort(block, axis=1)
-            new_bin = np.concatenate((np.ones((s.shape[0], 1), bool), s[:, 1:] != s[:, :-1]),
-                                     axis=1)
+            new_bin = np.concatenate(
+                (np.ones((s.shape[0], 1), bool), s[:, 1:] != s[:, :-1]), axis=1
+            )
             threshold = np.where(np.cumsum(new_bin, axis=1) <= k, s, -1).max(axis=1)[:, None]
         voter_class = np.where(block <= threshold, class_of[None, :], -1)
         winner = _majority_vote(voter_class, block, classes.size)
@@ -618,19 +695,24 @@ def knn_classify(distances: np.ndarray, db_labels: np.ndarray, radius: int | Non
 
 
 @_document(_KNN_CONVENTIONS)
-def knn_classification_error(distances: np.ndarray, db_labels: np.ndarray,
-                             query_labels: np.ndarray, radius: int | None = None,
-                             k: int | None = None) -> float:
+def knn_classification_error(
+    distances: np.ndarray,
+    db_labels: np.ndarray,
+    query_labels: np.ndarray,
+    radius: int | None = None,
+    k: int | None = None,
+) -> float:
     """Fraction of queries whose :func:`knn_classify` label is wrong (or missing)."""
     pred = knn_classify(distances, db_labels, radius=radius, k=k)
-    query_labels = _check_labels(query_labels, "query_labels", "knn_classification_error",
-                                 n=pred.shape[0], non_negative=True)
+    query_labels = _check_labels(
+        query_labels, "query_labels", "knn_classification_error", n=pred.shape[0], non_negative=True
+    )
     return float(np.mean(pred != query_labels))
 
 
-
-def knn_classify_exact(X_db: Any, db_labels: np.ndarray, X_query: Any, k: int,
-                       metric: str = "euclidean") -> np.ndarray:
+def knn_classify_exact(
+    X_db: Any, db_labels: np.ndarray, X_query: Any, k: int, metric: str = "euclidean"
+) -> np.ndarray:
     """Reference k-NN classifier on the exact metric (Jain, Kulis & Grauman, Sec. 4).
 
     The ``k`` nearest by :func:`exact_knn` (ties by smaller index) vote; a tie between
@@ -655,13 +737,16 @@ def fraction_searched(n_candidates: np.ndarray, n_db: int) -> float:
     n_db = check_int(n_db, "n_db", owner)
     n_candidates = _check_labels(n_candidates, "n_candidates", owner, non_negative=True)
     if n_candidates.size == 0 or n_candidates.max() > n_db:
-        raise ValueError(f"n_candidates of {owner} must be non-empty with values in "
-                         f"[0, {n_db}]. Got shape {n_candidates.shape}, max "
-                         f"{n_candidates.max(initial=0)}.")
+        raise ValueError(
+            f"n_candidates of {owner} must be non-empty with values in "
+            f"[0, {n_db}]. Got shape {n_candidates.shape}, max "
+            f"{n_candidates.max(initial=0)}."
+        )
     return float(n_candidates.mean() / n_db)
 
 
 # ------------------------------------------------ neighbour selection by Hamming thresholds
+
 
 def bin_threshold(distances: np.ndarray, n_bins: int) -> np.ndarray:
     """Per row, the distance of its ``n_bins``-th nearest non-empty bin (its largest if fewer).
@@ -685,8 +770,9 @@ def bin_threshold(distances: np.ndarray, n_bins: int) -> np.ndarray:
     return out
 
 
-def hamming_neighbors(distances: np.ndarray, *, radius: int | None = None,
-                      n_bins: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def hamming_neighbors(
+    distances: np.ndarray, *, radius: int | None = None, n_bins: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Neighbours selected by an absolute or a relative Hamming threshold, ties kept.
 
     lambdarank-bit-vectors.txt, Sec. 3.5.2: ``radius`` (absolute threshold) selects every item
@@ -699,9 +785,11 @@ def hamming_neighbors(distances: np.ndarray, *, radius: int | None = None,
     owner = "hamming_neighbors"
     d = _check_distances(distances, owner)
     if (radius is None) == (n_bins is None):
-        raise ValueError(f"{owner} takes exactly one of 'radius' (absolute threshold) and "
-                         f"'n_bins' (relative threshold). Got radius={radius!r}, "
-                         f"n_bins={n_bins!r}.")
+        raise ValueError(
+            f"{owner} takes exactly one of 'radius' (absolute threshold) and "
+            f"'n_bins' (relative threshold). Got radius={radius!r}, "
+            f"n_bins={n_bins!r}."
+        )
     if radius is not None:
         threshold = np.full(d.shape[0], check_int(radius, "radius", owner, low=0))
     else:
@@ -722,18 +810,23 @@ def hamming_neighbors(distances: np.ndarray, *, radius: int | None = None,
     lambdarank-bit-vectors.txt, eq. 11; a query with no neighbour (absolute threshold)
     predicts ``nan``.
 """)
-def knn_regress(distances: np.ndarray, db_targets: np.ndarray, radius: int | None = None,
-                k: int | None = None) -> np.ndarray:
+def knn_regress(
+    distances: np.ndarray, db_targets: np.ndarray, radius: int | None = None, k: int | None = None
+) -> np.ndarray:
     """k-NN regression: the mean target of the selected neighbours, ``(m,)`` float64."""
     owner = "knn_regress"
     d = _check_distances(distances, owner)
     targets = np.asarray(db_targets, dtype=np.float64)
     if targets.shape != (d.shape[1],) or not np.all(np.isfinite(targets)):
-        raise ValueError(f"db_targets of {owner} must be {d.shape[1]} finite numbers, one per "
-                         f"database item. Got shape {targets.shape}.")
+        raise ValueError(
+            f"db_targets of {owner} must be {d.shape[1]} finite numbers, one per "
+            f"database item. Got shape {targets.shape}."
+        )
     if (radius is None) == (k is None):
-        raise ValueError(f"{owner} takes exactly one of 'radius' (absolute threshold) and 'k' "
-                         f"(relative threshold). Got radius={radius!r}, k={k!r}.")
+        raise ValueError(
+            f"{owner} takes exactly one of 'radius' (absolute threshold) and 'k' "
+            f"(relative threshold). Got radius={radius!r}, k={k!r}."
+        )
     if radius is not None:
         threshold = np.full(d.shape[0], check_int(radius, "radius", owner, low=0))
     else:

@@ -41,8 +41,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "Persistable", "save", "load", "persistable", "write_dir", "read_dir",
-           "append_rows"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Persistable",
+    "save",
+    "load",
+    "persistable",
+    "write_dir",
+    "read_dir",
+    "append_rows",
+]
 
 FORMAT_NAME = "hashlearn"
 FORMAT_VERSION = 1
@@ -91,8 +99,9 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) ->
     meta, arrays = read_dir(path, mmap=mmap, verify=verify)
     cls = _REGISTRY.get(meta["class"])
     if cls is None:
-        raise ValueError(f"{path}: unknown class {meta['class']!r} in {_META}; known: "
-                         f"{sorted(_REGISTRY)}.")
+        raise ValueError(
+            f"{path}: unknown class {meta['class']!r} in {_META}; known: {sorted(_REGISTRY)}."
+        )
     try:
         return cls._from_state(meta["params"], meta["state"], arrays)
     except (KeyError, TypeError, ValueError) as exc:
@@ -140,8 +149,9 @@ def _load_appended(file: Path, entry: dict[str, Any], *, mmap: bool, verify: boo
         raise ValueError(f"{file}: header {header_shape} {dtype.str} does not match meta.json")
     end = offset + shape[0] * row_bytes
     if file.stat().st_size < end:
-        raise ValueError(f"{file} is truncated: {file.stat().st_size} bytes, expected at least "
-                         f"{end}.")
+        raise ValueError(
+            f"{file} is truncated: {file.stat().st_size} bytes, expected at least {end}."
+        )
     if verify:
         stop = offset + header_shape[0] * row_bytes
         ranges = [(0, stop, entry["sha256"])]
@@ -150,8 +160,10 @@ def _load_appended(file: Path, entry: dict[str, Any], *, mmap: bool, verify: boo
             stop += block["rows"] * row_bytes
         for start, stop, digest in ranges:
             if _sha256(file, start, stop) != digest:
-                raise ValueError(f"{file}: checksum mismatch in bytes {start}:{stop}; the file "
-                                 "was modified or truncated after saving.")
+                raise ValueError(
+                    f"{file}: checksum mismatch in bytes {start}:{stop}; the file "
+                    "was modified or truncated after saving."
+                )
     if shape[0] == 0:
         return np.zeros(shape, dtype)
     if mmap:
@@ -161,8 +173,9 @@ def _load_appended(file: Path, entry: dict[str, Any], *, mmap: bool, verify: boo
         return np.fromfile(f, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
 
-def append_rows(path: str | os.PathLike, rows: Mapping[str, np.ndarray],
-                state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def append_rows(
+    path: str | os.PathLike, rows: Mapping[str, np.ndarray], state: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Append ``rows[name]`` along axis 0 to the saved arrays ``name`` of ``path``, in place.
 
     Every array named must exist, with the same dtype and trailing shape. ``state`` entries
@@ -178,8 +191,10 @@ def append_rows(path: str | os.PathLike, rows: Mapping[str, np.ndarray],
             raise ValueError(f"{path} has no array {name!r} to append to.")
         new = np.ascontiguousarray(new)
         if new.dtype.str != entry["dtype"] or list(new.shape[1:]) != entry["shape"][1:]:
-            raise ValueError(f"rows for {name!r} must have dtype {entry['dtype']} and shape "
-                             f"(m, {entry['shape'][1:]}); got {new.dtype.str} {new.shape}.")
+            raise ValueError(
+                f"rows for {name!r} must have dtype {entry['dtype']} and shape "
+                f"(m, {entry['shape'][1:]}); got {new.dtype.str} {new.shape}."
+            )
         prepared[name] = (entry, new)
     if any("appended" not in entry for entry, _ in prepared.values()):
         # first make meta.json checksum the current bytes as a range, so bytes of a crashed
@@ -199,7 +214,8 @@ def append_rows(path: str | os.PathLike, rows: Mapping[str, np.ndarray],
             f.flush()
             os.fsync(f.fileno())
         entry.setdefault("appended", []).append(
-            {"rows": int(new.shape[0]), "sha256": _sha256(file, end, end + new.nbytes)})
+            {"rows": int(new.shape[0]), "sha256": _sha256(file, end, end + new.nbytes)}
+        )
         entry["shape"][0] += int(new.shape[0])
     if state:
         meta["state"].update(state)
@@ -232,8 +248,9 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot save a value of type {type(value).__name__} in {_META}")
 
 
-def _write_arrays(directory: Path, arrays: Mapping[str, np.ndarray], generation: int
-                  ) -> dict[str, Any]:
+def _write_arrays(
+    directory: Path, arrays: Mapping[str, np.ndarray], generation: int
+) -> dict[str, Any]:
     entries = {}
     for name, arr in arrays.items():
         if not name.isidentifier():
@@ -244,27 +261,39 @@ def _write_arrays(directory: Path, arrays: Mapping[str, np.ndarray], generation:
         file = f"{name}.g{generation}.npy"
         np.save(directory / file, arr, allow_pickle=False)
         _fsync_file(directory / file)
-        entries[name] = {"file": file, "shape": list(arr.shape), "dtype": arr.dtype.str,
-                         "sha256": _sha256(directory / file)}
+        entries[name] = {
+            "file": file,
+            "shape": list(arr.shape),
+            "dtype": arr.dtype.str,
+            "sha256": _sha256(directory / file),
+        }
     return entries
 
 
-def write_dir(path: str | os.PathLike, class_name: str, params: Mapping[str, Any],
-              state: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+def write_dir(
+    path: str | os.PathLike,
+    class_name: str,
+    params: Mapping[str, Any],
+    state: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+) -> None:
     """Write a save directory (see the module docstring for the crash-safety scheme)."""
     path = Path(path)
     old_meta = None
     if path.exists():
         if not (path / _META).is_file():
             raise FileExistsError(
-                f"{path} exists and is not a hashlearn save (no {_META}); refusing to "
-                "overwrite it."
+                f"{path} exists and is not a hashlearn save (no {_META}); refusing to overwrite it."
             )
         old_meta = _read_meta(path)
     generation = 1 if old_meta is None else int(old_meta.get("generation", 0)) + 1
     meta: dict[str, Any] = {
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "class": class_name,
-        "generation": generation, "params": dict(params), "state": dict(state),
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "class": class_name,
+        "generation": generation,
+        "params": dict(params),
+        "state": dict(state),
     }
     if old_meta is None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -345,8 +374,9 @@ def _check_structure(meta: dict[str, Any], meta_path: Path) -> None:
                 raise corrupted(f"array {name!r} has no valid {key!r}")
 
 
-def read_dir(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True
-             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def read_dir(
+    path: str | os.PathLike, *, mmap: bool = False, verify: bool = True
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Read a save directory: ``(meta, arrays)``; every check failure is a ``ValueError``."""
     path = Path(path)
     meta = _read_meta(path)
@@ -402,8 +432,9 @@ def estimator_state(est: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str,
     return params, state, arrays
 
 
-def estimator_from_state(cls: type, params: Mapping[str, Any], state: Mapping[str, Any],
-                         arrays: Mapping[str, np.ndarray]) -> Any:
+def estimator_from_state(
+    cls: type, params: Mapping[str, Any], state: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+) -> Any:
     """Inverse of :func:`estimator_state`: construct with ``params``, set fitted attributes."""
     obj = cls(**params)
     for key, value in {**state, **arrays}.items():

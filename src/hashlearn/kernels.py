@@ -32,8 +32,14 @@ from sklearn.metrics.pairwise import (
     rbf_kernel,
 )
 
-__all__ = ["KERNELS", "check_kernel", "kernel_matrix", "check_kernel_matrix",
-           "intersection_kernel", "default_gamma"]
+__all__ = [
+    "KERNELS",
+    "check_kernel",
+    "kernel_matrix",
+    "check_kernel_matrix",
+    "intersection_kernel",
+    "default_gamma",
+]
 
 KERNELS = ("linear", "rbf", "chi2", "intersection", "precomputed")
 
@@ -59,37 +65,57 @@ def check_kernel(kernel: Any, owner: str) -> str | Callable:
         return kernel
     if isinstance(kernel, str) and kernel in KERNELS:
         return kernel
-    raise ValueError(f"The 'kernel' parameter of {owner} must be a str among {list(KERNELS)} "
-                     f"or a callable kernel(a, b) -> float. Got {kernel!r} instead.")
+    raise ValueError(
+        f"The 'kernel' parameter of {owner} must be a str among {list(KERNELS)} "
+        f"or a callable kernel(a, b) -> float. Got {kernel!r} instead."
+    )
 
 
-def check_kernel_matrix(K: Any, name: str, owner: str, *, symmetric: bool = False,
-                        shape: tuple[int | None, int | None] = (None, None)) -> np.ndarray:
+def check_kernel_matrix(
+    K: Any,
+    name: str,
+    owner: str,
+    *,
+    symmetric: bool = False,
+    shape: tuple[int | None, int | None] = (None, None),
+) -> np.ndarray:
     """A finite float64 kernel matrix; ``symmetric=True`` also checks ``K == K.T``."""
     K = np.asarray(K, dtype=np.float64)
     if K.ndim != 2:
         raise ValueError(f"{name} of {owner} must be a 2-D kernel matrix. Got shape {K.shape}.")
     for axis, want in enumerate(shape):
         if want is not None and K.shape[axis] != want:
-            raise ValueError(f"{name} of {owner} must have {want} "
-                             f"{'rows' if axis == 0 else 'columns'}. Got shape {K.shape}.")
+            raise ValueError(
+                f"{name} of {owner} must have {want} "
+                f"{'rows' if axis == 0 else 'columns'}. Got shape {K.shape}."
+            )
     if not np.all(np.isfinite(K)):
-        raise ValueError(f"{name} of {owner} contains NaN or infinite kernel values "
-                         f"({int(np.count_nonzero(~np.isfinite(K)))} entries).")
+        raise ValueError(
+            f"{name} of {owner} contains NaN or infinite kernel values "
+            f"({int(np.count_nonzero(~np.isfinite(K)))} entries)."
+        )
     if symmetric:
         if K.shape[0] != K.shape[1]:
             raise ValueError(f"{name} of {owner} must be square. Got shape {K.shape}.")
         scale = max(float(np.abs(K).max(initial=0.0)), 1e-300)
         asym = float(np.abs(K - K.T).max(initial=0.0))
         if asym > 1e-8 * scale:
-            raise ValueError(f"{name} of {owner} is not symmetric: max |K - K^T| = {asym:.3g} "
-                             f"(max |K| = {scale:.3g}); a kernel must satisfy "
-                             "k(a, b) == k(b, a).")
+            raise ValueError(
+                f"{name} of {owner} is not symmetric: max |K - K^T| = {asym:.3g} "
+                f"(max |K| = {scale:.3g}); a kernel must satisfy "
+                "k(a, b) == k(b, a)."
+            )
     return K
 
 
-def kernel_matrix(A: Any, B: Any, kernel: str | Callable, *, gamma: float | None = None,
-                  owner: str = "kernel_matrix") -> np.ndarray:
+def kernel_matrix(
+    A: Any,
+    B: Any,
+    kernel: str | Callable,
+    *,
+    gamma: float | None = None,
+    owner: str = "kernel_matrix",
+) -> np.ndarray:
     """Kernel values ``K[i, j] = kernel(A[i], B[j])`` as a finite float64 matrix.
 
     ``A`` and ``B`` are 2-D float arrays for the named kernels, or sequences of arbitrary
@@ -105,8 +131,10 @@ def kernel_matrix(A: Any, B: Any, kernel: str | Callable, *, gamma: float | None
                 try:
                     K[i, j] = value
                 except (TypeError, ValueError):
-                    raise TypeError(f"the kernel callable of {owner} must return a real number; "
-                                    f"got {type(value).__name__}.") from None
+                    raise TypeError(
+                        f"the kernel callable of {owner} must return a real number; "
+                        f"got {type(value).__name__}."
+                    ) from None
         return check_kernel_matrix(K, "the kernel callable's values", owner)
     if kernel == "linear":
         K = linear_kernel(A, B)
@@ -115,10 +143,15 @@ def kernel_matrix(A: Any, B: Any, kernel: str | Callable, *, gamma: float | None
     elif kernel in ("chi2", "intersection"):
         for name, M in (("X", A), ("sample", B)):
             if np.any(np.asarray(M) < 0):
-                raise ValueError(f"the {kernel!r} kernel of {owner} needs non-negative "
-                                 f"histograms; {name} has negative entries.")
-        K = chi2_kernel(A, B, gamma=1.0 if gamma is None else gamma) if kernel == "chi2" \
+                raise ValueError(
+                    f"the {kernel!r} kernel of {owner} needs non-negative "
+                    f"histograms; {name} has negative entries."
+                )
+        K = (
+            chi2_kernel(A, B, gamma=1.0 if gamma is None else gamma)
+            if kernel == "chi2"
             else intersection_kernel(np.asarray(A, np.float64), np.asarray(B, np.float64))
+        )
     else:
         raise ValueError(f"kernel_matrix of {owner} cannot evaluate kernel {kernel!r}.")
     return check_kernel_matrix(K, "the kernel matrix", owner)

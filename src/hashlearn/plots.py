@@ -41,8 +41,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def _save_figure(draw, path: str | os.PathLike, title: str, xlabel: str, ylabel: str,
-                 *, xlog: bool = False) -> None:
+def _save_figure(
+    draw, path: str | os.PathLike, title: str, xlabel: str, ylabel: str, *, xlog: bool = False
+) -> None:
     """Make one axes, let ``draw(ax)`` plot on it, label it and write a PNG atomically."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -73,15 +74,18 @@ def _styles(n: int) -> Iterator[dict]:
         yield {"color": colors[i % 10], "linestyle": dashes[(i // 10) % len(dashes)]}
 
 
-def plot_pr_curves(curves: Curves, path: str | os.PathLike,
-                   title: str = "Precision-recall") -> None:
+def plot_pr_curves(
+    curves: Curves, path: str | os.PathLike, title: str = "Precision-recall"
+) -> None:
     """Plot precision against recall, one line per ``label -> (precision, recall)``.
 
     Points with zero recall (radii that retrieve nothing relevant) are not drawn.
     """
+
     def draw(ax) -> None:
-        for (label, (precision, recall)), style in zip(curves.items(), _styles(len(curves)),
-                                                       strict=True):
+        for (label, (precision, recall)), style in zip(
+            curves.items(), _styles(len(curves)), strict=True
+        ):
             p, r = np.asarray(precision, float), np.asarray(recall, float)
             keep = r > 0
             ax.plot(r[keep], p[keep], marker=".", markersize=4, label=label, **style)
@@ -90,19 +94,30 @@ def plot_pr_curves(curves: Curves, path: str | os.PathLike,
     _save_figure(draw, path, title, "recall", "precision")
 
 
-def plot_recall_at_m(curves: Curves, path: str | os.PathLike, title: str = "Recall@M",
-                     reference: Curves | None = None) -> None:
+def plot_recall_at_m(
+    curves: Curves,
+    path: str | os.PathLike,
+    title: str = "Recall@M",
+    reference: Curves | None = None,
+) -> None:
     """Plot recall against the number ``M`` retrieved (log scale), per ``label -> (M, recall)``.
 
     ``reference`` curves (e.g. the exact ranking's) are drawn as thin grey dashed lines.
     """
+
     def draw(ax) -> None:
-        for (label, (m_values, recall)), style in zip(curves.items(), _styles(len(curves)),
-                                                      strict=True):
+        for (label, (m_values, recall)), style in zip(
+            curves.items(), _styles(len(curves)), strict=True
+        ):
             ax.plot(np.asarray(m_values), np.asarray(recall, float), label=label, **style)
         for label, (m_values, recall) in (reference or {}).items():
-            ax.plot(np.asarray(m_values), np.asarray(recall, float), label=label,
-                    color="0.45", linestyle="--", linewidth=1)
+            ax.plot(
+                np.asarray(m_values),
+                np.asarray(recall, float),
+                label=label,
+                color="0.45",
+                linestyle="--",
+                linewidth=1,
+            )
 
-    _save_figure(draw, path, title, "M (items retrieved, Hamming ranking)", "recall",
-                 xlog=True)
+    _save_figure(draw, path, title, "M (items retrieved, Hamming ranking)", "recall", xlog=True)

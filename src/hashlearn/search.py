@@ -103,34 +103,50 @@ class Searcher:
     [0, 1]
     """
 
-    def __init__(self, hasher: BaseHasher, index: BinaryIndex | str = "flat",
-                 rerank: str | Reranker | None = None, n_candidates: int | None = None):
+    def __init__(
+        self,
+        hasher: BaseHasher,
+        index: BinaryIndex | str = "flat",
+        rerank: str | Reranker | None = None,
+        n_candidates: int | None = None,
+    ):
         if not (isinstance(hasher, BaseHasher) or _is_bucketer(hasher)):
-            raise TypeError(f"hasher must be a hashlearn hasher (encode) or bucketer (keys). "
-                            f"Got {type(hasher).__name__}.")
+            raise TypeError(
+                f"hasher must be a hashlearn hasher (encode) or bucketer (keys). "
+                f"Got {type(hasher).__name__}."
+            )
         if isinstance(index, str):
             if not hasattr(hasher, "n_bits"):
-                raise TypeError("a bucketer needs an index object such as TableIndex, not a "
-                                "registry name.")
+                raise TypeError(
+                    "a bucketer needs an index object such as TableIndex, not a registry name."
+                )
             index = make_index(index, n_bits=hasher.n_bits)
         if not (isinstance(index, BinaryIndex) or _is_candidate_index(index)):
-            raise TypeError(f"index must be a hashlearn index or a registry name. "
-                            f"Got {type(index).__name__}.")
+            raise TypeError(
+                f"index must be a hashlearn index or a registry name. Got {type(index).__name__}."
+            )
         if isinstance(index, BinaryIndex) and index.n_bits != getattr(hasher, "n_bits", None):
-            raise ValueError(f"index holds {index.n_bits}-bit codes but the hasher makes "
-                             f"{getattr(hasher, 'n_bits', 'no')}-bit codes.")
+            raise ValueError(
+                f"index holds {index.n_bits}-bit codes but the hasher makes "
+                f"{getattr(hasher, 'n_bits', 'no')}-bit codes."
+            )
         if rerank == "metric":
             if not callable(getattr(hasher, "metric_distances", None)):
-                raise ValueError(f"rerank='metric' needs a hasher with a learned metric "
-                                 f"(metric_distances); {type(hasher).__name__} has none.")
+                raise ValueError(
+                    f"rerank='metric' needs a hasher with a learned metric "
+                    f"(metric_distances); {type(hasher).__name__} has none."
+                )
         elif isinstance(rerank, str) and rerank not in _RERANKERS:
-            raise ValueError(f"Unknown rerank {rerank!r}; available: {available_rerankers()} "
-                             "or a callable.")
+            raise ValueError(
+                f"Unknown rerank {rerank!r}; available: {available_rerankers()} or a callable."
+            )
         if rerank is not None and not isinstance(rerank, str) and not callable(rerank):
             raise TypeError("rerank must be None, a name or a callable.")
         if rerank is None and not isinstance(index, BinaryIndex):
-            raise ValueError(f"{type(index).__name__} returns candidates without distances; "
-                             "pass rerank=... to rank them.")
+            raise ValueError(
+                f"{type(index).__name__} returns candidates without distances; "
+                "pass rerank=... to rank them."
+            )
         if n_candidates is not None:
             check_int(n_candidates, "n_candidates", "Searcher")
         self.hasher = hasher
@@ -153,8 +169,9 @@ class Searcher:
         if self.rerank is not None:
             vectors = _dense(X)
             all_ids = np.concatenate([self._vector_ids, new_ids])
-            all_vecs = vectors if self._vectors is None else np.concatenate(
-                [self._vectors, vectors])
+            all_vecs = (
+                vectors if self._vectors is None else np.concatenate([self._vectors, vectors])
+            )
             order = np.argsort(all_ids, kind="stable")
             self._vector_ids, self._vectors = all_ids[order], all_vecs[order]
         return self
@@ -167,8 +184,7 @@ class Searcher:
             self._vector_ids, self._vectors = self._vector_ids[keep], self._vectors[keep]
         return removed
 
-    def search(self, X, k: int, *, n_threads: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, X, k: int, *, n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest database items of each row of ``X``: ``(D, I)``.
 
         Without re-ranking ``D`` holds int32 Hamming distances; with it, float32 distances
@@ -185,8 +201,14 @@ class Searcher:
             _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
         return self._rerank(_dense(X), self._vector_positions(cand), cand, k)
 
-    def neighbors(self, X, *, radius: int | None = None, n_bins: int | None = None,
-                  n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def neighbors(
+        self,
+        X,
+        *,
+        radius: int | None = None,
+        n_bins: int | None = None,
+        n_threads: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Neighbours by an absolute or relative Hamming threshold, ties kept: ``(lims, D, I)``.
 
         lambdarank-bit-vectors.txt, Sec. 3.5.2. ``radius``: every item at Hamming distance
@@ -199,9 +221,11 @@ class Searcher:
         if not isinstance(self.index, BinaryIndex):
             raise TypeError("Searcher.neighbors needs a Hamming index (BinaryIndex).")
         if (radius is None) == (n_bins is None):
-            raise ValueError("Searcher.neighbors takes exactly one of 'radius' (absolute "
-                             f"threshold) and 'n_bins' (relative threshold). Got "
-                             f"radius={radius!r}, n_bins={n_bins!r}.")
+            raise ValueError(
+                "Searcher.neighbors takes exactly one of 'radius' (absolute "
+                f"threshold) and 'n_bins' (relative threshold). Got "
+                f"radius={radius!r}, n_bins={n_bins!r}."
+            )
         codes = self._encode(X)
         if radius is not None:
             return self.index.range_search(codes, radius, n_threads=n_threads)
@@ -224,8 +248,10 @@ class Searcher:
         parts = {}
         for t in np.unique(threshold[threshold >= 0]):
             rows = np.flatnonzero(threshold == t)
-            parts[int(t)] = (rows, self.index.range_search(codes[rows], int(t),
-                                                           n_threads=n_threads))
+            parts[int(t)] = (
+                rows,
+                self.index.range_search(codes[rows], int(t), n_threads=n_threads),
+            )
         counts = np.zeros(m, np.int64)
         for rows, (lims, _, _) in parts.values():
             counts[rows] = np.diff(lims)
@@ -236,12 +262,11 @@ class Searcher:
         for rows, (lims, D, ids) in parts.values():
             for j, row in enumerate(rows):
                 dst = slice(out_lims[row], out_lims[row + 1])
-                out_d[dst], out_i[dst] = D[lims[j]:lims[j + 1]], ids[lims[j]:lims[j + 1]]
+                out_d[dst], out_i[dst] = D[lims[j] : lims[j + 1]], ids[lims[j] : lims[j + 1]]
         return out_lims, out_d, out_i
 
     def _encode(self, X):
-        return self.hasher.encode(X) if isinstance(self.hasher, BaseHasher) else \
-            self.hasher.keys(X)
+        return self.hasher.encode(X) if isinstance(self.hasher, BaseHasher) else self.hasher.keys(X)
 
     def _vector_positions(self, ids: np.ndarray) -> np.ndarray:
         """Rows of the kept vectors for candidate ids (-1 stays -1); unknown ids raise."""
@@ -258,8 +283,9 @@ class Searcher:
             )
         return np.where(found, pos, -1)
 
-    def _rerank(self, queries: np.ndarray, cand_pos: np.ndarray, cand: np.ndarray, k: int
-                ) -> tuple[np.ndarray, np.ndarray]:
+    def _rerank(
+        self, queries: np.ndarray, cand_pos: np.ndarray, cand: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         if self.rerank == "metric":
             fn = self.hasher.metric_distances
         else:
@@ -273,8 +299,9 @@ class Searcher:
             ids, pos = cand[start:stop], cand_pos[start:stop]
             if not len(self._vector_ids):  # empty database: every candidate is padding
                 break
-            dist = np.asarray(fn(queries[start:stop], self._vectors[np.maximum(pos, 0)]),
-                              dtype=np.float64)
+            dist = np.asarray(
+                fn(queries[start:stop], self._vectors[np.maximum(pos, 0)]), dtype=np.float64
+            )
             if dist.shape != ids.shape:
                 raise ValueError(f"rerank returned shape {dist.shape}; expected {ids.shape}.")
             dist = np.where(ids >= 0, dist, np.inf)
@@ -305,7 +332,7 @@ def _pad_candidates(lists, limit: int | None) -> np.ndarray:
     width = max((len(c) for c in lists), default=0)
     out = np.full((len(lists), max(width, 1)), -1, np.int64)
     for row, c in enumerate(lists):
-        out[row, :len(c)] = c
+        out[row, : len(c)] = c
     return out
 
 

@@ -33,21 +33,27 @@ def check_pairs(pairs, similar, n_samples: int, owner: str) -> tuple[np.ndarray,
     """Validate explicit supervision: ``(pairs int64 (m, 2), similar bool (m,))``."""
     pairs_arr = np.asarray(pairs)
     if pairs_arr.ndim != 2 or pairs_arr.shape[1] != 2:
-        raise ValueError(f"pairs passed to {owner} must have shape (m, 2). "
-                         f"Got shape {pairs_arr.shape}.")
+        raise ValueError(
+            f"pairs passed to {owner} must have shape (m, 2). Got shape {pairs_arr.shape}."
+        )
     if pairs_arr.size and not np.issubdtype(pairs_arr.dtype, np.integer):
-        raise TypeError(f"pairs passed to {owner} must hold integer row indices. "
-                        f"Got dtype {pairs_arr.dtype}.")
+        raise TypeError(
+            f"pairs passed to {owner} must hold integer row indices. Got dtype {pairs_arr.dtype}."
+        )
     pairs_arr = pairs_arr.astype(np.int64, copy=False)
     if pairs_arr.size and (pairs_arr.min() < 0 or pairs_arr.max() >= n_samples):
-        raise ValueError(f"pairs passed to {owner} index rows of X, which has {n_samples} "
-                         f"rows; got indices in [{pairs_arr.min()}, {pairs_arr.max()}].")
+        raise ValueError(
+            f"pairs passed to {owner} index rows of X, which has {n_samples} "
+            f"rows; got indices in [{pairs_arr.min()}, {pairs_arr.max()}]."
+        )
     if similar is None:
         raise ValueError(f"{owner} needs similar=... (one bool per pair) with pairs=...")
     similar_arr = np.asarray(similar)
     if similar_arr.shape != (pairs_arr.shape[0],):
-        raise ValueError(f"similar passed to {owner} must have shape ({pairs_arr.shape[0]},), "
-                         f"one value per pair. Got shape {similar_arr.shape}.")
+        raise ValueError(
+            f"similar passed to {owner} must have shape ({pairs_arr.shape[0]},), "
+            f"one value per pair. Got shape {similar_arr.shape}."
+        )
     if similar_arr.dtype != np.bool_:
         if similar_arr.size and not np.isin(similar_arr, (0, 1)).all():
             raise ValueError(f"similar passed to {owner} must be booleans (or 0/1).")
@@ -58,16 +64,26 @@ def check_pairs(pairs, similar, n_samples: int, owner: str) -> tuple[np.ndarray,
 def _check_labels(y, n_samples: int, owner: str) -> np.ndarray:
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n_samples:
-        raise ValueError(f"y passed to {owner} must be one label per row of X ({n_samples}). "
-                         f"Got shape {y.shape}.")
+        raise ValueError(
+            f"y passed to {owner} must be one label per row of X ({n_samples}). "
+            f"Got shape {y.shape}."
+        )
     if len(np.unique(y)) < 2:
-        raise ValueError(f"y passed to {owner} holds a single class, so there are no "
-                         "dissimilar pairs to learn from; pass at least two classes.")
+        raise ValueError(
+            f"y passed to {owner} holds a single class, so there are no "
+            "dissimilar pairs to learn from; pass at least two classes."
+        )
     return y
 
 
-def pairs_from_labels(y, n_pairs: int, *, similar_fraction: float = 0.5, random_state=None,
-                      owner: str = "pairs_from_labels") -> tuple[np.ndarray, np.ndarray]:
+def pairs_from_labels(
+    y,
+    n_pairs: int,
+    *,
+    similar_fraction: float = 0.5,
+    random_state=None,
+    owner: str = "pairs_from_labels",
+) -> tuple[np.ndarray, np.ndarray]:
     """Sample ``n_pairs`` distinct-row pairs: about ``similar_fraction`` of them from the same
     class (similar), the rest from different classes (dissimilar).
 
@@ -78,16 +94,18 @@ def pairs_from_labels(y, n_pairs: int, *, similar_fraction: float = 0.5, random_
     y = _check_labels(y, len(np.asarray(y)), owner)
     n_pairs = check_int(n_pairs, "n_pairs", owner)
     if not 0.0 <= similar_fraction <= 1.0:
-        raise ValueError(f"similar_fraction passed to {owner} must be in [0, 1]. "
-                         f"Got {similar_fraction!r}.")
+        raise ValueError(
+            f"similar_fraction passed to {owner} must be in [0, 1]. Got {similar_fraction!r}."
+        )
     rng = check_random_state(random_state)
     _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
     order = np.argsort(codes, kind="stable")
     starts = np.concatenate([[0], np.cumsum(counts)])
     n_sim = int(round(n_pairs * similar_fraction))
     if n_sim and counts.max() < 2:
-        raise ValueError(f"y passed to {owner} has no class with two members, so there are no "
-                         "similar pairs.")
+        raise ValueError(
+            f"y passed to {owner} has no class with two members, so there are no similar pairs."
+        )
     # similar: anchor among rows whose class has >= 2 members, partner another class member
     eligible = np.flatnonzero(counts[codes] >= 2)
     a = eligible[rng.randint(len(eligible), size=n_sim)]
@@ -111,8 +129,17 @@ def pairs_from_labels(y, n_pairs: int, *, similar_fraction: float = 0.5, random_
     return pairs[perm].astype(np.int64), similar[perm]
 
 
-def resolve_pairs(X, y, pairs, similar, *, n_pairs: int, owner: str, random_state=None,
-                  similar_fraction: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+def resolve_pairs(
+    X,
+    y,
+    pairs,
+    similar,
+    *,
+    n_pairs: int,
+    owner: str,
+    random_state=None,
+    similar_fraction: float = 0.5,
+) -> tuple[np.ndarray, np.ndarray]:
     """Supervision as checked pairs, from explicit ``pairs``/``similar`` or from labels ``y``.
 
     Exactly one of ``y`` and ``pairs`` must be given; with labels, ``n_pairs`` pairs are
@@ -126,11 +153,13 @@ def resolve_pairs(X, y, pairs, similar, *, n_pairs: int, owner: str, random_stat
     if similar is not None:
         raise ValueError(f"{owner} got similar=... without pairs=...")
     if y is None:
-        raise ValueError(f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
-                         "fit(X, pairs=P, similar=s).")
+        raise ValueError(
+            f"{owner} is supervised: pass labels, fit(X, y), or pairs, fit(X, pairs=P, similar=s)."
+        )
     _check_labels(y, n_samples, owner)
-    return pairs_from_labels(y, n_pairs, similar_fraction=similar_fraction,
-                             random_state=random_state, owner=owner)
+    return pairs_from_labels(
+        y, n_pairs, similar_fraction=similar_fraction, random_state=random_state, owner=owner
+    )
 
 
 def _sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -153,7 +182,7 @@ def neighbor_threshold(X, n_neighbors: int, *, max_rows: int = 5000, random_stat
     rows = np.arange(n) if n <= max_rows else np.sort(rng.choice(n, max_rows, replace=False))
     dists = []
     for start in range(0, len(rows), 512):
-        block = rows[start:start + 512]
+        block = rows[start : start + 512]
         d = _sq_dists(X[block], X)
         d[np.arange(len(block)), block] = np.inf  # exclude self
         dists.append(d.ravel())
@@ -182,8 +211,9 @@ def sample_pairs(n_samples: int, n_pairs: int, random_state=None) -> np.ndarray:
     return np.stack([a, b], axis=1).astype(np.int64)
 
 
-def pairs_from_neighbors(X, n_neighbors: int, n_pairs: int, *, similar_fraction: float = 0.5,
-                         random_state=None) -> tuple[np.ndarray, np.ndarray]:
+def pairs_from_neighbors(
+    X, n_neighbors: int, n_pairs: int, *, similar_fraction: float = 0.5, random_state=None
+) -> tuple[np.ndarray, np.ndarray]:
     """Pairs labelled by the Euclidean neighbour threshold of :func:`neighbor_threshold`.
 
     ``similar_fraction`` of the pairs join a point to one of its neighbours within the
@@ -198,7 +228,7 @@ def pairs_from_neighbors(X, n_neighbors: int, n_pairs: int, *, similar_fraction:
     anchors = rng.randint(n, size=n_sim)
     partners = np.empty(n_sim, np.int64)
     for start in range(0, n_sim, 512):
-        block = anchors[start:start + 512]
+        block = anchors[start : start + 512]
         within = _sq_dists(X[block], X) <= thr * thr
         within[np.arange(len(block)), block] = False
         for j, row in enumerate(within):

@@ -34,5 +34,7 @@ def get_experiment(name: str) -> ModuleType:
     try:
         module = EXPERIMENTS[name]
     except KeyError:
-        raise ValueError(f"Unknown experiment {name!r}; available: {sorted(EXPERIMENTS)}.") from None
+        raise ValueError(
+            f"Unknown experiment {name!r}; available: {sorted(EXPERIMENTS)}."
+        ) from None
     return importlib.import_module(module)

@@ -14,8 +14,15 @@ from sklearn.utils import check_random_state
 
 from hashlearn.datasets import fashion_mnist_available, load_digits, load_fashion_mnist
 
-__all__ = ["REAL_DATASETS", "load_real", "available_real", "split_queries",
-           "write_section", "write_json", "markdown_table"]
+__all__ = [
+    "REAL_DATASETS",
+    "load_real",
+    "available_real",
+    "split_queries",
+    "write_section",
+    "write_json",
+    "markdown_table",
+]
 
 REAL_DATASETS = ("digits", "fashion-mnist")
 
@@ -28,8 +35,9 @@ def available_real(data_dir: str | os.PathLike | None = None) -> list[str]:
     return names
 
 
-def load_real(name: str, data_dir: str | os.PathLike | None = None
-              ) -> tuple[np.ndarray, np.ndarray]:
+def load_real(
+    name: str, data_dir: str | os.PathLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(X float32, y int64)`` of ``"digits"`` or ``"fashion-mnist"`` (raw pixel values).
 
     Fashion-MNIST is its 60k training rows followed by its 10k test rows.
@@ -41,16 +49,23 @@ def load_real(name: str, data_dir: str | os.PathLike | None = None
     raise ValueError(f"Unknown dataset {name!r}; expected one of {REAL_DATASETS}.")
 
 
-def split_queries(n: int, n_queries: int, random_state=None, *, y: np.ndarray | None = None,
-                  per_class: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def split_queries(
+    n: int,
+    n_queries: int,
+    random_state=None,
+    *,
+    y: np.ndarray | None = None,
+    per_class: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(database rows, query rows)``: ``n_queries`` random held-out queries (or that many
     per class with ``per_class=True``), the rest the database; both sorted."""
     rng = check_random_state(random_state)
     if per_class:
         if y is None:
             raise ValueError("per_class=True needs labels y.")
-        query = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:n_queries]
-                                for c in np.unique(y)])
+        query = np.concatenate(
+            [rng.permutation(np.flatnonzero(y == c))[:n_queries] for c in np.unique(y)]
+        )
     else:
         query = rng.choice(n, size=min(n_queries, n - 1), replace=False)
     mask = np.zeros(n, bool)
@@ -72,8 +87,11 @@ def write_section(path: str | os.PathLike, name: str, markdown: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         text = path.read_text() if path.exists() else "# Measured results\n"
         pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-        text = pattern.sub(lambda _: block, text) if pattern.search(text) else (
-            text.rstrip() + "\n\n" + block + "\n")
+        text = (
+            pattern.sub(lambda _: block, text)
+            if pattern.search(text)
+            else (text.rstrip() + "\n\n" + block + "\n")
+        )
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
@@ -97,6 +115,7 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
 
 def markdown_table(header, rows) -> str:
     """A GitHub markdown table; floats shown with 3 decimals."""
+
     def cell(c: Any) -> str:
         return f"{c:.3f}" if isinstance(c, float | np.floating) else str(c)
 

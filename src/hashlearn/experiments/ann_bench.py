@@ -50,8 +50,7 @@ class HashlearnANN:
 
     def __init__(self, metric: str, index: str = "mih", n_bits: int = 64):
         if metric not in ("hamming", "euclidean", "angular"):
-            raise ValueError(f"metric must be 'hamming', 'euclidean' or 'angular'. Got "
-                             f"{metric!r}.")
+            raise ValueError(f"metric must be 'hamming', 'euclidean' or 'angular'. Got {metric!r}.")
         if index not in _INDEXES:
             raise ValueError(f"index must be one of {sorted(_INDEXES)}. Got {index!r}.")
         self.metric, self.index_name, self.n_bits = metric, index, int(n_bits)
@@ -70,7 +69,8 @@ class HashlearnANN:
                 X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-30)
             self._X = X
             self._hasher = RandomHyperplaneLSH(self.n_bits, random_state=0).fit(
-                X[np.random.default_rng(0).permutation(len(X))[:20_000]])
+                X[np.random.default_rng(0).permutation(len(X))[:20_000]]
+            )
             codes = self._hasher.encode(X)
         self._index = _INDEXES[self.index_name](self.n_bits)
         self._index.add(codes)
@@ -82,8 +82,10 @@ class HashlearnANN:
         if self.metric == "hamming":  # exact search: nothing to tune
             self.name = f"hashlearn-{self.index_name}(hamming, {self.n_bits}, exact)"
         else:
-            self.name = (f"hashlearn-{self.index_name}({self.metric}, {self.n_bits}, "
-                         f"n_candidates={self.n_candidates})")
+            self.name = (
+                f"hashlearn-{self.index_name}({self.metric}, {self.n_bits}, "
+                f"n_candidates={self.n_candidates})"
+            )
 
     def _encode_queries(self, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         if self.metric == "hamming":
@@ -103,8 +105,9 @@ class HashlearnANN:
         dist = np.einsum("bcd,bcd->bc", diff, diff)
         dist[cand < 0] = np.inf
         order = np.argsort(dist, axis=1, kind="stable")[:, :n]
-        return np.where(np.take_along_axis(dist, order, 1) < np.inf,
-                        np.take_along_axis(cand, order, 1), -1)
+        return np.where(
+            np.take_along_axis(dist, order, 1) < np.inf, np.take_along_axis(cand, order, 1), -1
+        )
 
     def query(self, v: np.ndarray, n: int) -> np.ndarray:
         ids = self._search(np.asarray(v)[None, :], n, 1)[0]
@@ -149,8 +152,15 @@ def recall_at_k(metric, train, test, found, true_distances, k, epsilon=1e-3):
     return float(np.mean((d <= threshold).sum(axis=1) / k))
 
 
-def sweep(dataset, *, index: str = "mih", n_bits: int = 64, k: int = 10,
-          n_queries: int | None = None, progress=None) -> list[dict]:
+def sweep(
+    dataset,
+    *,
+    index: str = "mih",
+    n_bits: int = 64,
+    k: int = 10,
+    n_queries: int | None = None,
+    progress=None,
+) -> list[dict]:
     """Build once, then time each query setting; one row per setting."""
     metric = dataset.distance.lower()
     if metric not in ("hamming", "euclidean", "angular"):
@@ -165,7 +175,7 @@ def sweep(dataset, *, index: str = "mih", n_bits: int = 64, k: int = 10,
     build_s = time.perf_counter() - start
     rows = []
     settings = query_argument_groups(metric)
-    for n_candidates in (progress(settings) if progress else settings):
+    for n_candidates in progress(settings) if progress else settings:
         algo.set_query_arguments(max(n_candidates, k))
         start = time.perf_counter()
         single = np.full((len(test), k), -1, np.int64)
@@ -177,13 +187,19 @@ def sweep(dataset, *, index: str = "mih", n_bits: int = 64, k: int = 10,
         algo.batch_query(test, k)
         batch_s = time.perf_counter() - start
         batch = algo._results
-        rows.append({
-            "algorithm": str(algo), "n_candidates": n_candidates if metric != "hamming" else 0,
-            "recall": round(recall_at_k(metric, dataset.train, test, single, true_d, k), 4),
-            "recall_batch": round(recall_at_k(metric, dataset.train, test, batch, true_d, k), 4),
-            "QPS": round(len(test) / single_s, 1), "batch_QPS": round(len(test) / batch_s, 1),
-            "build_s": round(build_s, 2),
-        })
+        rows.append(
+            {
+                "algorithm": str(algo),
+                "n_candidates": n_candidates if metric != "hamming" else 0,
+                "recall": round(recall_at_k(metric, dataset.train, test, single, true_d, k), 4),
+                "recall_batch": round(
+                    recall_at_k(metric, dataset.train, test, batch, true_d, k), 4
+                ),
+                "QPS": round(len(test) / single_s, 1),
+                "batch_QPS": round(len(test) / batch_s, 1),
+                "build_s": round(build_s, 2),
+            }
+        )
     return rows
 
 
@@ -210,8 +226,16 @@ def _plot(rows, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_file(path, out_dir, *, index: str = "mih", n_bits: int = 64, k: int = 10,
-             n_queries: int | None = None, progress=None) -> str:
+def run_file(
+    path,
+    out_dir,
+    *,
+    index: str = "mih",
+    n_bits: int = 64,
+    k: int = 10,
+    n_queries: int | None = None,
+    progress=None,
+) -> str:
     """Sweep one ann-benchmarks HDF5 file; write ``ann_<name>.{md,json,png}`` to out_dir."""
     from hashlearn.datasets import load_ann_benchmarks
     from hashlearn.experiments._common import markdown_table
@@ -219,23 +243,28 @@ def run_file(path, out_dir, *, index: str = "mih", n_bits: int = 64, k: int = 10
     path, out_dir = Path(path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_ann_benchmarks(path)
-    rows = sweep(dataset, index=index, n_bits=n_bits, k=k, n_queries=n_queries,
-                 progress=progress)
+    rows = sweep(dataset, index=index, n_bits=n_bits, k=k, n_queries=n_queries, progress=progress)
     stem = f"ann_{path.stem}"
     (out_dir / f"{stem}.json").write_text(json.dumps(rows, indent=1))
     _plot(rows, out_dir / f"{stem}.png", f"{path.name}: recall@{k} vs QPS")
     cols = list(rows[0])
-    md = "\n".join([
-        f"ann-benchmarks sweep of `{path.name}` ({dataset.distance}, {len(dataset.train):,} "
-        f"train, {len(dataset.test) if n_queries is None else n_queries} queries, k={k}).",
-        "", markdown_table(cols, [[r[c] for c in cols] for r in rows]), "",
-        f"![recall-QPS]({stem}.png)"])
+    md = "\n".join(
+        [
+            f"ann-benchmarks sweep of `{path.name}` ({dataset.distance}, {len(dataset.train):,} "
+            f"train, {len(dataset.test) if n_queries is None else n_queries} queries, k={k}).",
+            "",
+            markdown_table(cols, [[r[c] for c in cols] for r in rows]),
+            "",
+            f"![recall-QPS]({stem}.png)",
+        ]
+    )
     (out_dir / f"{stem}.md").write_text(md + "\n")
     return md
 
 
-def _write_demo_file(path: Path, *, metric: str, n: int = 20_000, n_test: int = 200,
-                     d: int = 64, seed: int = 0) -> Path:
+def _write_demo_file(
+    path: Path, *, metric: str, n: int = 20_000, n_test: int = 200, d: int = 64, seed: int = 0
+) -> Path:
     """A small ann-benchmarks-format HDF5 file (clustered data) with exact ground truth."""
     import h5py
 
@@ -243,7 +272,7 @@ def _write_demo_file(path: Path, *, metric: str, n: int = 20_000, n_test: int = 
 
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(50, d))
-    X = (centres[rng.integers(0, 50, n + n_test)] + 0.3 * rng.normal(size=(n + n_test, d)))
+    X = centres[rng.integers(0, 50, n + n_test)] + 0.3 * rng.normal(size=(n + n_test, d))
     if metric == "hamming":
         X = X > 0
         train, test = X[:n], X[n:]
@@ -264,8 +293,7 @@ def _write_demo_file(path: Path, *, metric: str, n: int = 20_000, n_test: int = 
     return path
 
 
-def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
-        progress=None) -> str:
+def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None) -> str:
     """Experiment entry point: the sweep on synthetic ann-benchmarks files (Hamming and
     Euclidean) written into ``out_dir`` (real files: ``hashlearn bench ann FILE.hdf5``)."""
     out_dir = Path(out_dir)
@@ -273,9 +301,7 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
     n = 5_000 if quick else 100_000
     parts = []
     for metric in ("hamming", "euclidean"):
-        path = _write_demo_file(out_dir / f"synthetic-{metric}.hdf5", metric=metric, n=n,
-                                seed=seed)
-        parts.append(run_file(path, out_dir, n_queries=100 if quick else None,
-                              progress=progress))
+        path = _write_demo_file(out_dir / f"synthetic-{metric}.hdf5", metric=metric, n=n, seed=seed)
+        parts.append(run_file(path, out_dir, n_queries=100 if quick else None, progress=progress))
         path.unlink()
     return "\n\n".join(parts)

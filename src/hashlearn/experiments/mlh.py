@@ -74,7 +74,7 @@ def _datasets(quick, seed, data_dir):
         X = np.asarray(X, np.float64)
         perm = rng.permutation(len(X))
         n_test = 300 if quick else 3000
-        tr, te = perm[:1000], perm[1000:1000 + n_test]
+        tr, te = perm[:1000], perm[1000 : 1000 + n_test]
         A, B = prepare(X[tr], X[te], normalise=True, n_pca=40)
         out.append((name, A, B))
     U = rng.uniform(0, 1, (1000 + (500 if quick else 3000), 10))
@@ -87,14 +87,24 @@ def _make(method, n_bits, seed, mlh_params, epochs, d):
     if method in ("PCAH", "ITQ") and n_bits > d:
         return None
     if method == "MLH":
-        return MinimalLossHashing(n_bits, n_epochs=epochs, random_state=seed, monitor_pairs=0,
-                                  **_scaled(mlh_params, n_bits))
+        return MinimalLossHashing(
+            n_bits,
+            n_epochs=epochs,
+            random_state=seed,
+            monitor_pairs=0,
+            **_scaled(mlh_params, n_bits),
+        )
     if method == "BRE2":
-        return MinimalLossHashing(n_bits, loss="bre", epsilon=n_bits / 32.0, n_epochs=epochs,
-                                  monitor_pairs=0, random_state=seed)
+        return MinimalLossHashing(
+            n_bits,
+            loss="bre",
+            epsilon=n_bits / 32.0,
+            n_epochs=epochs,
+            monitor_pairs=0,
+            random_state=seed,
+        )
     if method == "BRE":
-        return BinaryReconstructiveEmbedding(n_bits, n_landmarks=100, n_iter=2,
-                                             random_state=seed)
+        return BinaryReconstructiveEmbedding(n_bits, n_landmarks=100, n_iter=2, random_state=seed)
     if method == "SH":
         return SpectralHashing(n_bits)
     if method == "SIKH":
@@ -136,8 +146,13 @@ def _run_small(out_dir, quick, seed, data_dir, progress, report):
     curves = {}
     selected = {}
     datasets = _datasets(quick, seed, data_dir)
-    jobs = [(ds, b, m, r) for ds, *_ in datasets for b in bits_list for m in METHODS
-            for r in range(1 if m in ("SH", "PCAH") else n_runs)]
+    jobs = [
+        (ds, b, m, r)
+        for ds, *_ in datasets
+        for b in bits_list
+        for m in METHODS
+        for r in range(1 if m in ("SH", "PCAH") else n_runs)
+    ]
     bar = progress(total=len(jobs), desc="mlh §6.1") if progress else None
     t0 = time.perf_counter()
     for name, A, B in datasets:
@@ -150,9 +165,17 @@ def _run_small(out_dir, quick, seed, data_dir, progress, report):
             best = dict(rho=8.0, lam=0.5, epsilon=0.03)
         else:
             best, _ = select_mlh_hyperparameters(
-                A, pairs=P, similar=s, n_bits=32, rho_values=(3, 6, 10, 14),
-                lam_values=(0.2, 0.5), epsilon_values=(0.03, 0.1), n_epochs=5, score=RADIUS,
-                random_state=seed)
+                A,
+                pairs=P,
+                similar=s,
+                n_bits=32,
+                rho_values=(3, 6, 10, 14),
+                lam_values=(0.2, 0.5),
+                epsilon_values=(0.03, 0.1),
+                n_epochs=5,
+                score=RADIUS,
+                random_state=seed,
+            )
         selected[name] = best
         for b in bits_list:
             for method in METHODS:
@@ -168,8 +191,9 @@ def _run_small(out_dir, quick, seed, data_dir, progress, report):
                     _fit(h, method, A, P, s)
                     d = hamming_cdist(h.encode(B), h.encode(A), b)
                     prec, rec = precision_recall_at_radius(d, relevant, RADIUS)
-                    prec_q, _ = precision_recall_at_radius(d, relevant, RADIUS,
-                                                           aggregate="per_query")
+                    prec_q, _ = precision_recall_at_radius(
+                        d, relevant, RADIUS, aggregate="per_query"
+                    )
                     pc, rc = precision_recall_curve(d, relevant, b)
                     results.setdefault(key, []).append((prec, rec, pr_auc(pc, rc), prec_q))
                     curves.setdefault(key, []).append((pc, rc))
@@ -190,50 +214,69 @@ def _run_small(out_dir, quick, seed, data_dir, progress, report):
             for b in bits_list:
                 vals = [v[0] for v in results[(name, b, method)]]
                 row.append(_fmt(vals))
-                json_rows.append(dict(dataset=name, method=method, n_bits=b,
-                                      precision=vals,
-                                      recall=[v[1] for v in results[(name, b, method)]],
-                                      pr_auc=[v[2] for v in results[(name, b, method)]],
-                                      precision_per_query=[
-                                          v[3] for v in results[(name, b, method)]]))
+                json_rows.append(
+                    dict(
+                        dataset=name,
+                        method=method,
+                        n_bits=b,
+                        precision=vals,
+                        recall=[v[1] for v in results[(name, b, method)]],
+                        pr_auc=[v[2] for v in results[(name, b, method)]],
+                        precision_per_query=[v[3] for v in results[(name, b, method)]],
+                    )
+                )
             rows.append(row)
-        report.append(f"\n**{name}** — precision at Hamming radius <= {RADIUS} "
-                      f"(pooled; mean ± std over runs; MLH rho/lambda/epsilon at 32 bits = "
-                      f"{selected[name]['rho']:g}/{selected[name]['lam']:g}/"
-                      f"{selected[name]['epsilon']:g})\n")
+        report.append(
+            f"\n**{name}** — precision at Hamming radius <= {RADIUS} "
+            f"(pooled; mean ± std over runs; MLH rho/lambda/epsilon at 32 bits = "
+            f"{selected[name]['rho']:g}/{selected[name]['lam']:g}/"
+            f"{selected[name]['epsilon']:g})\n"
+        )
         report.append(markdown_table(["method"] + [f"{b} bits" for b in bits_list], rows))
         rows = []
         for method in METHODS:
-            rows.append([method] + [_fmt([v[1] for v in results[(name, b, method)]])
-                                    for b in bits_list])
+            rows.append(
+                [method] + [_fmt([v[1] for v in results[(name, b, method)]]) for b in bits_list]
+            )
         report.append(f"\n{name} — recall at R <= {RADIUS} (pooled)\n")
         report.append(markdown_table(["method"] + [f"{b} bits" for b in bits_list], rows))
         rows = []
         for method in METHODS:
-            rows.append([method] + [_fmt([v[3] for v in results[(name, b, method)]])
-                                    for b in bits_list])
-        report.append(f"\n{name} — precision at R <= {RADIUS} averaged per query, a query "
-                      "retrieving nothing scoring 0\n")
+            rows.append(
+                [method] + [_fmt([v[3] for v in results[(name, b, method)]]) for b in bits_list]
+            )
+        report.append(
+            f"\n{name} — precision at R <= {RADIUS} averaged per query, a query "
+            "retrieving nothing scoring 0\n"
+        )
         report.append(markdown_table(["method"] + [f"{b} bits" for b in bits_list], rows))
         rows = []
         for method in METHODS:
-            rows.append([method] + [_fmt([v[2] for v in results[(name, b, method)]])
-                                    for b in bits_list])
+            rows.append(
+                [method] + [_fmt([v[2] for v in results[(name, b, method)]]) for b in bits_list]
+            )
         report.append(f"\n{name} — area under the precision-recall curve (R = 0..q)\n")
         report.append(markdown_table(["method"] + [f"{b} bits" for b in bits_list], rows))
-    report.append(f"\n§6.1 took {elapsed:.0f} s ({n_runs} runs, {epochs} MLH epochs of 10^5 "
-                  "pairs).")
+    report.append(
+        f"\n§6.1 took {elapsed:.0f} s ({n_runs} runs, {epochs} MLH epochs of 10^5 pairs)."
+    )
     report.append(_claims(results, names, bits_list))
-    write_json(out_dir / "mlh_small.json", dict(rows=json_rows, selected=selected,
-                                                  bits=list(bits_list), n_runs=n_runs))
+    write_json(
+        out_dir / "mlh_small.json",
+        dict(rows=json_rows, selected=selected, bits=list(bits_list), n_runs=n_runs),
+    )
     _plots(out_dir, results, curves, names, bits_list)
-    report.append("\nPlots: `mlh_precision_r3_<dataset>.png`, `mlh_pr_<dataset>_<bits>.png`, "
-                  "`mlh_training_curve.png`.")
+    report.append(
+        "\nPlots: `mlh_precision_r3_<dataset>.png`, `mlh_pr_<dataset>_<bits>.png`, "
+        "`mlh_training_curve.png`."
+    )
 
 
 def _claims(results, names, bits_list):
-    lines = ["\nClaims (means over runs), under the pooled precision H/T of §6 and under the "
-             "per-query precision (empty retrieval = 0):\n"]
+    lines = [
+        "\nClaims (means over runs), under the pooled precision H/T of §6 and under the "
+        "per-query precision (empty retrieval = 0):\n"
+    ]
 
     def mean(name, b, m, idx):
         v = [x[idx] for x in results[(name, b, m)]]
@@ -246,16 +289,20 @@ def _claims(results, names, bits_list):
                     continue
                 m, br, sh, lsh = (mean(name, b, k, idx) for k in ("MLH", "BRE", "SH", "LSH"))
                 ok = m >= br >= max(sh, lsh)
-                lines.append(f"- [{label}] {name} {b} bits: MLH {m:.3f} >= BRE {br:.3f} >= "
-                             f"max(SH {sh:.3f}, LSH {lsh:.3f}): "
-                             f"**{'holds' if ok else 'does not hold'}**")
+                lines.append(
+                    f"- [{label}] {name} {b} bits: MLH {m:.3f} >= BRE {br:.3f} >= "
+                    f"max(SH {sh:.3f}, LSH {lsh:.3f}): "
+                    f"**{'holds' if ok else 'does not hold'}**"
+                )
             if 32 in bits_list:
                 unsup = {k: mean(name, 32, k, idx) for k in ("SH", "SIKH", "PCAH", "ITQ", "LSH")}
                 top = max(unsup, key=lambda k: -np.inf if np.isnan(unsup[k]) else unsup[k])
                 m = mean(name, 32, "MLH", idx)
-                lines.append(f"- [{label}] {name} 32 bits: MLH {m:.3f} vs best unsupervised "
-                             f"{top} {unsup[top]:.3f}: MLH "
-                             f"{'wins' if m > unsup[top] else 'loses'}")
+                lines.append(
+                    f"- [{label}] {name} 32 bits: MLH {m:.3f} vs best unsupervised "
+                    f"{top} {unsup[top]:.3f}: MLH "
+                    f"{'wins' if m > unsup[top] else 'loses'}"
+                )
     return "\n".join(lines)
 
 
@@ -265,8 +312,9 @@ def _training_curve(out_dir, name, A, P, s, best, epochs, seed):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    h = MinimalLossHashing(32, n_epochs=max(epochs, 10), monitor_pairs=20000, random_state=seed,
-                           **_scaled(best, 32)).fit(A, pairs=P, similar=s)
+    h = MinimalLossHashing(
+        32, n_epochs=max(epochs, 10), monitor_pairs=20000, random_state=seed, **_scaled(best, 32)
+    ).fit(A, pairs=P, similar=s)
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(h.bound_history_, label="upper bound (eq. 11)")
     ax.plot(h.loss_history_, label="empirical loss (eq. 3)")
@@ -278,8 +326,9 @@ def _training_curve(out_dir, name, A, P, s, best, epochs, seed):
     with atomic_path(out_dir / "mlh_training_curve.png") as path:
         fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
-    write_json(out_dir / "mlh_training_curve.json",
-               dict(bound=h.bound_history_, loss=h.loss_history_))
+    write_json(
+        out_dir / "mlh_training_curve.json", dict(bound=h.bound_history_, loss=h.loss_history_)
+    )
 
 
 def _plots(out_dir, results, curves, names, bits_list):
@@ -337,31 +386,39 @@ def _run_large(out_dir, seed, data_dir, progress, report):
     X, _ = load_real("fashion-mnist", data_dir)
     perm = rng.permutation(len(X))
     tr, te = perm[:20000], perm[20000:22000]
-    A, B = prepare(np.asarray(X[tr], np.float64), np.asarray(X[te], np.float64),
-                   normalise=True, n_pca=40)
+    A, B = prepare(
+        np.asarray(X[tr], np.float64), np.asarray(X[te], np.float64), normalise=True, n_pca=40
+    )
     thr = neighbor_threshold(A, 100, random_state=seed)
     relevant = neighbors_within(B, A, thr)
     P, s = pairs_from_neighbors(A, 100, 1_000_000, similar_fraction=0.1, random_state=seed)
     bits_list = (16, 32, 64, 128)
     rows_p, rows_auc, json_rows = [], [], []
     res = {}
-    jobs = [(b, m) for b in bits_list for m in ("MLH", "MLH.5", "BRE", "SH", "SIKH", "ITQ",
-                                                  "LSH")]
+    jobs = [(b, m) for b in bits_list for m in ("MLH", "MLH.5", "BRE", "SH", "SIKH", "ITQ", "LSH")]
     bar = progress(total=len(jobs), desc="mlh §6.2") if progress else None
     t0 = time.perf_counter()
     params = dict(rho=8.0, lam=0.5, epsilon=0.03)
     for b, method in jobs:
         q = b // 2 if method == "MLH.5" else b
         if method in ("MLH", "MLH.5"):
-            h = MinimalLossHashing(q, n_epochs=20, monitor_pairs=0, random_state=seed,
-                                   **_scaled(params, q)).fit(A, pairs=P, similar=s)
+            h = MinimalLossHashing(
+                q, n_epochs=20, monitor_pairs=0, random_state=seed, **_scaled(params, q)
+            ).fit(A, pairs=P, similar=s)
         elif method == "BRE":
             sub = rng.choice(len(A), 3000, replace=False)
-            h = BinaryReconstructiveEmbedding(q, n_landmarks=100, n_iter=2,
-                                              random_state=seed).fit(A[sub])
+            h = BinaryReconstructiveEmbedding(q, n_landmarks=100, n_iter=2, random_state=seed).fit(
+                A[sub]
+            )
         else:
-            h = _make({"SH": "SH", "SIKH": "SIKH", "ITQ": "ITQ", "LSH": "LSH"}[method], q, seed,
-                      params, 0, A.shape[1])
+            h = _make(
+                {"SH": "SH", "SIKH": "SIKH", "ITQ": "ITQ", "LSH": "LSH"}[method],
+                q,
+                seed,
+                params,
+                0,
+                A.shape[1],
+            )
             if h is None:
                 res[(b, method)] = None
                 if bar:
@@ -372,21 +429,44 @@ def _run_large(out_dir, seed, data_dir, progress, report):
         prec, rec = precision_recall_at_radius(d, relevant, RADIUS)
         pc, rc = precision_recall_curve(d, relevant, q)
         res[(b, method)] = (prec, rec, pr_auc(pc, rc))
-        json_rows.append(dict(method=method, n_bits=q, column_bits=b, precision=prec,
-                              recall=rec, pr_auc=res[(b, method)][2]))
+        json_rows.append(
+            dict(
+                method=method,
+                n_bits=q,
+                column_bits=b,
+                precision=prec,
+                recall=rec,
+                pr_auc=res[(b, method)][2],
+            )
+        )
         if bar:
             bar.update(1)
     if bar:
         bar.close()
     for method in ("MLH", "MLH.5", "BRE", "SH", "SIKH", "ITQ", "LSH"):
-        rows_p.append([method] + [("n/a" if res[(b, method)] is None else
-                                   f"{res[(b, method)][0]:.3f} / {res[(b, method)][1]:.3f}")
-                                  for b in bits_list])
-        rows_auc.append([method] + [("n/a" if res[(b, method)] is None else
-                                     f"{res[(b, method)][2]:.3f}") for b in bits_list])
-    report.append("\n### §6.2 at larger scale: Fashion-MNIST 20k train / 2k test, 100 "
-                  "neighbours (one run)\n\nPrecision / recall at R <= 3 (MLH.5 = MLH at half "
-                  "the column's code length):\n")
+        rows_p.append(
+            [method]
+            + [
+                (
+                    "n/a"
+                    if res[(b, method)] is None
+                    else f"{res[(b, method)][0]:.3f} / {res[(b, method)][1]:.3f}"
+                )
+                for b in bits_list
+            ]
+        )
+        rows_auc.append(
+            [method]
+            + [
+                ("n/a" if res[(b, method)] is None else f"{res[(b, method)][2]:.3f}")
+                for b in bits_list
+            ]
+        )
+    report.append(
+        "\n### §6.2 at larger scale: Fashion-MNIST 20k train / 2k test, 100 "
+        "neighbours (one run)\n\nPrecision / recall at R <= 3 (MLH.5 = MLH at half "
+        "the column's code length):\n"
+    )
     report.append(markdown_table(["method"] + [f"{b} bits" for b in bits_list], rows_p))
     report.append("\nArea under the precision-recall curve:\n")
     report.append(markdown_table(["method"] + [f"{b} bits" for b in bits_list], rows_auc))
@@ -394,17 +474,27 @@ def _run_large(out_dir, seed, data_dir, progress, report):
     write_json(out_dir / "mlh_large.json", dict(rows=json_rows))
 
 
-def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None,
-        large: bool | None = None) -> str:
+def run(
+    out_dir: Path,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    data_dir=None,
+    progress=None,
+    large: bool | None = None,
+) -> str:
     """Run the MLH reproduction; write tables (.md, .json) and PNGs into ``out_dir``; return
     the markdown report. ``large`` (default: not ``quick``) adds the §6.2 part when
     Fashion-MNIST is installed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = ["## Minimal loss hashing (minimal-loss-hashing.txt §6)",
-              "", f"Seed {seed}; {'quick' if quick else 'full'} mode; "
-              "machine shared by several jobs (2 cores).",
-              "\n### §6.1: 1000 training points, 50 neighbours, 40-D PCA"]
+    report = [
+        "## Minimal loss hashing (minimal-loss-hashing.txt §6)",
+        "",
+        f"Seed {seed}; {'quick' if quick else 'full'} mode; "
+        "machine shared by several jobs (2 cores).",
+        "\n### §6.1: 1000 training points, 50 neighbours, 40-D PCA",
+    ]
     _run_small(out_dir, quick, seed, data_dir, progress, report)
     if large is None:
         large = not quick

@@ -53,14 +53,31 @@ METHODS = ("LSH", "SH", "RankNet", "LambdaRank")
 
 def _config(quick: bool) -> dict:
     if quick:
-        return {"bits": (8, 16, 32), "runs": 1, "digits": (1000, 400), "fashion": (2000, 500),
-                "bow_epochs": 3, "epochs": 5, "multi_run_bits": (32,), "ball_n": 100_000,
-                "ball_queries": 500, "repeats": 3}
-    return {"bits": (8, 16, 32, 64, 128), "runs": 3, "digits": (1000, 797),
-            "fashion": (2000, 1000), "bow_epochs": 5, "epochs": 5,
-            "multi_run_bits": (32, 64), "ball_n": 1_000_000, "ball_queries": 2000,
-            "repeats": 5, "bits_by_dataset": {"digits": (8, 16, 32, 64),
-                                              "stdlib-docstrings": (8, 16, 32, 64)}}
+        return {
+            "bits": (8, 16, 32),
+            "runs": 1,
+            "digits": (1000, 400),
+            "fashion": (2000, 500),
+            "bow_epochs": 3,
+            "epochs": 5,
+            "multi_run_bits": (32,),
+            "ball_n": 100_000,
+            "ball_queries": 500,
+            "repeats": 3,
+        }
+    return {
+        "bits": (8, 16, 32, 64, 128),
+        "runs": 3,
+        "digits": (1000, 797),
+        "fashion": (2000, 1000),
+        "bow_epochs": 5,
+        "epochs": 5,
+        "multi_run_bits": (32, 64),
+        "ball_n": 1_000_000,
+        "ball_queries": 2000,
+        "repeats": 5,
+        "bits_by_dataset": {"digits": (8, 16, 32, 64), "stdlib-docstrings": (8, 16, 32, 64)},
+    }
 
 
 def _make(method: str, n_bits: int, seed: int, epochs: int, task: str = "classification"):
@@ -71,8 +88,14 @@ def _make(method: str, n_bits: int, seed: int, epochs: int, task: str = "classif
 
         return SpectralHashing(n_bits)
     objective = "ranknet" if method == "RankNet" else "lambdarank"
-    return RankHashing(n_bits, objective=objective, task=task, n_epochs=epochs,
-                       radius=1 if task == "retrieval" else None, random_state=seed)
+    return RankHashing(
+        n_bits,
+        objective=objective,
+        task=task,
+        n_epochs=epochs,
+        radius=1 if task == "retrieval" else None,
+        random_state=seed,
+    )
 
 
 def _load(name: str, cfg: dict, seed: int, data_dir):
@@ -89,13 +112,17 @@ def _load(name: str, cfg: dict, seed: int, data_dir):
     n_train, n_test = cfg["digits" if name == "digits" else "fashion"]
     if name == "digits":
         order = rng.permutation(len(X))
-        tr, te = order[:n_train], order[n_train:n_train + n_test]
+        tr, te = order[:n_train], order[n_train : n_train + n_test]
         return X[tr], y[tr], X[te], y[te]
     tr = np.sort(rng.choice(60000, n_train, replace=False))
     te = 60000 + np.sort(rng.choice(10000, n_test, replace=False))
     pca = PCA(100, random_state=seed).fit(X[tr])
-    return (pca.transform(X[tr]).astype(np.float32), y[tr],
-            pca.transform(X[te]).astype(np.float32), y[te])
+    return (
+        pca.transform(X[tr]).astype(np.float32),
+        y[tr],
+        pca.transform(X[te]).astype(np.float32),
+        y[te],
+    )
 
 
 def _classification(name, data, cfg, seed, progress, models_out):
@@ -112,7 +139,8 @@ def _classification(name, data, cfg, seed, progress, models_out):
                 model = _make(method, b, seed + r, epochs).fit(Xtr, ytr)
                 dist = hamming_cdist(model.encode(Xte), model.encode(Xtr), b)
                 errors[method].setdefault(b, []).append(
-                    knn_classification_error(dist, ytr, yte, k=3))
+                    knn_classification_error(dist, ytr, yte, k=3)
+                )
                 if r == 0 and method == "LambdaRank":
                     models_out[b] = model
                 if progress is not None:
@@ -124,7 +152,9 @@ def _interpolated_bits(bits, errs, target) -> float | None:
     """Smallest code length where the (piecewise linear in bits) error reaches ``target``."""
     if errs[0] <= target:
         return float(bits[0])
-    for (b0, e0), (b1, e1) in zip(zip(bits, errs, strict=False), zip(bits[1:], errs[1:], strict=False), strict=False):
+    for (b0, e0), (b1, e1) in zip(
+        zip(bits, errs, strict=False), zip(bits[1:], errs[1:], strict=False), strict=False
+    ):
         if e1 <= target < e0:
             return b0 + (e0 - target) / (e0 - e1) * (b1 - b0)
     return None
@@ -138,8 +168,7 @@ def _retrieval(data, cfg, seed, progress):
     for method in METHODS:
         model = _make(method, 32, seed, cfg["epochs"], task="retrieval").fit(Xtr)
         dist = hamming_cdist(model.encode(Xte), model.encode(Xtr), 32)
-        prec, _ = precision_recall_at_radius(dist, relevant, 1, aggregate="per_query",
-                                             empty="zero")
+        prec, _ = precision_recall_at_radius(dist, relevant, 1, aggregate="per_query", empty="zero")
         out[method] = {"precision": prec, "mean_retrieved": float((dist <= 1).sum(1).mean())}
         if progress is not None:
             progress(f"retrieval {method}")
@@ -150,11 +179,11 @@ def _vote(lims, ids, db_labels, dist):
     """Majority label of each query's neighbours; ties to the class of the nearest voter."""
     pred = np.full(len(lims) - 1, -1, np.int64)
     for i in range(len(pred)):
-        lab = db_labels[ids[lims[i]:lims[i + 1]]]
+        lab = db_labels[ids[lims[i] : lims[i + 1]]]
         if lab.size:
             counts = np.bincount(lab)
             best = np.flatnonzero(counts == counts.max())
-            d = dist[lims[i]:lims[i + 1]]
+            d = dist[lims[i] : lims[i + 1]]
             pred[i] = min(best, key=lambda c: (d[lab == c].min(), c))
     return pred
 
@@ -170,9 +199,15 @@ def _cascade(data, short_model, long_model, long_bits):
         cascade.add(db)
         lims, D, I, sizes = cascade.neighbors(q, n_bins=3, return_search_sets=True)
         err = float(np.mean(_vote(lims, I, ytr, D) != yte))
-        rows.append({"filter_bins": f, "search_set": float(sizes[:, 1].mean()),
-                     "reduction": Xtr.shape[0] / float(sizes[:, 1].mean()), "error": err,
-                     "direct_error": direct})
+        rows.append(
+            {
+                "filter_bins": f,
+                "search_set": float(sizes[:, 1].mean()),
+                "reduction": Xtr.shape[0] / float(sizes[:, 1].mean()),
+                "error": err,
+                "direct_error": direct,
+            }
+        )
     return rows
 
 
@@ -201,8 +236,9 @@ def _ball_timing(model, X_all, cfg, seed):
         "flat r=2": lambda: flat.range_search(queries[:n_flat], 2, n_threads=1),
         "flat k=10": lambda: flat.search(queries[:n_flat], 10, n_threads=1),
     }
-    per_query = {name: (cfg["ball_queries"] if name.startswith("ball") else n_flat)
-                 for name in contenders}
+    per_query = {
+        name: (cfg["ball_queries"] if name.startswith("ball") else n_flat) for name in contenders
+    }
     times = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()
@@ -212,18 +248,28 @@ def _ball_timing(model, X_all, cfg, seed):
             fn()
             times[name].append((time.perf_counter() - t0) / per_query[name] * 1e6)
     lims, _, _ = ball.range_search(queries, 2)
-    return {"n": n, "build_s": build, "distinct_codes": ball.n_keys,
-            "mean_results_r2": float(np.diff(lims).mean()),
-            "us_per_query": {k: float(np.median(v)) for k, v in times.items()}}
+    return {
+        "n": n,
+        "build_s": build,
+        "distinct_codes": ball.n_keys,
+        "mean_results_r2": float(np.diff(lims).mean()),
+        "us_per_query": {k: float(np.median(v)) for k, v in times.items()},
+    }
 
 
 def _timing_md(timing: dict, name: str, cfg: dict) -> list[str]:
-    return [f"### Hamming-ball lookup, 32-bit LambdaRank codes of {name} tiled to "
-            f"{timing['n']:,} items (single thread, median of {cfg['repeats']})", "",
-            markdown_table(["search", "µs / query"],
-                           [[k, f"{v:.1f}"] for k, v in timing["us_per_query"].items()]), "",
-            f"{timing['distinct_codes']:,} distinct codes; {timing['mean_results_r2']:.1f} "
-            f"results per query at r <= 2; table built in {timing['build_s']:.2f} s.", ""]
+    return [
+        f"### Hamming-ball lookup, 32-bit LambdaRank codes of {name} tiled to "
+        f"{timing['n']:,} items (single thread, median of {cfg['repeats']})",
+        "",
+        markdown_table(
+            ["search", "µs / query"], [[k, f"{v:.1f}"] for k, v in timing["us_per_query"].items()]
+        ),
+        "",
+        f"{timing['distinct_codes']:,} distinct codes; {timing['mean_results_r2']:.1f} "
+        f"results per query at r <= 2; table built in {timing['build_s']:.2f} s.",
+        "",
+    ]
 
 
 def _plot(path: Path, name: str, bits, errors, exact) -> None:
@@ -249,8 +295,7 @@ def _plot(path: Path, name: str, bits, errors, exact) -> None:
     plt.close(fig)
 
 
-def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
-        progress=None) -> str:
+def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None) -> str:
     """Run the reproduction; write tables (.md/.json) and PNGs to ``out_dir``; return markdown."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -262,9 +307,12 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
         names.append("stdlib-docstrings")
     except ImportError:
         pass
-    md = [f"Settings: {'quick' if quick else 'full'} mode, seed {seed}, bits {cfg['bits']}, "
-          f"RankNet/LambdaRank {cfg['epochs']} epochs, 100 queries x 100 documents per step. "
-          "Machine shared by several jobs (timings noisy).", ""]
+    md = [
+        f"Settings: {'quick' if quick else 'full'} mode, seed {seed}, bits {cfg['bits']}, "
+        f"RankNet/LambdaRank {cfg['epochs']} epochs, 100 queries x 100 documents per step. "
+        "Machine shared by several jobs (timings noisy).",
+        "",
+    ]
     results: dict = {"config": {k: v for k, v in cfg.items()}}
     bar = progress(desc="rank-codes", unit="model") if progress is not None else None
 
@@ -283,40 +331,82 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
         for method in METHODS:
             if not errors[method]:
                 continue
-            rows.append([method] + [
-                f"{100 * np.mean(errors[method][b]):.2f}"
-                + (f" ± {100 * np.std(errors[method][b]):.2f}" if len(errors[method][b]) > 1
-                   else "") for b in bits])
+            rows.append(
+                [method]
+                + [
+                    f"{100 * np.mean(errors[method][b]):.2f}"
+                    + (
+                        f" ± {100 * np.std(errors[method][b]):.2f}"
+                        if len(errors[method][b]) > 1
+                        else ""
+                    )
+                    for b in bits
+                ]
+            )
         rows.append(["exact Euclidean 3-NN"] + [f"{100 * exact:.2f}"] * len(bits))
         lam = [np.mean(errors["LambdaRank"][b]) for b in bits]
         best = int(np.argmin(lam))
         lsh_bits = _interpolated_bits(bits, [np.mean(errors["LSH"][b]) for b in bits], lam[best])
-        factor = (f"{lsh_bits / bits[best]:.1f}x ({lsh_bits:.0f} LSH bits vs {bits[best]})"
-                  if lsh_bits is not None else f"more than {bits[-1]}/{bits[best]} (LSH never "
-                  f"reaches {100 * lam[best]:.2f} % up to {bits[-1]} bits)")
-        md += [f"### k-NN classification error (%), {name} "
-               f"({data[0].shape[0]} train / {data[2].shape[0]} test)", "",
-               markdown_table(header, rows), "",
-               f"Bit compression (LSH bits to match LambdaRank's best error): {factor}.", "",
-               f"![{name}](rank_codes_{name}.png)", ""]
+        factor = (
+            f"{lsh_bits / bits[best]:.1f}x ({lsh_bits:.0f} LSH bits vs {bits[best]})"
+            if lsh_bits is not None
+            else f"more than {bits[-1]}/{bits[best]} (LSH never "
+            f"reaches {100 * lam[best]:.2f} % up to {bits[-1]} bits)"
+        )
+        md += [
+            f"### k-NN classification error (%), {name} "
+            f"({data[0].shape[0]} train / {data[2].shape[0]} test)",
+            "",
+            markdown_table(header, rows),
+            "",
+            f"Bit compression (LSH bits to match LambdaRank's best error): {factor}.",
+            "",
+            f"![{name}](rank_codes_{name}.png)",
+            "",
+        ]
         _plot(out_dir / f"rank_codes_{name}.png", name, bits, errors, exact)
         results[name] = {"exact_error": exact, "errors": errors, "compression": lsh_bits}
         if name == "fashion-mnist" or (name == "digits" and "fashion-mnist" not in names):
             results[f"{name}_retrieval"] = ret = _retrieval(data, cfg, seed, tick)
-            md += [f"### Retrieval precision at Hamming distance < 2, 50-NN task, 32 bits, "
-                   f"{name}", "",
-                   markdown_table(["method", "precision", "mean retrieved"],
-                                  [[m, f"{v['precision']:.3f}", f"{v['mean_retrieved']:.1f}"]
-                                   for m, v in ret.items()]), ""]
+            md += [
+                f"### Retrieval precision at Hamming distance < 2, 50-NN task, 32 bits, {name}",
+                "",
+                markdown_table(
+                    ["method", "precision", "mean retrieved"],
+                    [
+                        [m, f"{v['precision']:.3f}", f"{v['mean_retrieved']:.1f}"]
+                        for m, v in ret.items()
+                    ],
+                ),
+                "",
+            ]
             long_bits = bits[-1]
             rows_c = _cascade(data, models[8], models[long_bits], long_bits)
             results[f"{name}_cascade"] = rows_c
-            md += [f"### Cascade 8 -> {long_bits} bits (LambdaRank), {name}", "",
-                   markdown_table(["filter bins", "long-code search set", "reduction",
-                                   "error %", f"direct {long_bits}-bit error %"],
-                                  [[r["filter_bins"], f"{r['search_set']:.0f}",
-                                    f"{r['reduction']:.1f}x", f"{100 * r['error']:.2f}",
-                                    f"{100 * r['direct_error']:.2f}"] for r in rows_c]), ""]
+            md += [
+                f"### Cascade 8 -> {long_bits} bits (LambdaRank), {name}",
+                "",
+                markdown_table(
+                    [
+                        "filter bins",
+                        "long-code search set",
+                        "reduction",
+                        "error %",
+                        f"direct {long_bits}-bit error %",
+                    ],
+                    [
+                        [
+                            r["filter_bins"],
+                            f"{r['search_set']:.0f}",
+                            f"{r['reduction']:.1f}x",
+                            f"{100 * r['error']:.2f}",
+                            f"{100 * r['direct_error']:.2f}",
+                        ]
+                        for r in rows_c
+                    ],
+                ),
+                "",
+            ]
             timing = _ball_timing(models[32], np.vstack([data[0], data[2]]), cfg, seed)
             results["ball_timing"] = timing
             md += _timing_md(timing, name, cfg)

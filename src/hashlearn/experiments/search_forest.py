@@ -40,10 +40,30 @@ M_VALUES = (100, 200, 500, 1000, 2000, 5000)
 
 def _settings(quick: bool) -> dict:
     if quick:
-        return dict(n_db=10000, n_queries=200, n_train=3000, n_dims=32, n_trees=12,
-                    depths=(8, 6), n_pairs=20000, n_seeds=1, lam=0.1, sh_bits=(32, 56))
-    return dict(n_db=60000, n_queries=1000, n_train=10000, n_dims=64, n_trees=32,
-                depths=(10, 8, 6), n_pairs=100000, n_seeds=3, lam=0.1, sh_bits=(32, 64, 128, 256))
+        return dict(
+            n_db=10000,
+            n_queries=200,
+            n_train=3000,
+            n_dims=32,
+            n_trees=12,
+            depths=(8, 6),
+            n_pairs=20000,
+            n_seeds=1,
+            lam=0.1,
+            sh_bits=(32, 56),
+        )
+    return dict(
+        n_db=60000,
+        n_queries=1000,
+        n_train=10000,
+        n_dims=64,
+        n_trees=32,
+        depths=(10, 8, 6),
+        n_pairs=100000,
+        n_seeds=3,
+        lam=0.1,
+        sh_bits=(32, 64, 128, 256),
+    )
 
 
 def _ranked_candidates(bucketer, db, queries, width):
@@ -59,8 +79,8 @@ def _ranked_candidates(bucketer, db, queries, width):
     query = time.perf_counter() - t0
     ranked = np.full((len(queries), width), -1, np.int64)
     for q in range(len(queries)):
-        c = ids[lims[q]:lims[q + 1]][:width]
-        ranked[q, :len(c)] = c
+        c = ids[lims[q] : lims[q + 1]][:width]
+        ranked[q, : len(c)] = c
     return ranked, float(np.diff(lims).mean()), build, query
 
 
@@ -76,8 +96,7 @@ def _recall_by_budget(per_depth, true_nn, m_values):
     return np.asarray(recall), used
 
 
-def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
-        progress=None) -> str:
+def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None) -> str:
     """Run the reproduction; returns the markdown report (tables + PNG in ``out_dir``)."""
     from hashlearn.datasets import fashion_mnist_available, load_digits, load_fashion_mnist
     from hashlearn.hashers.spectral import SpectralHashing  # written in parallel: lazy
@@ -97,8 +116,14 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
         X_all, _ = load_digits()
         split = np.random.default_rng(seed).permutation(len(X_all))
         X_train, X_test = X_all[split[300:]], X_all[split[:300]]
-        cfg.update(n_db=len(X_train), n_queries=300, n_train=len(X_train),
-                   n_dims=min(cfg["n_dims"], 32), n_pairs=20000, depths=(6, 4))
+        cfg.update(
+            n_db=len(X_train),
+            n_queries=300,
+            n_train=len(X_train),
+            n_dims=min(cfg["n_dims"], 32),
+            n_pairs=20000,
+            depths=(6, 4),
+        )
     db_rows = np.sort(rng.permutation(len(X_train))[: cfg["n_db"]])
     q_rows = np.sort(rng.permutation(len(X_test))[: cfg["n_queries"]])
     fit_rows = rng.permutation(len(db_rows))[: cfg["n_train"]]
@@ -106,8 +131,7 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
     db = pca.transform(X_train[db_rows] / scale).astype(np.float64)
     queries = pca.transform(X_test[q_rows] / scale).astype(np.float64)
     _, true_nn = exact_knn(db, queries, n_true)
-    m_values = [m for m in M_VALUES if m <= len(db)] if n_true == 100 else [20, 50, 100, 200,
-                                                                             500]
+    m_values = [m for m in M_VALUES if m <= len(db)] if n_true == 100 else [20, 50, 100, 200, 500]
     width = max(m_values)
     k_similar = max(1, round(n_true * cfg["n_train"] / len(db)))
     T, depths = cfg["n_trees"], cfg["depths"]
@@ -129,20 +153,24 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
             for D in depths:
                 bucketer = {
                     "BSF": lambda D=D, rs=rs: BoostedSearchForest(
-                        n_trees=T, max_depth=D, lam=cfg["lam"], n_pairs=cfg["n_pairs"],
-                        k_similar=k_similar, random_state=rs),
-                    "k-means trees": lambda D=D, rs=rs: KMeansTree(n_trees=T, max_depth=D,
-                                                            random_state=rs),
+                        n_trees=T,
+                        max_depth=D,
+                        lam=cfg["lam"],
+                        n_pairs=cfg["n_pairs"],
+                        k_similar=k_similar,
+                        random_state=rs,
+                    ),
+                    "k-means trees": lambda D=D, rs=rs: KMeansTree(
+                        n_trees=T, max_depth=D, random_state=rs
+                    ),
                     "LSH tables": lambda D=D, rs=rs: LSHTables(T, D, random_state=rs),
                 }[name]()
                 t0 = time.perf_counter()
                 bucketer.fit(train)
                 fit_s = time.perf_counter() - t0
-                ranked, mean_c, build_s, query_s = _ranked_candidates(bucketer, db, queries,
-                                                                      width)
+                ranked, mean_c, build_s, query_s = _ranked_candidates(bucketer, db, queries, width)
                 lists.append((ranked, mean_c))
-                per_depth_recall[name, D].append(
-                    recall_at_m_from_ids(ranked, true_nn, m_values))
+                per_depth_recall[name, D].append(recall_at_m_from_ids(ranked, true_nn, m_values))
                 n_cands[name, D].append(mean_c)
                 timings[name, D].append((fit_s, build_s, query_s))
                 if bar:
@@ -163,41 +191,68 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
     std = {k: np.std(v, axis=0) for k, v in recalls.items()}
     sh_mean = {b: np.mean(v, axis=0) for b, v in sh_recalls.items()}
     header = ["method", *[f"R@{m}" for m in m_values]]
-    rows = [[name, *[f"{mu:.3f} ± {sd:.3f}" for mu, sd in zip(mean[name], std[name], strict=True)]]
-            for name in methods]
-    rows.append(["(tree depth used)", *[" / ".join(str(used_depth[n][j]) for n in methods)
-                                        for j in range(len(m_values))]])
-    rows += [[f"SH {b} bits (linear scan)", *[f"{v:.3f}" for v in sh_mean[b]]]
-             for b in cfg["sh_bits"]]
+    rows = [
+        [name, *[f"{mu:.3f} ± {sd:.3f}" for mu, sd in zip(mean[name], std[name], strict=True)]]
+        for name in methods
+    ]
+    rows.append(
+        [
+            "(tree depth used)",
+            *[" / ".join(str(used_depth[n][j]) for n in methods) for j in range(len(m_values))],
+        ]
+    )
+    rows += [
+        [f"SH {b} bits (linear scan)", *[f"{v:.3f}" for v in sh_mean[b]]] for b in cfg["sh_bits"]
+    ]
     d_rows = []
     for name in methods:
         for D in depths:
             r = np.mean(per_depth_recall[name, D], axis=0)
             t = np.median(np.asarray(timings[name, D]), axis=0)
-            d_rows.append([name, D, T * D, f"{np.mean(n_cands[name, D]):.0f}",
-                           *[f"{v:.3f}" for v in r], f"{t[0]:.1f}", f"{t[1]:.2f}",
-                           f"{t[2]:.3f}"])
+            d_rows.append(
+                [
+                    name,
+                    D,
+                    T * D,
+                    f"{np.mean(n_cands[name, D]):.0f}",
+                    *[f"{v:.3f}" for v in r],
+                    f"{t[0]:.1f}",
+                    f"{t[1]:.2f}",
+                    f"{t[2]:.3f}",
+                ]
+            )
     ms = np.array(m_values)
     check = {}
     for m in (500, 1000, 5000):
         if m in m_values:
             j = m_values.index(m)
-            check[m] = bool(mean["BSF"][j] > mean["k-means trees"][j]
-                            and mean["BSF"][j] > mean["LSH tables"][j])
+            check[m] = bool(
+                mean["BSF"][j] > mean["k-means trees"][j] and mean["BSF"][j] > mean["LSH tables"][j]
+            )
     curves = {name: (ms, mean[name]) for name in methods}
     curves.update({f"SH {b} bits": (ms, sh_mean[b]) for b in cfg["sh_bits"]})
-    plot_recall_at_m(curves, out_dir / "search_forest_recall.png",
-                     title=f"{dataset.split()[0]}: recall of {n_true}-NN ({T} trees / tables)")
-    write_json(out_dir / "search_forest.json", {
-        "settings": cfg, "seed": seed, "k_similar": k_similar, "m_values": m_values,
-        "recall": {k: np.asarray(v) for k, v in recalls.items()},
-        "recall_per_depth": {f"{k[0]} depth {k[1]}": np.asarray(v)
-                             for k, v in per_depth_recall.items()},
-        "mean_candidates": {f"{k[0]} depth {k[1]}": v for k, v in n_cands.items()},
-        "timings_fit_build_query_s": {f"{k[0]} depth {k[1]}": v for k, v in timings.items()},
-        "sh_recall": {str(b): np.asarray(v) for b, v in sh_recalls.items()},
-        "bsf_beats_both": {str(k): v for k, v in check.items()},
-    })
+    plot_recall_at_m(
+        curves,
+        out_dir / "search_forest_recall.png",
+        title=f"{dataset.split()[0]}: recall of {n_true}-NN ({T} trees / tables)",
+    )
+    write_json(
+        out_dir / "search_forest.json",
+        {
+            "settings": cfg,
+            "seed": seed,
+            "k_similar": k_similar,
+            "m_values": m_values,
+            "recall": {k: np.asarray(v) for k, v in recalls.items()},
+            "recall_per_depth": {
+                f"{k[0]} depth {k[1]}": np.asarray(v) for k, v in per_depth_recall.items()
+            },
+            "mean_candidates": {f"{k[0]} depth {k[1]}": v for k, v in n_cands.items()},
+            "timings_fit_build_query_s": {f"{k[0]} depth {k[1]}": v for k, v in timings.items()},
+            "sh_recall": {str(b): np.asarray(v) for b, v in sh_recalls.items()},
+            "bsf_beats_both": {str(k): v for k, v in check.items()},
+        },
+    )
     held = ", ".join(f"M={m}: {'yes' if ok else 'NO'}" for m, ok in check.items())
     report = [
         "## search-forest: learning to search (boosted-search-forest.txt)",
@@ -221,9 +276,19 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
         "Every configuration (mean over seeds; seconds are medians: fit on the sample, "
         "build the index over the database, probe all queries):",
         "",
-        markdown_table(["method", "depth", "bits", "mean candidates",
-                        *[f"R@{m}" for m in m_values], "fit s", "build s", "query s"],
-                       d_rows),
+        markdown_table(
+            [
+                "method",
+                "depth",
+                "bits",
+                "mean candidates",
+                *[f"R@{m}" for m in m_values],
+                "fit s",
+                "build s",
+                "query s",
+            ],
+            d_rows,
+        ),
         "",
         "![recall](search_forest_recall.png)",
     ]

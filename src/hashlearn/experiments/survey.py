@@ -69,10 +69,14 @@ def _methods(quick: bool, seed: int):
 
     methods = {
         "LSH": (lambda b: RandomHyperplaneLSH(b, random_state=seed), False),
-        "Boosting (BoostSSC)": (lambda b: BoostedSimilarityHashing(
-            b, weighted=True, random_state=seed), True),
-        "RBM + NCA": (lambda b: RBMHashing(
-            b, finetune_epochs=15 if quick else 30, random_state=seed), True),
+        "Boosting (BoostSSC)": (
+            lambda b: BoostedSimilarityHashing(b, weighted=True, random_state=seed),
+            True,
+        ),
+        "RBM + NCA": (
+            lambda b: RBMHashing(b, finetune_epochs=15 if quick else 30, random_state=seed),
+            True,
+        ),
         "KLSH (RBF)": (lambda b: KernelizedLSH(b, kernel="rbf", random_state=seed), False),
     }
     spectral = _optional("hashlearn.hashers.spectral", "SpectralHashing")
@@ -109,8 +113,7 @@ def _coverage(klsh_rank: np.ndarray, scan_rank: np.ndarray, ks, ns) -> np.ndarra
     return np.array([[np.mean(pos_of_klsh[:, :k] < n) for n in ns] for k in ks])
 
 
-def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
-        progress=None) -> str:
+def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None) -> str:
     """Run Figs. 11 and 16 on digits and Fashion-MNIST (when present); return markdown."""
     from hashlearn.hashers.klsh import KernelizedLSH
     from hashlearn.plots import plot_recall_at_m
@@ -120,17 +123,19 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
     bits_list = [16, 32] if quick else [16, 32, 64]
     methods = _methods(quick, seed)
     datasets = available_real(data_dir)
-    lines = [f"Survey reproduction (binary-codes-survey.txt Figs. 11, 16); quick={quick}, "
-             f"seed={seed}. Recall = % of the true {N_TRUE} neighbours among the first M of "
-             "the Hamming ranking (random tie order, seeded), averaged over queries.", ""]
+    lines = [
+        f"Survey reproduction (binary-codes-survey.txt Figs. 11, 16); quick={quick}, "
+        f"seed={seed}. Recall = % of the true {N_TRUE} neighbours among the first M of "
+        "the Hamming ranking (random tie order, seeded), averaged over queries.",
+        "",
+    ]
     results: dict = {}
     steps = len(datasets) * len(bits_list) * len(methods)
     bar = progress(total=steps, desc="survey") if progress is not None else None
     for ds in datasets:
         db, ydb, q, yq = _dataset(ds, quick, seed, data_dir)
         _, euclid_truth = exact_knn(db, q, max(N_TRUE, 1000))
-        truths = {"euclidean": euclid_truth[:, :N_TRUE],
-                  "label": label_neighbors(db, q, ydb, yq)}
+        truths = {"euclidean": euclid_truth[:, :N_TRUE], "label": label_neighbors(db, q, ydb, yq)}
         lines.append(f"### {ds}: {len(db)} database items, {len(q)} queries, d={db.shape[1]}")
         res = results.setdefault(ds, {"at500": {}, "curves": {}, "fit_s": {}})
         for b in bits_list:
@@ -150,15 +155,24 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
                 if bar is not None:
                     bar.update(1)
         for truth_name in truths:
-            rows = [[name] + [f"{100 * res['at500'][truth_name][name][b]:.1f}"
-                              for b in bits_list] + [f"{res['fit_s'][name][32]:.1f}"]
-                    for name in methods]
-            lines += ["", f"% of true {N_TRUE} NN ({truth_name} ground truth) retrieved at "
-                      "M = 500, by code length (Fig. 11b):", "",
-                      markdown_table(["method"] + [f"{b} bits" for b in bits_list]
-                                     + ["fit s (32 bits)"], rows)]
-            curves = {name: (M_CURVE, np.asarray(c))
-                      for name, c in res["curves"][truth_name].items()}
+            rows = [
+                [name]
+                + [f"{100 * res['at500'][truth_name][name][b]:.1f}" for b in bits_list]
+                + [f"{res['fit_s'][name][32]:.1f}"]
+                for name in methods
+            ]
+            lines += [
+                "",
+                f"% of true {N_TRUE} NN ({truth_name} ground truth) retrieved at "
+                "M = 500, by code length (Fig. 11b):",
+                "",
+                markdown_table(
+                    ["method"] + [f"{b} bits" for b in bits_list] + ["fit s (32 bits)"], rows
+                ),
+            ]
+            curves = {
+                name: (M_CURVE, np.asarray(c)) for name, c in res["curves"][truth_name].items()
+            }
             png = out_dir / f"survey_fig11_{ds}_{truth_name}_32bits.png"
             plot_recall_at_m(curves, png, title=f"{ds}, 32 bits, {truth_name} ground truth")
             lines += ["", f"Fig. 11a curve: `{png.name}`"]
@@ -169,11 +183,17 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None,
         ns = [10, 20, 30, 50, 100, 200, 500, 1000]
         cov = _coverage(klsh_rank, euclid_truth[:, :1000], [10, 20, 30], ns)
         res["fig16"] = {"N": ns, "coverage": cov.tolist()}
-        lines += ["", "Fig. 16: fraction of KLSH's (RBF, 32 bits) first k Hamming neighbours "
-                  "found among the first N of the exact linear scan:", "",
-                  markdown_table(["KLSH first k"] + [f"N={n}" for n in ns],
-                                 [[f"k={k}"] + [f"{v:.2f}" for v in cov[i]]
-                                  for i, k in enumerate([10, 20, 30])]), ""]
+        lines += [
+            "",
+            "Fig. 16: fraction of KLSH's (RBF, 32 bits) first k Hamming neighbours "
+            "found among the first N of the exact linear scan:",
+            "",
+            markdown_table(
+                ["KLSH first k"] + [f"N={n}" for n in ns],
+                [[f"k={k}"] + [f"{v:.2f}" for v in cov[i]] for i, k in enumerate([10, 20, 30])],
+            ),
+            "",
+        ]
     if bar is not None:
         bar.close()
     write_json(out_dir / "survey.json", results)

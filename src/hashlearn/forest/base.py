@@ -47,8 +47,10 @@ class BaseBucketer(Persistable, BaseEstimator):
         if y is not None:
             y = np.asarray(y)
             if y.shape != (X.shape[0],):
-                raise ValueError(f"y must have shape ({X.shape[0]},), one label per row of X. "
-                                 f"Got shape {y.shape}.")
+                raise ValueError(
+                    f"y must have shape ({X.shape[0]},), one label per row of X. "
+                    f"Got shape {y.shape}."
+                )
         self._fit(X, y)
         self.key_tag_ = self._compute_tag()
         return self
@@ -78,8 +80,11 @@ class BaseBucketer(Persistable, BaseEstimator):
             value = getattr(self, key)
             if key.endswith("_") and not key.startswith("_") and key != "key_tag_":
                 h.update(key.encode())
-                h.update(np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray)
-                         else repr(value).encode())
+                h.update(
+                    np.ascontiguousarray(value).tobytes()
+                    if isinstance(value, np.ndarray)
+                    else repr(value).encode()
+                )
         return int.from_bytes(h.digest()[:4], "little") & ((1 << 23) - 1)
 
     # ------------------------------------------------------------------ persistence
@@ -94,6 +99,7 @@ class BaseBucketer(Persistable, BaseEstimator):
 
 
 # ------------------------------------------------------------------------ binary trees
+
 
 class TreeBuilder:
     """Accumulates the nodes of binary hyperplane / stump trees into flat arrays."""
@@ -117,8 +123,9 @@ class TreeBuilder:
         self.leaf_id.append(-1)
         return len(self.left) - 1
 
-    def set_split(self, node: int, feature: int | None, direction: np.ndarray | None,
-                  threshold: float) -> tuple[int, int]:
+    def set_split(
+        self, node: int, feature: int | None, direction: np.ndarray | None, threshold: float
+    ) -> tuple[int, int]:
         """Make ``node`` internal; ``feature`` for a stump or ``direction`` for a hyperplane.
         Returns the new (left, right) children: left takes ``s(x) > threshold``."""
         if feature is None:
@@ -146,8 +153,7 @@ class TreeBuilder:
         self.n_leaves.append(count)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        proj = (np.stack(self.proj) if self.proj
-                else np.zeros((0, self.n_features), np.float64))
+        proj = np.stack(self.proj) if self.proj else np.zeros((0, self.n_features), np.float64)
         return {
             "roots_": np.asarray(self.roots, np.int64),
             "left_": np.asarray(self.left, np.int64),
@@ -189,8 +195,15 @@ def tree_leaves(X: np.ndarray, arrays) -> np.ndarray:
     block = 65536
     for start in range(0, X.shape[0], block):
         stop = min(X.shape[0], start + block)
-        _tree_leaves_kernel(X[start:stop], arrays.roots_, arrays.left_, arrays.right_,
-                            arrays.feature_, arrays.threshold_, arrays.leaf_id_,
-                            np.ascontiguousarray(arrays.proj_, dtype=np.float64),
-                            out[start:stop])
+        _tree_leaves_kernel(
+            X[start:stop],
+            arrays.roots_,
+            arrays.left_,
+            arrays.right_,
+            arrays.feature_,
+            arrays.threshold_,
+            arrays.leaf_id_,
+            np.ascontiguousarray(arrays.proj_, dtype=np.float64),
+            out[start:stop],
+        )
     return out

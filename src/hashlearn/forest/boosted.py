@@ -73,8 +73,15 @@ class _Node:
         self.gain = -np.inf
 
 
-def _best_threshold(v_rows: np.ndarray, v_a: np.ndarray, v_b: np.ndarray, weight: np.ndarray,
-                    cost: float, min_leaf: int, n_thresholds: int) -> tuple[float, float]:
+def _best_threshold(
+    v_rows: np.ndarray,
+    v_a: np.ndarray,
+    v_b: np.ndarray,
+    weight: np.ndarray,
+    cost: float,
+    min_leaf: int,
+    n_thresholds: int,
+) -> tuple[float, float]:
     """Best ``theta`` for the split ``v > theta`` and its gain (eq. 17 with the all-pairs
     cost term): ``2 * cost * m_left * m_right - sum(weight of pairs cut)``."""
     m = len(v_rows)
@@ -88,8 +95,10 @@ def _best_threshold(v_rows: np.ndarray, v_a: np.ndarray, v_b: np.ndarray, weight
         o_lo, o_hi = np.argsort(lo), np.argsort(hi)
         cum_lo = np.concatenate([[0.0], np.cumsum(weight[o_lo])])
         cum_hi = np.concatenate([[0.0], np.cumsum(weight[o_hi])])
-        cut = (cum_lo[np.searchsorted(lo[o_lo], qs, side="right")]
-               - cum_hi[np.searchsorted(hi[o_hi], qs, side="right")])
+        cut = (
+            cum_lo[np.searchsorted(lo[o_lo], qs, side="right")]
+            - cum_hi[np.searchsorted(hi[o_hi], qs, side="right")]
+        )
     else:
         cut = np.zeros(len(qs))
     gain = 2.0 * cost * m_left.astype(np.float64) * m_right - cut
@@ -157,11 +166,23 @@ class BoostedSearchForest(BaseBucketer):
     (3, 2)
     """
 
-    def __init__(self, n_trees: int = 16, max_depth: int = 12, max_leaves: int | None = None,
-                 lam: float = 0.1, split: str = "projection", n_pairs: int = 100_000,
-                 similar: str = "knn", k_similar: int = 100, similar_fraction: float = 0.5,
-                 min_samples_leaf: int = 1, n_thresholds: int = 32, stump_above: int = 2000,
-                 random_state=None, verbose: bool = False):
+    def __init__(
+        self,
+        n_trees: int = 16,
+        max_depth: int = 12,
+        max_leaves: int | None = None,
+        lam: float = 0.1,
+        split: str = "projection",
+        n_pairs: int = 100_000,
+        similar: str = "knn",
+        k_similar: int = 100,
+        similar_fraction: float = 0.5,
+        min_samples_leaf: int = 1,
+        n_thresholds: int = 32,
+        stump_above: int = 2000,
+        random_state=None,
+        verbose: bool = False,
+    ):
         self.n_trees = n_trees
         self.max_depth = max_depth
         self.max_leaves = max_leaves
@@ -191,21 +212,30 @@ class BoostedSearchForest(BaseBucketer):
             check_int(self.max_leaves, "max_leaves", owner, low=2)
         lam = check_real(self.lam, "lam", owner, low=0.0, high=1.0, low_open=True)
         if lam >= 1.0:
-            raise ValueError(f"The 'lam' parameter of {owner} must be a float in the open "
-                             f"range (0, 1). Got {self.lam!r} instead.")
+            raise ValueError(
+                f"The 'lam' parameter of {owner} must be a float in the open "
+                f"range (0, 1). Got {self.lam!r} instead."
+            )
         if self.split not in ("projection", "stump", "hybrid"):
-            raise ValueError(f"The 'split' parameter of {owner} must be 'projection', 'stump' "
-                             f"or 'hybrid'. Got {self.split!r} instead.")
+            raise ValueError(
+                f"The 'split' parameter of {owner} must be 'projection', 'stump' "
+                f"or 'hybrid'. Got {self.split!r} instead."
+            )
         if self.similar not in ("knn", "labels"):
-            raise ValueError(f"The 'similar' parameter of {owner} must be 'knn' or 'labels'. "
-                             f"Got {self.similar!r} instead.")
+            raise ValueError(
+                f"The 'similar' parameter of {owner} must be 'knn' or 'labels'. "
+                f"Got {self.similar!r} instead."
+            )
         check_int(self.n_pairs, "n_pairs", owner, low=2)
         check_int(self.k_similar, "k_similar", owner, high=max(1, n - 1))
-        frac = check_real(self.similar_fraction, "similar_fraction", owner, low=0.0,
-                          high=1.0, low_open=True)
+        frac = check_real(
+            self.similar_fraction, "similar_fraction", owner, low=0.0, high=1.0, low_open=True
+        )
         if frac >= 1.0:
-            raise ValueError(f"The 'similar_fraction' parameter of {owner} must be a float "
-                             f"in the open range (0, 1). Got {frac!r} instead.")
+            raise ValueError(
+                f"The 'similar_fraction' parameter of {owner} must be a float "
+                f"in the open range (0, 1). Got {frac!r} instead."
+            )
         check_int(self.min_samples_leaf, "min_samples_leaf", owner)
         check_int(self.n_thresholds, "n_thresholds", owner)
         check_int(self.stump_above, "stump_above", owner)
@@ -219,8 +249,7 @@ class BoostedSearchForest(BaseBucketer):
         lam = float(self.lam)
         if self.similar == "labels":
             if y is None:
-                raise ValueError("BoostedSearchForest(similar='labels') needs labels: "
-                                 "fit(X, y).")
+                raise ValueError("BoostedSearchForest(similar='labels') needs labels: fit(X, y).")
             _, y_codes = np.unique(y, return_inverse=True)
             class_rows = [np.flatnonzero(y_codes == c) for c in range(y_codes.max() + 1)]
             if all(len(r) < 2 for r in class_rows):
@@ -228,8 +257,12 @@ class BoostedSearchForest(BaseBucketer):
             neighbors = None
         else:
             y_codes, class_rows = None, None
-            neighbors = NearestNeighbors(n_neighbors=self.k_similar).fit(X).kneighbors(
-                return_distance=False).astype(np.int64)
+            neighbors = (
+                NearestNeighbors(n_neighbors=self.k_similar)
+                .fit(X)
+                .kneighbors(return_distance=False)
+                .astype(np.int64)
+            )
             nb_keys = np.sort((np.arange(n, dtype=np.int64)[:, None] * n + neighbors).ravel())
 
         def is_similar(a, b):
@@ -253,8 +286,9 @@ class BoostedSearchForest(BaseBucketer):
                 sb = np.array([r[rng.randint(len(r))] for r in rows_of], np.int64)
                 same = sb == sa
                 while same.any():  # re-draw self pairs
-                    sb[same] = [rows_of[i][rng.randint(len(rows_of[i]))]
-                                for i in np.flatnonzero(same)]
+                    sb[same] = [
+                        rows_of[i][rng.randint(len(rows_of[i]))] for i in np.flatnonzero(same)
+                    ]
                     same = sb == sa
                 sizes = np.array([len(class_rows[c]) for c in y_codes[sa]], np.float64)
                 alpha_sim = len(eligible) * (sizes - 1.0) / n_sim
@@ -280,17 +314,20 @@ class BoostedSearchForest(BaseBucketer):
             # --- Algorithm 2
             with threadpool_limits(1, user_api="blas"):  # many tiny eigh / matmul calls
                 root, leaves_m, leaf_nodes = self._grow_tree(
-                    X, builder, sa, sb, alpha_sim * w_sim, ra, rb, w_rand, lam, rng)
+                    X, builder, sa, sb, alpha_sim * w_sim, ra, rb, w_rand, lam, rng
+                )
             if len(leaf_nodes) < 2:
                 raise ValueError(
                     f"BoostedSearchForest: tree {m} is empty (no split raises the objective "
-                    f"J of eq. 17 at the root) with lam={self.lam}; raise lam or k_similar.")
+                    f"J of eq. 17 at the root) with lam={self.lam}; raise lam or k_similar."
+                )
             builder.finish_tree(root)
             # --- eq. 15: the tree's weight c
             collide_sim = leaves_m[sa] == leaves_m[sb]
             w_sim_t = float((alpha_sim * w_sim)[collide_sim].sum())
-            w_all_t = float(sum(node.wbar * len(node.rows) * (len(node.rows) - 1.0)
-                                for node in leaf_nodes))
+            w_all_t = float(
+                sum(node.wbar * len(node.rows) * (len(node.rows) - 1.0) for node in leaf_nodes)
+            )
             w_dis_t = max(w_all_t - w_sim_t, 1e-12 * max(w_all_t, 1.0))
             c_m = float(np.log(max((1.0 - lam) * w_sim_t, 1e-300) / (lam * w_dis_t)))
             c_m = float(np.clip(c_m, 1e-3, 50.0))
@@ -298,9 +335,11 @@ class BoostedSearchForest(BaseBucketer):
             # leaf numbers as finish_tree assigned them
             train_leaves = np.concatenate([train_leaves, leaves_m[:, None]], axis=1)
             if self.verbose:
-                print(f"[BoostedSearchForest] tree {m + 1}/{self.n_trees}: "
-                      f"{len(leaf_nodes)} leaves, c={c_m:.3f}, similar pairs colliding "
-                      f"{collide_sim.mean():.3f}")
+                print(
+                    f"[BoostedSearchForest] tree {m + 1}/{self.n_trees}: "
+                    f"{len(leaf_nodes)} leaves, c={c_m:.3f}, similar pairs colliding "
+                    f"{collide_sim.mean():.3f}"
+                )
         for key, value in builder.arrays().items():
             setattr(self, key, value)
         self.tree_weights_ = np.asarray(weights, np.float64)
@@ -309,10 +348,11 @@ class BoostedSearchForest(BaseBucketer):
         """Algorithm 2: best-first growth; returns (root, leaf number per training row,
         the leaf _Node objects)."""
         n = X.shape[0]
-        max_leaves = self.max_leaves if self.max_leaves is not None else 2 ** self.max_depth
+        max_leaves = self.max_leaves if self.max_leaves is not None else 2**self.max_depth
         root = builder.new_node()
-        start = _Node(root, np.arange(n), np.arange(len(sa)), np.arange(len(ra)),
-                      float(w_rand.mean()), 0)
+        start = _Node(
+            root, np.arange(n), np.arange(len(sa)), np.arange(len(ra)), float(w_rand.mean()), 0
+        )
         where = np.zeros(n, np.int64)  # training row -> position in `where_rows` bookkeeping
         self._find_split(X, start, sa, sb, sim_weight, lam, where, rng)
         open_nodes = [start]
@@ -336,8 +376,7 @@ class BoostedSearchForest(BaseBucketer):
                 rows = node.rows[left_mask == bool(side)]
                 sim = node.sim[(sim_a == side) & (sim_b == side)]
                 rand = node.rand[(rnd_a == side) & (rnd_b == side)]
-                wbar = float(w_rand[rand].mean()) if len(rand) >= _MIN_RANDOM_PAIRS \
-                    else node.wbar
+                wbar = float(w_rand[rand].mean()) if len(rand) >= _MIN_RANDOM_PAIRS else node.wbar
                 child_node = _Node(child, rows, sim, rand, wbar, node.depth + 1)
                 if child_node.depth < self.max_depth:
                     self._find_split(X, child_node, sa, sb, sim_weight, lam, where, rng)
@@ -379,8 +418,9 @@ class BoostedSearchForest(BaseBucketer):
                 v = Xn[:, f]
                 if v[0] == v.max() and v[0] == v.min():
                     continue
-                theta, gain = _best_threshold(v, v[a_loc], v[b_loc], pw, cost, min_leaf,
-                                              self.n_thresholds)
+                theta, gain = _best_threshold(
+                    v, v[a_loc], v[b_loc], pw, cost, min_leaf, self.n_thresholds
+                )
                 if gain > best[0]:
                     best = (gain, (f, None, theta))
         else:
@@ -400,8 +440,9 @@ class BoostedSearchForest(BaseBucketer):
                 v = Xn @ p
                 if v.max() == v.min():
                     continue
-                theta, gain = _best_threshold(v, v[a_loc], v[b_loc], pw, cost, min_leaf,
-                                              self.n_thresholds)
+                theta, gain = _best_threshold(
+                    v, v[a_loc], v[b_loc], pw, cost, min_leaf, self.n_thresholds
+                )
                 if gain > best[0]:
                     best = (gain, (None, p.astype(np.float64), theta))
         node.gain, node.split = best

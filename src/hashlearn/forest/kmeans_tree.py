@@ -25,8 +25,9 @@ from hashlearn.io import persistable
 __all__ = ["KMeansTree"]
 
 
-def _two_means(X: np.ndarray, rng: np.random.RandomState, n_iter: int
-               ) -> tuple[np.ndarray, np.ndarray] | None:
+def _two_means(
+    X: np.ndarray, rng: np.random.RandomState, n_iter: int
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Lloyd's 2-means from two random distinct rows; ``None`` if all rows coincide."""
     first = rng.randint(len(X))
     second = rng.randint(len(X) - 1)
@@ -81,8 +82,14 @@ class KMeansTree(BaseBucketer):
     (3, 2)
     """
 
-    def __init__(self, n_trees: int = 8, max_depth: int = 10, min_samples_leaf: int = 1,
-                 n_iter: int = 20, random_state=None):
+    def __init__(
+        self,
+        n_trees: int = 8,
+        max_depth: int = 10,
+        min_samples_leaf: int = 1,
+        n_iter: int = 20,
+        random_state=None,
+    ):
         self.n_trees = n_trees
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
@@ -125,8 +132,10 @@ class KMeansTree(BaseBucketer):
         for key, value in builder.arrays().items():
             setattr(self, key, value)
         if np.any(self.n_leaves_ < 2):
-            raise ValueError("KMeansTree: a tree has a single leaf (all rows of X coincide); "
-                             "it would return the whole database for every query.")
+            raise ValueError(
+                "KMeansTree: a tree has a single leaf (all rows of X coincide); "
+                "it would return the whole database for every query."
+            )
 
     def _local_keys(self, X) -> np.ndarray:
         return tree_leaves(X, self)

@@ -66,7 +66,7 @@ class LSHTables(BaseBucketer):
         weights = np.left_shift(np.int64(1), np.arange(b, dtype=np.int64))
         out = np.empty((X.shape[0], self.n_tables), np.int64)
         for start in range(0, X.shape[0], 65536):
-            block = X[start:start + 65536]
+            block = X[start : start + 65536]
             bits = (block @ self.directions_.T > self.offsets_).reshape(len(block), -1, b)
-            out[start:start + len(block)] = bits.astype(np.int64) @ weights
+            out[start : start + len(block)] = bits.astype(np.int64) @ weights
         return out

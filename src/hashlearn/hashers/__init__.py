@@ -14,8 +14,24 @@ from hashlearn.hashers.rbm import RBMHashing
 from hashlearn.hashers.sikh import ShiftInvariantKernelHashing
 from hashlearn.hashers.spectral import SpectralHashing
 
-__all__ = ["BaseHasher", "BinaryReconstructiveEmbedding", "BoostedSimilarityHashing",
-           "IterativeQuantization", "KernelMetricLSH", "KernelizedLSH", "MetricLSH", "MinHash",
-           "MinimalLossHashing", "PCAHashing", "RBMHashing", "RandomHyperplaneLSH",
-           "RankHashing", "ShiftInvariantKernelHashing", "SpectralHashing",
-           "available_hashers", "make_hasher", "register_hasher", "select_mlh_hyperparameters"]
+__all__ = [
+    "BaseHasher",
+    "BinaryReconstructiveEmbedding",
+    "BoostedSimilarityHashing",
+    "IterativeQuantization",
+    "KernelMetricLSH",
+    "KernelizedLSH",
+    "MetricLSH",
+    "MinHash",
+    "MinimalLossHashing",
+    "PCAHashing",
+    "RBMHashing",
+    "RandomHyperplaneLSH",
+    "RankHashing",
+    "ShiftInvariantKernelHashing",
+    "SpectralHashing",
+    "available_hashers",
+    "make_hasher",
+    "register_hasher",
+    "select_mlh_hyperparameters",
+]

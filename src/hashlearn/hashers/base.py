@@ -79,11 +79,15 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
         if y is not None:
             y = np.asarray(y)
             if y.shape != (X.shape[0],):
-                raise ValueError(f"y must have shape ({X.shape[0]},), one label per row of X. "
-                                 f"Got shape {y.shape}.")
+                raise ValueError(
+                    f"y must have shape ({X.shape[0]},), one label per row of X. "
+                    f"Got shape {y.shape}."
+                )
         if self.supervised and y is None and pairs is None:
-            raise ValueError(f"{type(self).__name__} is supervised: call fit(X, y) with labels "
-                             "or fit(X, pairs=P, similar=s).")
+            raise ValueError(
+                f"{type(self).__name__} is supervised: call fit(X, y) with labels "
+                "or fit(X, pairs=P, similar=s)."
+            )
         self._fit(X, y, pairs, similar)
         return self
 
@@ -115,12 +119,18 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
 
     def _check_X(self, X, *, reset: bool):
         if sp.issparse(X) and not self.accept_sparse:
-            raise TypeError(f"{type(self).__name__} needs dense input; got a scipy.sparse "
-                            "matrix. Use X.toarray() if it fits in memory.")
-        return validate_data(self, X, reset=reset,
-                             accept_sparse="csr" if self.accept_sparse else False,
-                             dtype=(np.float64, np.float32),
-                             ensure_min_samples=1 if reset else 0)
+            raise TypeError(
+                f"{type(self).__name__} needs dense input; got a scipy.sparse "
+                "matrix. Use X.toarray() if it fits in memory."
+            )
+        return validate_data(
+            self,
+            X,
+            reset=reset,
+            accept_sparse="csr" if self.accept_sparse else False,
+            dtype=(np.float64, np.float32),
+            ensure_min_samples=1 if reset else 0,
+        )
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

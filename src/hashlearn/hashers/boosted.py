@@ -84,8 +84,9 @@ def _same_side_sums(lo_pos, hi_pos, wz, w, n_thr, sum_wz, sum_w):
             sum_w[k, a] += acc_w
 
 
-def _fit_common_alpha(n_same: np.ndarray, z: np.ndarray, start: np.ndarray,
-                      n_iter: int = 20) -> np.ndarray:
+def _fit_common_alpha(
+    n_same: np.ndarray, z: np.ndarray, start: np.ndarray, n_iter: int = 20
+) -> np.ndarray:
     """(alpha, beta) minimising mean exp(-z (alpha * n_same + beta)) by damped Newton."""
     theta = start.astype(np.float64).copy()
     design = np.stack([n_same, np.ones_like(n_same)], axis=1)
@@ -138,8 +139,15 @@ class BoostedSimilarityHashing(BaseHasher):
 
     supervised = True
 
-    def __init__(self, n_bits: int = 32, weighted: bool = False, n_pairs: int = 20000,
-                 n_thresholds: int = 32, max_features: int | None = None, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        weighted: bool = False,
+        n_pairs: int = 20000,
+        n_thresholds: int = 32,
+        max_features: int | None = None,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.weighted = weighted
         self.n_pairs = n_pairs
@@ -155,11 +163,14 @@ class BoostedSimilarityHashing(BaseHasher):
         if self.max_features is not None:
             check_int(self.max_features, "max_features", owner, high=n_dims)
         rng = check_random_state(self.random_state)
-        pairs, similar = resolve_pairs(X, y, pairs, similar, n_pairs=n_pairs, owner=owner,
-                                       random_state=rng)
+        pairs, similar = resolve_pairs(
+            X, y, pairs, similar, n_pairs=n_pairs, owner=owner, random_state=rng
+        )
         if similar.all() or not similar.any():
-            raise ValueError(f"{owner} needs both similar and dissimilar pairs; got only "
-                             f"{'similar' if similar.all() else 'dissimilar'} ones.")
+            raise ValueError(
+                f"{owner} needs both similar and dissimilar pairs; got only "
+                f"{'similar' if similar.all() else 'dissimilar'} ones."
+            )
         X = np.asarray(X, dtype=np.float64)
         # candidate thresholds: per-dimension quantiles (midpoints keep them off data values)
         qs = np.linspace(0.0, 1.0, n_thr + 2)[1:-1]
@@ -189,15 +200,21 @@ class BoostedSimilarityHashing(BaseHasher):
                 dims = np.sort(rng.choice(n_dims, self.max_features, replace=False))
             sum_wz = np.zeros((len(dims), n_thr))
             sum_w = np.zeros((len(dims), n_thr))
-            _same_side_sums(np.ascontiguousarray(lo_pos[:, dims]),
-                            np.ascontiguousarray(hi_pos[:, dims]), w * z, w, n_thr,
-                            sum_wz, sum_w)
+            _same_side_sums(
+                np.ascontiguousarray(lo_pos[:, dims]),
+                np.ascontiguousarray(hi_pos[:, dims]),
+                w * z,
+                w,
+                n_thr,
+                sum_wz,
+                sum_w,
+            )
             tot_wz, tot_w = float((w * z).sum()), 1.0
-            s1, w1 = sum_wz, sum_w              # same side: f = alpha + beta
-            s0, w0 = tot_wz - s1, tot_w - w1    # different sides: f = beta
+            s1, w1 = sum_wz, sum_w  # same side: f = alpha + beta
+            s0, w0 = tot_wz - s1, tot_w - w1  # different sides: f = beta
             eps = 1e-12
             # weak learner of eq. 15: free alpha, beta = weighted means on each side
-            gain = s1 ** 2 / np.maximum(w1, eps) + s0 ** 2 / np.maximum(w0, eps)
+            gain = s1**2 / np.maximum(w1, eps) + s0**2 / np.maximum(w0, eps)
             best = np.unravel_index(np.argmax(gain), gain.shape)
             beta = s0[best] / max(w0[best], eps)
             alpha = s1[best] / max(w1[best], eps) - beta
@@ -214,8 +231,8 @@ class BoostedSimilarityHashing(BaseHasher):
                 n_same += same
                 shared = _fit_common_alpha(n_same, z, shared)
                 score = shared[0] * n_same + shared[1]
-                alphas[:bit + 1] = shared[0]
-                betas[:bit + 1] = shared[1] / (bit + 1)
+                alphas[: bit + 1] = shared[0]
+                betas[: bit + 1] = shared[1] / (bit + 1)
             losses[bit] = float(np.exp(-z * score).mean())
         self.features_ = features
         self.thresholds_ = thresholds

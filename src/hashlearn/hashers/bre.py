@@ -124,10 +124,12 @@ def _coordinate_descent(K, W, Y, B, dist, pairs, targets, indptr, pair_of, coord
                 neg_n += 1
         pos = pos_idx[:pos_n][np.argsort(alphas[pos_idx[:pos_n]])]
         neg = neg_idx[:neg_n][np.argsort(-alphas[neg_idx[:neg_n]])]
-        kp, dp = _sweep(pos, alphas, bits_p, dist, pairs, targets, indptr, pair_of,
-                        float(n_bits), -1)
-        kn, dn = _sweep(neg, alphas, bits_p, dist, pairs, targets, indptr, pair_of,
-                        float(n_bits), -1)
+        kp, dp = _sweep(
+            pos, alphas, bits_p, dist, pairs, targets, indptr, pair_of, float(n_bits), -1
+        )
+        kn, dn = _sweep(
+            neg, alphas, bits_p, dist, pairs, targets, indptr, pair_of, float(n_bits), -1
+        )
         if dp >= 0.0 and dn >= 0.0:
             continue
         if dp <= dn:
@@ -196,9 +198,18 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         (non-increasing: each coordinate step is exact).
     """
 
-    def __init__(self, n_bits: int = 32, n_landmarks: int = 64, kernel: str = "linear",
-                 gamma=None, n_neighbors: int = 20, n_random: int = 20, n_iter: int = 2,
-                 max_train: int = 2000, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        n_landmarks: int = 64,
+        kernel: str = "linear",
+        gamma=None,
+        n_neighbors: int = 20,
+        n_random: int = 20,
+        n_iter: int = 2,
+        max_train: int = 2000,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.n_landmarks = n_landmarks
         self.kernel = kernel
@@ -218,8 +229,10 @@ class BinaryReconstructiveEmbedding(BaseHasher):
     def _fit(self, X, y, pairs, similar) -> None:
         owner = type(self).__name__
         if self.kernel not in ("linear", "rbf"):
-            raise ValueError(f"The 'kernel' parameter of {owner} must be 'linear' or 'rbf'. "
-                             f"Got {self.kernel!r} instead.")
+            raise ValueError(
+                f"The 'kernel' parameter of {owner} must be 'linear' or 'rbf'. "
+                f"Got {self.kernel!r} instead."
+            )
         n_landmarks = check_int(self.n_landmarks, "n_landmarks", owner)
         n_neighbors = check_int(self.n_neighbors, "n_neighbors", owner, low=0)
         n_random = check_int(self.n_random, "n_random", owner, low=0)
@@ -231,8 +244,15 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         if n < 2:
             raise ValueError(f"{owner} needs at least 2 training points; got {n}.")
         if y is not None or pairs is not None:
-            P, s = resolve_pairs(X, y, pairs, similar, n_pairs=(n_neighbors + n_random) * n,
-                                 owner=owner, random_state=rng)
+            P, s = resolve_pairs(
+                X,
+                y,
+                pairs,
+                similar,
+                n_pairs=(n_neighbors + n_random) * n,
+                owner=owner,
+                random_state=rng,
+            )
             rows = np.arange(n)
             targets = (~s).astype(np.float64)
         else:
@@ -249,7 +269,7 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         self.landmarks_ = Xt[landmark_rows].copy()
         if self.kernel == "rbf":
             if self.gamma is None:
-                d = ((Xt[:, None, :] - self.landmarks_[None, :min(8, nt), :]) ** 2).sum(-1)
+                d = ((Xt[:, None, :] - self.landmarks_[None, : min(8, nt), :]) ** 2).sum(-1)
                 self.gamma_ = 1.0 / max(float(d.mean()), 1e-12)
             else:
                 self.gamma_ = check_real(self.gamma, "gamma", owner, low=0.0, low_open=True)
@@ -298,8 +318,7 @@ class BinaryReconstructiveEmbedding(BaseHasher):
                 d = sq[block, None] - 2 * X[block] @ X.T + sq[None, :]
                 d[np.arange(d.shape[0]), np.arange(start, block.stop)] = np.inf
                 nn = np.argpartition(d, k - 1, axis=1)[:, :k]
-                parts.append(np.stack([np.repeat(np.arange(start, block.stop), k),
-                                       nn.ravel()], 1))
+                parts.append(np.stack([np.repeat(np.arange(start, block.stop), k), nn.ravel()], 1))
         if n_random:
             a = np.repeat(np.arange(n), n_random)
             b = (a + 1 + rng.randint(n - 1, size=len(a))) % n

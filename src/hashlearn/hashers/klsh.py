@@ -79,8 +79,16 @@ class KernelizedLSH(BaseHasher):
     :mod:`hashlearn.io`.
     """
 
-    def __init__(self, n_bits: int = 32, kernel="rbf", p: int = 300, t: int = 30,
-                 gamma: float | None = None, eig_tol: float = 1e-8, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        kernel="rbf",
+        p: int = 300,
+        t: int = 30,
+        gamma: float | None = None,
+        eig_tol: float = 1e-8,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.kernel = kernel
         self.p = p
@@ -95,15 +103,18 @@ class KernelizedLSH(BaseHasher):
         owner = type(self).__name__
         if callable(self.kernel):
             if isinstance(X, (str, bytes)) or not hasattr(X, "__len__"):
-                raise TypeError(f"X of {owner} with a callable kernel must be a sequence of "
-                                f"objects. Got {type(X).__name__}.")
+                raise TypeError(
+                    f"X of {owner} with a callable kernel must be a sequence of "
+                    f"objects. Got {type(X).__name__}."
+                )
             if reset and len(X) == 0:
                 raise ValueError(f"X of {owner} must contain at least one item.")
             return list(X)
         if self.kernel == "precomputed":
             n_cols = None if reset else self.n_train_
-            return check_kernel_matrix(X, "X (precomputed kernel)", owner, symmetric=reset,
-                                       shape=(None, n_cols))
+            return check_kernel_matrix(
+                X, "X (precomputed kernel)", owner, symmetric=reset, shape=(None, n_cols)
+            )
         return super()._check_X(X, reset=reset)
 
     def _sample_kernel(self, X, rows=None) -> np.ndarray:
@@ -111,10 +122,10 @@ class KernelizedLSH(BaseHasher):
         if self.kernel == "precomputed":
             return X[:, self.sample_indices_] if rows is None else X[np.ix_(rows, rows)]
         if callable(self.kernel):
-            return kernel_matrix(X, self.sample_objects_, self.kernel,
-                                 owner=type(self).__name__)
-        return kernel_matrix(X, self.sample_, self.kernel, gamma=self.gamma_,
-                             owner=type(self).__name__)
+            return kernel_matrix(X, self.sample_objects_, self.kernel, owner=type(self).__name__)
+        return kernel_matrix(
+            X, self.sample_, self.kernel, gamma=self.gamma_, owner=type(self).__name__
+        )
 
     # --------------------------------------------------------------------------- fitting
 
@@ -124,13 +135,18 @@ class KernelizedLSH(BaseHasher):
         n = len(X) if isinstance(X, list) else X.shape[0]
         p = check_int(self.p, "p", owner, low=2)
         if p > n:
-            raise ValueError(f"The 'p' parameter of {owner} must be <= the number of training "
-                             f"items ({n}). Got {p} instead.")
+            raise ValueError(
+                f"The 'p' parameter of {owner} must be <= the number of training "
+                f"items ({n}). Got {p} instead."
+            )
         t = check_int(self.t, "t", owner, high=p)
-        if self.gamma is not None and not (isinstance(self.gamma, (int, float))
-                                           and np.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"The 'gamma' parameter of {owner} must be a positive float or "
-                             f"None. Got {self.gamma!r} instead.")
+        if self.gamma is not None and not (
+            isinstance(self.gamma, (int, float)) and np.isfinite(self.gamma) and self.gamma > 0
+        ):
+            raise ValueError(
+                f"The 'gamma' parameter of {owner} must be a positive float or "
+                f"None. Got {self.gamma!r} instead."
+            )
         rng = check_random_state(self.random_state)
         self.sample_indices_ = np.sort(rng.choice(n, size=p, replace=False)).astype(np.int64)
         self.n_train_ = int(n)
@@ -139,8 +155,7 @@ class KernelizedLSH(BaseHasher):
             self.gamma_ = 0.0
         elif callable(self.kernel):
             self.sample_objects_ = [X[i] for i in self.sample_indices_]
-            K = kernel_matrix(self.sample_objects_, self.sample_objects_, self.kernel,
-                              owner=owner)
+            K = kernel_matrix(self.sample_objects_, self.sample_objects_, self.kernel, owner=owner)
             self.gamma_ = 0.0
         else:
             self.sample_ = np.asarray(X[self.sample_indices_], dtype=np.float64)
@@ -157,11 +172,15 @@ class KernelizedLSH(BaseHasher):
         Kc = 0.5 * (Kc + Kc.T)
         theta, U = np.linalg.eigh(Kc)
         if theta.max() <= 0:
-            raise ValueError(f"the centred sample kernel matrix of {owner} has no positive "
-                             "eigenvalue: all sampled items look identical under the kernel.")
+            raise ValueError(
+                f"the centred sample kernel matrix of {owner} has no positive "
+                "eigenvalue: all sampled items look identical under the kernel."
+            )
         if theta.min() < -1e-6 * theta.max():
-            raise ValueError(f"the kernel of {owner} is not positive semi-definite on the "
-                             f"sample (eigenvalue {theta.min():.3g} vs max {theta.max():.3g}).")
+            raise ValueError(
+                f"the kernel of {owner} is not positive semi-definite on the "
+                f"sample (eigenvalue {theta.min():.3g} vs max {theta.max():.3g})."
+            )
         keep = theta > self.eig_tol * theta.max()
         inv_sqrt = (U[:, keep] / np.sqrt(theta[keep])) @ U[:, keep].T  # K^{-1/2}
         # e_S: t indices of the p sampled items per bit (eq. 26)
@@ -172,8 +191,9 @@ class KernelizedLSH(BaseHasher):
 
     def _project(self, X) -> np.ndarray:
         Kx = np.asarray(self._sample_kernel(X), dtype=np.float64)
-        Kc = (Kx - Kx.mean(axis=1, keepdims=True) - self.kernel_col_mean_[None, :]
-              + self.kernel_mean_)
+        Kc = (
+            Kx - Kx.mean(axis=1, keepdims=True) - self.kernel_col_mean_[None, :] + self.kernel_mean_
+        )
         return Kc @ self.weights_
 
     # ------------------------------------------------------------ non-vector input paths
@@ -190,9 +210,11 @@ class KernelizedLSH(BaseHasher):
 
     def _get_state(self):
         if callable(self.kernel):
-            raise TypeError("cannot save KernelizedLSH with a callable kernel: the kernel is "
-                            "code, and hashlearn.io never stores code. Use a named kernel or "
-                            "'precomputed'.")
+            raise TypeError(
+                "cannot save KernelizedLSH with a callable kernel: the kernel is "
+                "code, and hashlearn.io never stores code. Use a named kernel or "
+                "'precomputed'."
+            )
         return super()._get_state()
 
     def __sklearn_tags__(self):

@@ -43,6 +43,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 # ----------------------------------------------------------------------------- kernels
 
+
 @numba.njit(cache=True, nogil=True)
 def _mix(z):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -78,8 +79,14 @@ def hashed_projection(X, n_bits: int, seed: int) -> np.ndarray:
     non-zeros of X (dense or sparse)."""
     X = sp.csr_matrix(X)
     out = np.zeros((X.shape[0], n_bits))
-    _hashed_projection_csr(X.data.astype(np.float64), X.indices.astype(np.int64),
-                           X.indptr.astype(np.int64), n_bits, np.uint64(seed), out)
+    _hashed_projection_csr(
+        X.data.astype(np.float64),
+        X.indices.astype(np.int64),
+        X.indptr.astype(np.int64),
+        n_bits,
+        np.uint64(seed),
+        out,
+    )
     return out
 
 
@@ -90,6 +97,7 @@ def hashed_hyperplanes(n_bits: int, n_features: int, seed: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- explicit
+
 
 @persistable
 @register_hasher("metric-lsh")
@@ -129,8 +137,15 @@ class MetricLSH(BaseHasher):
 
     supervised = True
 
-    def __init__(self, n_bits: int = 32, metric: str = "itml", gamma="auto",
-                 num_constraints: int | None = None, center: bool = True, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        metric: str = "itml",
+        gamma="auto",
+        num_constraints: int | None = None,
+        center: bool = True,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.metric = metric
         self.gamma = gamma
@@ -139,15 +154,17 @@ class MetricLSH(BaseHasher):
         self.random_state = random_state
 
     @classmethod
-    def from_metric(cls, metric=None, n_bits: int = 32, *, G=None, components=None,
-                    mean=None, random_state=None) -> MetricLSH:
+    def from_metric(
+        cls, metric=None, n_bits: int = 32, *, G=None, components=None, mean=None, random_state=None
+    ) -> MetricLSH:
         """A fitted hasher for a given metric: a fitted :class:`ITML` (or any object with
         ``A_``), a matrix ``A``, or its factor ``G=`` directly. ``components`` fixes the
         hyperplanes ``r`` (n_bits, d); ``mean`` the centre (default none)."""
         check_int(n_bits, "n_bits", cls.__name__)
         if (metric is None) == (G is None):
-            raise ValueError("MetricLSH.from_metric takes a metric (ITML or A) or G=..., "
-                             "exactly one.")
+            raise ValueError(
+                "MetricLSH.from_metric takes a metric (ITML or A) or G=..., exactly one."
+            )
         if G is None:
             A = getattr(metric, "A_", metric)
             A = np.asarray(A, np.float64)
@@ -160,14 +177,14 @@ class MetricLSH(BaseHasher):
         if G.ndim != 2 or G.shape[0] != G.shape[1]:
             raise ValueError(f"G must be a square matrix. Got shape {G.shape}.")
         d = G.shape[1]
-        obj = cls(n_bits=n_bits, metric="precomputed", center=mean is not None,
-                  random_state=random_state)
+        obj = cls(
+            n_bits=n_bits, metric="precomputed", center=mean is not None, random_state=random_state
+        )
         if components is None:
             components = check_random_state(random_state).standard_normal((n_bits, d))
         components = np.asarray(components, np.float64)
         if components.shape != (n_bits, d):
-            raise ValueError(f"components must have shape ({n_bits}, {d}). "
-                             f"Got {components.shape}.")
+            raise ValueError(f"components must have shape ({n_bits}, {d}). Got {components.shape}.")
         obj.G_ = G
         obj.mean_ = np.zeros(d) if mean is None else np.asarray(mean, np.float64).reshape(d)
         obj._set_hyperplanes(components)
@@ -182,23 +199,29 @@ class MetricLSH(BaseHasher):
 
     def _fit(self, X, y, pairs, similar) -> None:
         if self.metric not in ("itml", "euclidean", "precomputed"):
-            raise ValueError(f"The 'metric' parameter of MetricLSH must be 'itml', "
-                             f"'euclidean' or 'precomputed'. Got {self.metric!r} instead.")
+            raise ValueError(
+                f"The 'metric' parameter of MetricLSH must be 'itml', "
+                f"'euclidean' or 'precomputed'. Got {self.metric!r} instead."
+            )
         rng = check_random_state(self.random_state)
         d = X.shape[1]
         self.metric_ = None
         if self.metric == "itml":
-            self.metric_ = ITML(gamma=self.gamma, num_constraints=self.num_constraints,
-                                random_state=rng.randint(2**31 - 1))
+            self.metric_ = ITML(
+                gamma=self.gamma,
+                num_constraints=self.num_constraints,
+                random_state=rng.randint(2**31 - 1),
+            )
             self.metric_.fit(X, y, pairs=pairs, similar=similar)
             self.G_ = self.metric_.G_
         elif self.metric == "euclidean":
             self.G_ = np.eye(d)
         elif getattr(self, "G_", None) is None or self.G_.shape[1] != d:
-            raise ValueError("metric='precomputed' needs a hasher built by "
-                             "MetricLSH.from_metric for inputs of this dimension.")
-        self.mean_ = (np.asarray(X.mean(axis=0), np.float64).ravel() if self.center
-                      else np.zeros(d))
+            raise ValueError(
+                "metric='precomputed' needs a hasher built by "
+                "MetricLSH.from_metric for inputs of this dimension."
+            )
+        self.mean_ = np.asarray(X.mean(axis=0), np.float64).ravel() if self.center else np.zeros(d)
         self._set_hyperplanes(rng.standard_normal((self.n_bits, d)))
 
     def _project(self, X) -> np.ndarray:
@@ -216,10 +239,16 @@ class MetricLSH(BaseHasher):
         check_is_fitted(self)
         queries = np.asarray(queries, np.float64)
         candidates = np.asarray(candidates, np.float64)
-        if queries.ndim != 2 or candidates.ndim != 3 or candidates.shape[0] != len(queries) \
-                or candidates.shape[2] != queries.shape[1]:
-            raise ValueError(f"queries must be (b, d) and candidates (b, c, d). Got "
-                             f"{queries.shape} and {candidates.shape}.")
+        if (
+            queries.ndim != 2
+            or candidates.ndim != 3
+            or candidates.shape[0] != len(queries)
+            or candidates.shape[2] != queries.shape[1]
+        ):
+            raise ValueError(
+                f"queries must be (b, d) and candidates (b, c, d). Got "
+                f"{queries.shape} and {candidates.shape}."
+            )
         Z = (candidates - queries[:, None, :]) @ self.G_.T
         return np.einsum("bcd,bcd->bc", Z, Z)
 
@@ -238,6 +267,7 @@ class MetricLSH(BaseHasher):
 
 
 # ----------------------------------------------------------------------------- implicit
+
 
 @persistable
 @register_hasher("kernel-metric-lsh")
@@ -276,8 +306,14 @@ class KernelMetricLSH(BaseHasher):
     supervised = True
     accept_sparse = True
 
-    def __init__(self, n_bits: int = 32, gamma: float = 1.0,
-                 num_constraints: int | None = None, max_iter: int = 1000, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        gamma: float = 1.0,
+        num_constraints: int | None = None,
+        max_iter: int = 1000,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.gamma = gamma
         self.num_constraints = num_constraints
@@ -286,25 +322,33 @@ class KernelMetricLSH(BaseHasher):
 
     def _fit(self, X, y, pairs, similar) -> None:
         rng = check_random_state(self.random_state)
-        kitml = KernelITML(kernel="linear", gamma=self.gamma,
-                           num_constraints=self.num_constraints, max_iter=self.max_iter,
-                           random_state=rng.randint(2**31 - 1))
+        kitml = KernelITML(
+            kernel="linear",
+            gamma=self.gamma,
+            num_constraints=self.num_constraints,
+            max_iter=self.max_iter,
+            random_state=rng.randint(2**31 - 1),
+        )
         kitml.fit(X, y, pairs=pairs, similar=similar)
         self.metric_ = kitml
         Phi = sp.csr_matrix(kitml.constrained_, dtype=np.float64)
         self.seed_ = int(rng.randint(2**31 - 1))
         self.S_, self.K0_ = kitml.S_, kitml.K0_
         self.constrained_data_, self.constrained_indices_, self.constrained_indptr_ = (
-            Phi.data, Phi.indices.astype(np.int64), Phi.indptr.astype(np.int64))
+            Phi.data,
+            Phi.indices.astype(np.int64),
+            Phi.indptr.astype(np.int64),
+        )
         r_phi = hashed_projection(Phi, self.n_bits, self.seed_)  # (c, b): r^T phi(x_i)
         gammas = self.S_.T @ r_phi  # (c, b)
         self.support_ = np.unique(Phi.indices).astype(np.int64)
         self.weights_ = np.asarray((Phi[:, self.support_].T @ gammas).T)  # (b, z)
 
     def _phi(self) -> sp.csr_matrix:
-        return sp.csr_matrix((self.constrained_data_, self.constrained_indices_,
-                              self.constrained_indptr_),
-                             shape=(len(self.constrained_indptr_) - 1, self.n_features_in_))
+        return sp.csr_matrix(
+            (self.constrained_data_, self.constrained_indices_, self.constrained_indptr_),
+            shape=(len(self.constrained_indptr_) - 1, self.n_features_in_),
+        )
 
     def _project(self, X) -> np.ndarray:
         out = hashed_projection(X, self.n_bits, self.seed_)
@@ -330,10 +374,16 @@ class KernelMetricLSH(BaseHasher):
         check_is_fitted(self)
         queries = np.asarray(queries, np.float64)
         candidates = np.asarray(candidates, np.float64)
-        if queries.ndim != 2 or candidates.ndim != 3 or candidates.shape[0] != len(queries) \
-                or candidates.shape[2] != queries.shape[1]:
-            raise ValueError(f"queries must be (b, d) and candidates (b, c, d). Got "
-                             f"{queries.shape} and {candidates.shape}.")
+        if (
+            queries.ndim != 2
+            or candidates.ndim != 3
+            or candidates.shape[0] != len(queries)
+            or candidates.shape[2] != queries.shape[1]
+        ):
+            raise ValueError(
+                f"queries must be (b, d) and candidates (b, c, d). Got "
+                f"{queries.shape} and {candidates.shape}."
+            )
         b, c, d = candidates.shape
         Z = (candidates - queries[:, None, :]).reshape(b * c, d)
         T = np.asarray((self._phi() @ Z.T).T)  # (b c, n_constrained)

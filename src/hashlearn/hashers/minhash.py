@@ -44,8 +44,7 @@ __all__ = ["MinHash", "as_token_csr", "jaccard_similarity"]
 MERSENNE_31 = np.int64((1 << 31) - 1)
 
 
-def as_token_csr(sets, name: str = "sets", owner: str = "MinHash"
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def as_token_csr(sets, name: str = "sets", owner: str = "MinHash") -> tuple[np.ndarray, np.ndarray]:
     """``(indptr int64, tokens int64)``: the sets in CSR form, validated (no empty set)."""
     if sp.issparse(sets):
         csr = sp.csr_matrix(sets)
@@ -54,30 +53,38 @@ def as_token_csr(sets, name: str = "sets", owner: str = "MinHash"
         tokens = csr.indices.astype(np.int64)
     else:
         if isinstance(sets, (str, bytes)) or not hasattr(sets, "__len__"):
-            raise TypeError(f"{name} of {owner} must be a sequence of sets of integer token "
-                            f"ids or a scipy.sparse matrix. Got {type(sets).__name__}.")
+            raise TypeError(
+                f"{name} of {owner} must be a sequence of sets of integer token "
+                f"ids or a scipy.sparse matrix. Got {type(sets).__name__}."
+            )
         lengths = np.zeros(len(sets) + 1, np.int64)
         chunks = []
         for i, s in enumerate(sets):
             if isinstance(s, (str, bytes)):
-                raise TypeError(f"{name}[{i}] of {owner} is a string; pass token ids "
-                                "(e.g. hash your shingles to integers first).")
+                raise TypeError(
+                    f"{name}[{i}] of {owner} is a string; pass token ids "
+                    "(e.g. hash your shingles to integers first)."
+                )
             arr = np.asarray(s if isinstance(s, np.ndarray) else list(s))
             if arr.size and not np.issubdtype(arr.dtype, np.integer):
-                raise TypeError(f"{name}[{i}] of {owner} must hold integer token ids. Got "
-                                f"dtype {arr.dtype}.")
+                raise TypeError(
+                    f"{name}[{i}] of {owner} must hold integer token ids. Got dtype {arr.dtype}."
+                )
             arr = arr.astype(np.int64).ravel()
             chunks.append(arr)
             lengths[i + 1] = arr.size
         indptr = np.cumsum(lengths)
         tokens = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
     if tokens.size and tokens.min() < 0:
-        raise ValueError(f"{name} of {owner} must hold non-negative token ids. Got "
-                         f"{int(tokens.min())}.")
+        raise ValueError(
+            f"{name} of {owner} must hold non-negative token ids. Got {int(tokens.min())}."
+        )
     sizes = np.diff(indptr)
     if sizes.size and sizes.min() == 0:
-        raise ValueError(f"{name} of {owner} contains an empty set (item "
-                         f"{int(np.argmin(sizes))}); Min-Hash of an empty set is undefined.")
+        raise ValueError(
+            f"{name} of {owner} contains an empty set (item "
+            f"{int(np.argmin(sizes))}); Min-Hash of an empty set is undefined."
+        )
     return indptr, tokens
 
 
@@ -157,13 +164,14 @@ class MinHash(Persistable, TransformerMixin, BaseEstimator):
         _signatures(indptr, tokens, self.coef_a_, self.coef_b_, out)
         return out
 
-    def estimate_jaccard(self, signatures_a: np.ndarray, signatures_b: np.ndarray
-                         ) -> np.ndarray:
+    def estimate_jaccard(self, signatures_a: np.ndarray, signatures_b: np.ndarray) -> np.ndarray:
         """Row-wise fraction of equal signature entries (unbiased Jaccard estimate)."""
         a, b = np.asarray(signatures_a), np.asarray(signatures_b)
         if a.shape != b.shape or a.ndim != 2 or a.shape[1] != len(self.coef_a_):
-            raise ValueError(f"signatures must both have shape (n, {len(self.coef_a_)}). "
-                             f"Got {a.shape} and {b.shape}.")
+            raise ValueError(
+                f"signatures must both have shape (n, {len(self.coef_a_)}). "
+                f"Got {a.shape} and {b.shape}."
+            )
         return (a == b).mean(axis=1)
 
     def __sklearn_tags__(self):
@@ -175,8 +183,9 @@ class MinHash(Persistable, TransformerMixin, BaseEstimator):
     def _get_state(self):
         check_is_fitted(self)
         params = self.get_params(deep=False)
-        if not (params["random_state"] is None or isinstance(params["random_state"],
-                                                              numbers.Integral)):
+        if not (
+            params["random_state"] is None or isinstance(params["random_state"], numbers.Integral)
+        ):
             raise TypeError("cannot save MinHash: pass random_state as an int or None.")
         return params, {}, {"coef_a_": self.coef_a_, "coef_b_": self.coef_b_}
 

@@ -120,8 +120,7 @@ def _infer_batch(A, C, targets, kind, rho, lam, eps, Gi, Gj, M, V):
     delta = np.empty(q)
     buf = np.empty(q, np.int8)
     for p in range(A.shape[0]):
-        m, v = _infer_pair(A[p], C[p], targets[p], kind, rho, lam, eps, Gi[p], Gj[p], delta,
-                           buf)
+        m, v = _infer_pair(A[p], C[p], targets[p], kind, rho, lam, eps, Gi[p], Gj[p], delta, buf)
         M[p] = m
         V[p] = v
 
@@ -171,8 +170,9 @@ def _objective(W, X, pairs, targets, kind, rho, lam, eps):
 
 
 @numba.njit(cache=True, nogil=True)
-def _train_epoch(W, velocity, X, pairs, targets, kind, rho, lam, eps, learning_rate, momentum,
-                 batch_size):
+def _train_epoch(
+    W, velocity, X, pairs, targets, kind, rho, lam, eps, learning_rate, momentum, batch_size
+):
     """One pass of the perceptron-like rule (eq. 14) over ``pairs`` in mini-batches, with
     momentum and unit-length rows of ``W`` (§5). Updates ``W`` and ``velocity`` in place."""
     q, d = W.shape
@@ -231,8 +231,16 @@ def bre_loss(m, target, n_bits: int) -> np.ndarray:
     return (np.asarray(m, dtype=np.float64) / n_bits - np.asarray(target, dtype=np.float64)) ** 2
 
 
-def loss_adjusted_inference(scores_i, scores_j, target, *, loss: str = "hinge",
-                            rho: float = 3.0, lam: float = 0.5, epsilon: float = 1.0):
+def loss_adjusted_inference(
+    scores_i,
+    scores_j,
+    target,
+    *,
+    loss: str = "hinge",
+    rho: float = 3.0,
+    lam: float = 0.5,
+    epsilon: float = 1.0,
+):
     """Exact loss-adjusted inference (eq. 12) in :math:`O(q \\log q)` per pair (§4.1).
 
     ``scores_i``, ``scores_j``: ``(n, q)`` or ``(q,)`` arrays of :math:`W x_i`, :math:`W x_j`;
@@ -241,20 +249,34 @@ def loss_adjusted_inference(scores_i, scores_j, target, *, loss: str = "hinge",
     and the maximised objective :math:`\\epsilon\\,\\ell(m) + g_i^T W x_i + g_j^T W x_j`.
     """
     if loss not in _LOSSES:
-        raise ValueError(f"The 'loss' parameter of loss_adjusted_inference must be one of "
-                         f"{sorted(_LOSSES)}. Got {loss!r} instead.")
+        raise ValueError(
+            f"The 'loss' parameter of loss_adjusted_inference must be one of "
+            f"{sorted(_LOSSES)}. Got {loss!r} instead."
+        )
     A = np.atleast_2d(np.asarray(scores_i, dtype=np.float64))
     C = np.atleast_2d(np.asarray(scores_j, dtype=np.float64))
     if A.shape != C.shape:
-        raise ValueError(f"scores_i and scores_j must have the same shape. Got {A.shape} and "
-                         f"{C.shape}.")
+        raise ValueError(
+            f"scores_i and scores_j must have the same shape. Got {A.shape} and {C.shape}."
+        )
     t = np.broadcast_to(np.asarray(target, dtype=np.float64), (A.shape[0],)).copy()
     Gi = np.empty_like(A)
     Gj = np.empty_like(A)
     M = np.empty(A.shape[0], np.int64)
     V = np.empty(A.shape[0])
-    _infer_batch(np.ascontiguousarray(A), np.ascontiguousarray(C), t, _LOSSES[loss],
-                 float(rho), float(lam), float(epsilon), Gi, Gj, M, V)
+    _infer_batch(
+        np.ascontiguousarray(A),
+        np.ascontiguousarray(C),
+        t,
+        _LOSSES[loss],
+        float(rho),
+        float(lam),
+        float(epsilon),
+        Gi,
+        Gj,
+        M,
+        V,
+    )
     out = Gi.astype(np.uint8), Gj.astype(np.uint8), M, V
     if np.ndim(scores_i) == 1:
         return out[0][0], out[1][0], int(out[2][0]), float(out[3][0])
@@ -335,10 +357,22 @@ class MinimalLossHashing(BaseHasher):
 
     supervised = True
 
-    def __init__(self, n_bits: int = 32, rho=None, lam: float = 0.5, epsilon: float = 0.1,
-                 learning_rate: float = 0.05, momentum: float = 0.9, batch_size: int = 100,
-                 n_epochs: int = 10, pairs_per_epoch: int = 100_000, loss: str = "hinge",
-                 fit_offset: bool = True, monitor_pairs: int = 5000, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        rho=None,
+        lam: float = 0.5,
+        epsilon: float = 0.1,
+        learning_rate: float = 0.05,
+        momentum: float = 0.9,
+        batch_size: int = 100,
+        n_epochs: int = 10,
+        pairs_per_epoch: int = 100_000,
+        loss: str = "hinge",
+        fit_offset: bool = True,
+        monitor_pairs: int = 5000,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.rho = rho
         self.lam = lam
@@ -357,10 +391,15 @@ class MinimalLossHashing(BaseHasher):
         owner = type(self).__name__
         q = self.n_bits
         if self.loss not in _LOSSES:
-            raise ValueError(f"The 'loss' parameter of {owner} must be one of "
-                             f"{sorted(_LOSSES)}. Got {self.loss!r} instead.")
-        rho = max(1.0, q / 8.0) if self.rho is None else check_real(
-            self.rho, "rho", owner, low=0.0, high=float(q))
+            raise ValueError(
+                f"The 'loss' parameter of {owner} must be one of "
+                f"{sorted(_LOSSES)}. Got {self.loss!r} instead."
+            )
+        rho = (
+            max(1.0, q / 8.0)
+            if self.rho is None
+            else check_real(self.rho, "rho", owner, low=0.0, high=float(q))
+        )
         return dict(
             rho=float(rho),
             lam=check_real(self.lam, "lam", owner, low=0.0),
@@ -440,8 +479,9 @@ class MinimalLossHashing(BaseHasher):
 
         p = self._check_params()
         X = self._check_X(X, reset=False).astype(np.float64)
-        P, s = resolve_pairs(X, y, pairs, similar, n_pairs=n_pairs, owner=type(self).__name__,
-                             random_state=0)
+        P, s = resolve_pairs(
+            X, y, pairs, similar, n_pairs=n_pairs, owner=type(self).__name__, random_state=0
+        )
         Xa = np.hstack([X, np.ones((len(X), 1))])
         W = np.hstack([self.components_, self.offset_[:, None]])
         if p["kind"] == _BRE:
@@ -463,11 +503,22 @@ def _pair_average_precision(distances: np.ndarray, similar: np.ndarray) -> float
     return float(average_precision_score(similar, -distances.astype(np.float64)))
 
 
-def select_mlh_hyperparameters(X, y=None, *, pairs=None, similar=None, n_bits: int = 32,
-                               rho_values=None, lam_values=(0.2, 0.5, 1.0),
-                               epsilon_values=(0.03, 0.1, 0.3), validation_fraction=0.1,
-                               n_epochs: int = 10, score="average_precision",
-                               random_state=None, **mlh_params):
+def select_mlh_hyperparameters(
+    X,
+    y=None,
+    *,
+    pairs=None,
+    similar=None,
+    n_bits: int = 32,
+    rho_values=None,
+    lam_values=(0.2, 0.5, 1.0),
+    epsilon_values=(0.03, 0.1, 0.3),
+    validation_fraction=0.1,
+    n_epochs: int = 10,
+    score="average_precision",
+    random_state=None,
+    **mlh_params,
+):
     """Choose rho, lambda and epsilon of :class:`MinimalLossHashing` on a held-out set (§5).
 
     ``validation_fraction`` of the rows of ``X`` are held out; MLH is trained on pairs among
@@ -489,8 +540,7 @@ def select_mlh_hyperparameters(X, y=None, *, pairs=None, similar=None, n_bits: i
         score = check_int(score, "score", owner, low=0)
     n = X.shape[0]
     n_bits = check_int(n_bits, "n_bits", owner)
-    check_real(validation_fraction, "validation_fraction", owner, low=0.0, high=1.0,
-               low_open=True)
+    check_real(validation_fraction, "validation_fraction", owner, low=0.0, high=1.0, low_open=True)
     rng = check_random_state(random_state)
     n_val = max(1, int(round(validation_fraction * n)))
     if n - n_val < 2:
@@ -527,9 +577,16 @@ def select_mlh_hyperparameters(X, y=None, *, pairs=None, similar=None, n_bits: i
     for rho in rho_values:
         for lam in lam_values:
             for eps in epsilon_values:
-                h = MinimalLossHashing(n_bits=n_bits, rho=rho, lam=lam, epsilon=eps,
-                                       n_epochs=n_epochs, monitor_pairs=0,
-                                       random_state=rng.randint(2**31 - 1), **mlh_params)
+                h = MinimalLossHashing(
+                    n_bits=n_bits,
+                    rho=rho,
+                    lam=lam,
+                    epsilon=eps,
+                    n_epochs=n_epochs,
+                    monitor_pairs=0,
+                    random_state=rng.randint(2**31 - 1),
+                    **mlh_params,
+                )
                 h.fit(X[train_rows], **fit_kw)
                 codes = h.encode(X)
                 dist = hamming_distance(codes[val_P[:, 0]], codes[val_P[:, 1]])
@@ -541,16 +598,15 @@ def select_mlh_hyperparameters(X, y=None, *, pairs=None, similar=None, n_bits: i
                     hits = np.bincount(val_row, weights=inside & val_s, minlength=n)
                     got = np.bincount(val_row, weights=inside, minlength=n)
                     rows_seen = np.unique(val_row)
-                    prec = np.where(got[rows_seen] > 0,
-                                    hits[rows_seen] / np.maximum(got[rows_seen], 1), 0.0)
+                    prec = np.where(
+                        got[rows_seen] > 0, hits[rows_seen] / np.maximum(got[rows_seen], 1), 0.0
+                    )
                     value = float(prec.mean())
-                table.append(dict(rho=float(rho), lam=float(lam), epsilon=float(eps),
-                                  score=value))
+                table.append(dict(rho=float(rho), lam=float(lam), epsilon=float(eps), score=value))
     scored = [r for r in table if np.isfinite(r["score"])]
     if not scored:
-        raise ValueError(f"{owner}: the held-out pairs are all similar or all dissimilar; "
-                         "cannot score.")
+        raise ValueError(
+            f"{owner}: the held-out pairs are all similar or all dissimilar; cannot score."
+        )
     best = max(scored, key=lambda r: r["score"])
     return {k: best[k] for k in ("rho", "lam", "epsilon")}, table
-
-

@@ -29,8 +29,9 @@ from hashlearn.io import persistable
 __all__ = ["PCAHashing", "IterativeQuantization", "principal_directions"]
 
 
-def principal_directions(X: np.ndarray, n_components: int, owner: str
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def principal_directions(
+    X: np.ndarray, n_components: int, owner: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean, top ``n_components`` principal directions ``(d, c)`` and their variances.
 
     Raises ``ValueError`` when ``n_components > min(n_samples, n_features)``. The sign of each

@@ -54,13 +54,17 @@ def check_triplets(triplets, n_samples: int, owner: str) -> np.ndarray:
     """Validate ``(m, 3)`` int triplets ``(query, more relevant doc, less relevant doc)``."""
     arr = np.asarray(triplets)
     if arr.ndim != 2 or arr.shape[1] != 3 or arr.shape[0] == 0:
-        raise ValueError(f"triplets of {owner} must be a non-empty (m, 3) array of row indices "
-                         f"(query, relevant, irrelevant). Got shape {arr.shape}.")
+        raise ValueError(
+            f"triplets of {owner} must be a non-empty (m, 3) array of row indices "
+            f"(query, relevant, irrelevant). Got shape {arr.shape}."
+        )
     if not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"triplets of {owner} must be integers. Got dtype {arr.dtype}.")
     if arr.min() < 0 or arr.max() >= n_samples:
-        raise ValueError(f"triplets of {owner} index rows of X: values must be in "
-                         f"[0, {n_samples - 1}]. Got values in [{arr.min()}, {arr.max()}].")
+        raise ValueError(
+            f"triplets of {owner} index rows of X: values must be in "
+            f"[0, {n_samples - 1}]. Got values in [{arr.min()}, {arr.max()}]."
+        )
     return arr.astype(np.int64)
 
 
@@ -135,11 +139,21 @@ class RankHashing(BaseHasher):
     accept_sparse = True
     supervised = True  # labels / targets; fit relaxes this for task="retrieval" and triplets
 
-    def __init__(self, n_bits: int = 32, objective: str = "lambdarank",
-                 task: str = "classification", learning_rate: float = 0.05,
-                 momentum: float = 0.8, queries_per_step: int = 100,
-                 docs_per_query: int = 100, n_epochs: int = 10, k: int = 3,
-                 radius: int | None = None, n_neighbors: int = 50, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        objective: str = "lambdarank",
+        task: str = "classification",
+        learning_rate: float = 0.05,
+        momentum: float = 0.8,
+        queries_per_step: int = 100,
+        docs_per_query: int = 100,
+        n_epochs: int = 10,
+        k: int = 3,
+        radius: int | None = None,
+        n_neighbors: int = 50,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.objective = objective
         self.task = task
@@ -169,11 +183,15 @@ class RankHashing(BaseHasher):
     def _check_params(self) -> None:
         owner = type(self).__name__
         if self.objective not in _OBJECTIVES:
-            raise ValueError(f"The 'objective' parameter of {owner} must be one of "
-                             f"{_OBJECTIVES}. Got {self.objective!r} instead.")
+            raise ValueError(
+                f"The 'objective' parameter of {owner} must be one of "
+                f"{_OBJECTIVES}. Got {self.objective!r} instead."
+            )
         if self.task not in _TASKS:
-            raise ValueError(f"The 'task' parameter of {owner} must be one of {_TASKS}. "
-                             f"Got {self.task!r} instead.")
+            raise ValueError(
+                f"The 'task' parameter of {owner} must be one of {_TASKS}. "
+                f"Got {self.task!r} instead."
+            )
         check_real(self.learning_rate, "learning_rate", owner, low=0, low_open=True)
         check_real(self.momentum, "momentum", owner, low=0, high=1)
         check_int(self.queries_per_step, "queries_per_step", owner)
@@ -197,22 +215,25 @@ class RankHashing(BaseHasher):
             triplets = check_triplets(self._triplets, n, owner)
         elif self.task == "classification":
             if y is None:
-                raise ValueError(f"{owner}(task='classification') needs class labels: call "
-                                 "fit(X, y).")
+                raise ValueError(
+                    f"{owner}(task='classification') needs class labels: call fit(X, y)."
+                )
             classes, y = np.unique(y, return_inverse=True)
             if classes.size < 2:
-                raise ValueError(f"{owner}(task='classification') needs at least 2 classes. "
-                                 f"Got {classes.size}.")
+                raise ValueError(
+                    f"{owner}(task='classification') needs at least 2 classes. Got {classes.size}."
+                )
         elif self.task == "regression":
             if y is None:
-                raise ValueError(f"{owner}(task='regression') needs real targets: call "
-                                 "fit(X, y).")
+                raise ValueError(f"{owner}(task='regression') needs real targets: call fit(X, y).")
             y = np.asarray(y, dtype=np.float64)
             if not np.all(np.isfinite(y)):
                 raise ValueError(f"y of {owner}(task='regression') must be finite.")
         elif y is not None:
-            raise ValueError(f"{owner}(task='retrieval') defines relevance by Euclidean "
-                             "neighbours and takes no y; use triplets=... for your own.")
+            raise ValueError(
+                f"{owner}(task='retrieval') defines relevance by Euclidean "
+                "neighbours and takes no y; use triplets=... for your own."
+            )
         if n < 2:
             raise ValueError(f"{owner} needs at least 2 training rows. Got {n}.")
         rng = check_random_state(self.random_state)
@@ -230,19 +251,22 @@ class RankHashing(BaseHasher):
             epoch_loss, epoch_pairs = 0.0, 0
             if triplets is not None:
                 order = rng.permutation(len(triplets))
-                batches = [triplets[order[s:s + self.queries_per_step * self.docs_per_query]]
-                           for s in range(0, len(order),
-                                          self.queries_per_step * self.docs_per_query)]
+                batches = [
+                    triplets[order[s : s + self.queries_per_step * self.docs_per_query]]
+                    for s in range(0, len(order), self.queries_per_step * self.docs_per_query)
+                ]
             else:
                 order = rng.permutation(n)
-                batches = [order[s:s + self.queries_per_step]
-                           for s in range(0, n, self.queries_per_step)]
+                batches = [
+                    order[s : s + self.queries_per_step] for s in range(0, n, self.queries_per_step)
+                ]
             for batch in batches:
                 if triplets is not None:
                     grad_w, grad_b, loss, n_pairs = self._triplet_gradient(Xs, batch)
                 else:
                     grad_w, grad_b, loss, n_pairs = self._query_gradient(
-                        Xs, y, neighbors, batch, rng)
+                        Xs, y, neighbors, batch, rng
+                    )
                 epoch_loss += loss
                 epoch_pairs += n_pairs
                 velocity_w = self.momentum * velocity_w - self.learning_rate * grad_w
@@ -276,8 +300,9 @@ class RankHashing(BaseHasher):
     def _forward(self, Xs, rows: np.ndarray) -> np.ndarray:
         return _sigmoid(np.asarray(Xs[rows] @ self.weights_) + self.bias_)
 
-    def _backward(self, Xs, rows: np.ndarray, grad_h: np.ndarray, h: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def _backward(
+        self, Xs, rows: np.ndarray, grad_h: np.ndarray, h: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Chain rule through eq. 1: ``dC/dW = X^T (dC/dh * h (1 - h))``."""
         grad_z = grad_h * h * (1.0 - h)
         return np.asarray(Xs[rows].T @ grad_z), grad_z.sum(axis=0)
@@ -316,8 +341,9 @@ class RankHashing(BaseHasher):
         if self.objective == "lambdarank":
             lam = lam * self._delta_score(hq, hd, gain, y, queries, docs, qi, ai, bi)
         # dC/ds_i: + as the higher-ranked member of a pair, - as the lower one
-        lam_doc = (np.bincount(qi * D + ai, lam, Q * D)
-                   - np.bincount(qi * D + bi, lam, Q * D)).reshape(Q, D)
+        lam_doc = (
+            np.bincount(qi * D + ai, lam, Q * D) - np.bincount(qi * D + bi, lam, Q * D)
+        ).reshape(Q, D)
         g_d = lam_doc[:, :, None] * (1 - 2 * hq[:, None, :])
         g_q = (lam_doc[:, :, None] * (1 - 2 * hd)).sum(axis=1)
         grad_h = np.concatenate([g_q, g_d.reshape(Q * D, B)]) / Q
@@ -330,8 +356,9 @@ class RankHashing(BaseHasher):
         if self.task == "regression":
             return -((y[docs] - y[queries][:, None]) ** 2)
         nb = neighbors[queries]  # (Q, K) sorted
-        pos = np.minimum(np.array([np.searchsorted(nb[i], docs[i]) for i in range(len(docs))]),
-                         nb.shape[1] - 1)
+        pos = np.minimum(
+            np.array([np.searchsorted(nb[i], docs[i]) for i in range(len(docs))]), nb.shape[1] - 1
+        )
         return (np.take_along_axis(nb, pos, axis=1) == docs).astype(np.float64)
 
     def _delta_score(self, hq, hd, gain, y, queries, docs, qi, ai, bi) -> np.ndarray:
@@ -379,8 +406,9 @@ class RankHashing(BaseHasher):
         cm = np.take_along_axis(counts, m, axis=1)
         is_top = m == order[:, :1]
         # relevant doc enters, irrelevant doc of class m (inside) leaves
-        other_after_in = np.where(is_top, np.maximum(cm - 1, np.maximum(second, 0)[:, None]),
-                                  best_other[:, None])
+        other_after_in = np.where(
+            is_top, np.maximum(cm - 1, np.maximum(second, 0)[:, None]), best_other[:, None]
+        )
         gain_in = np.abs(np.minimum(correct[:, None] + 1 - other_after_in, 1) - old[:, None])
         # relevant doc (inside) leaves, irrelevant doc of class m enters
         other_after_out = np.maximum(best_other[:, None], cm + 1)

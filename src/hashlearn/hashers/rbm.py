@@ -42,15 +42,28 @@ from hashlearn.io import persistable
 __all__ = ["RBMHashing"]
 
 
-def _cd1_layer(data: np.ndarray, n_hidden: int, *, gaussian: bool, epochs: int, lr: float,
-               batch_size: int, weight_decay: float, rng: np.random.RandomState
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _cd1_layer(
+    data: np.ndarray,
+    n_hidden: int,
+    *,
+    gaussian: bool,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    weight_decay: float,
+    rng: np.random.RandomState,
+) -> tuple[np.ndarray, np.ndarray]:
     """Train one RBM with CD-1 (eq. 18 sampling); returns ``(W (v, h), hidden bias (h,))``."""
     n, n_visible = data.shape
     W = 0.01 * rng.standard_normal((n_visible, n_hidden))
     b_hid = np.zeros(n_hidden)
-    b_vis = np.zeros(n_visible) if gaussian else np.log(
-        np.clip(data.mean(0), 1e-3, 1 - 1e-3) / (1 - np.clip(data.mean(0), 1e-3, 1 - 1e-3)))
+    b_vis = (
+        np.zeros(n_visible)
+        if gaussian
+        else np.log(
+            np.clip(data.mean(0), 1e-3, 1 - 1e-3) / (1 - np.clip(data.mean(0), 1e-3, 1 - 1e-3))
+        )
+    )
     vel_W = np.zeros_like(W)
     vel_h = np.zeros_like(b_hid)
     vel_v = np.zeros_like(b_vis)
@@ -58,7 +71,7 @@ def _cd1_layer(data: np.ndarray, n_hidden: int, *, gaussian: bool, epochs: int, 
         momentum = 0.5 if epoch < 2 else 0.9
         order = rng.permutation(n)
         for start in range(0, n, batch_size):
-            v0 = data[order[start:start + batch_size]]
+            v0 = data[order[start : start + batch_size]]
             m = len(v0)
             ph0 = expit(v0 @ W + b_hid)
             h0 = (rng.random_sample(ph0.shape) < ph0).astype(np.float64)
@@ -111,9 +124,18 @@ class RBMHashing(BaseHasher):
         Mean NCA objective per item (probability mass on same-class items) per epoch.
     """
 
-    def __init__(self, n_bits: int = 32, hidden_layers=(256,), pretrain_epochs: int = 5,
-                 finetune_epochs: int = 30, batch_size: int = 256, pretrain_lr: float = 0.05,
-                 finetune_lr: float = 0.01, n_neighbors: int = 10, random_state=None):
+    def __init__(
+        self,
+        n_bits: int = 32,
+        hidden_layers=(256,),
+        pretrain_epochs: int = 5,
+        finetune_epochs: int = 30,
+        batch_size: int = 256,
+        pretrain_lr: float = 0.05,
+        finetune_lr: float = 0.01,
+        n_neighbors: int = 10,
+        random_state=None,
+    ):
         self.n_bits = n_bits
         self.hidden_layers = hidden_layers
         self.pretrain_epochs = pretrain_epochs
@@ -127,8 +149,10 @@ class RBMHashing(BaseHasher):
     # --------------------------------------------------------------------------- network
 
     def _layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(getattr(self, f"coef{i}_"), getattr(self, f"intercept{i}_"))
-                for i in range(self.n_layers_)]
+        return [
+            (getattr(self, f"coef{i}_"), getattr(self, f"intercept{i}_"))
+            for i in range(self.n_layers_)
+        ]
 
     def _forward(self, Z: np.ndarray, layers) -> list[np.ndarray]:
         acts = [Z]
@@ -151,8 +175,10 @@ class RBMHashing(BaseHasher):
         if isinstance(hidden, (int, np.integer)):
             hidden = (int(hidden),)
         if not isinstance(hidden, (tuple, list)):
-            raise ValueError(f"The 'hidden_layers' parameter of {owner} must be a tuple of ints. "
-                             f"Got {hidden!r} instead.")
+            raise ValueError(
+                f"The 'hidden_layers' parameter of {owner} must be a tuple of ints. "
+                f"Got {hidden!r} instead."
+            )
         hidden = tuple(check_int(h, "hidden_layers", owner) for h in hidden)
         for name in ("pretrain_epochs", "finetune_epochs"):
             check_int(getattr(self, name), name, owner, low=0)
@@ -177,9 +203,16 @@ class RBMHashing(BaseHasher):
         layers = []
         for i, size in enumerate(sizes):
             gaussian = i == 0
-            W, b = _cd1_layer(data, size, gaussian=gaussian, epochs=self.pretrain_epochs,
-                              lr=self.pretrain_lr * (0.1 if gaussian else 1.0),
-                              batch_size=100, weight_decay=2e-4, rng=rng)
+            W, b = _cd1_layer(
+                data,
+                size,
+                gaussian=gaussian,
+                epochs=self.pretrain_epochs,
+                lr=self.pretrain_lr * (0.1 if gaussian else 1.0),
+                batch_size=100,
+                weight_decay=2e-4,
+                rng=rng,
+            )
             layers.append((W, b))
             data = expit(data @ W + b)
         # 2. NCA fine-tuning
@@ -187,9 +220,15 @@ class RBMHashing(BaseHasher):
         if pairs is not None:
             sim_pairs = pairs[similar]
             similar_matrix = sp.coo_matrix(
-                (np.ones(2 * len(sim_pairs)),
-                 (np.r_[sim_pairs[:, 0], sim_pairs[:, 1]], np.r_[sim_pairs[:, 1], sim_pairs[:, 0]])),
-                shape=(n, n)).tocsr()
+                (
+                    np.ones(2 * len(sim_pairs)),
+                    (
+                        np.r_[sim_pairs[:, 0], sim_pairs[:, 1]],
+                        np.r_[sim_pairs[:, 1], sim_pairs[:, 0]],
+                    ),
+                ),
+                shape=(n, n),
+            ).tocsr()
             pool = np.unique(pairs.ravel())
         else:
             pool = np.arange(n)
@@ -203,7 +242,7 @@ class RBMHashing(BaseHasher):
             order = rng.permutation(pool)
             total, count = 0.0, 0
             for start in range(0, max(len(order) - batch + 1, 1), batch):
-                idx = order[start:start + batch]
+                idx = order[start : start + batch]
                 if len(idx) < 2:
                     continue
                 target = self._targets(idx, Z, y, similar_matrix)
@@ -215,8 +254,8 @@ class RBMHashing(BaseHasher):
                 for j, (p, g) in enumerate(zip(params, flat, strict=True)):
                     adam_m[j] = 0.9 * adam_m[j] + 0.1 * g
                     adam_v[j] = 0.999 * adam_v[j] + 0.001 * g * g
-                    m_hat = adam_m[j] / (1 - 0.9 ** step)
-                    v_hat = adam_v[j] / (1 - 0.999 ** step)
+                    m_hat = adam_m[j] / (1 - 0.9**step)
+                    v_hat = adam_v[j] / (1 - 0.999**step)
                     p += self.finetune_lr * m_hat / (np.sqrt(v_hat) + 1e-8)  # ascent on O_NCA
             objective[epoch] = total / max(count, 1)
         self.n_layers_ = len(layers)

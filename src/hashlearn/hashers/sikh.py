@@ -31,7 +31,7 @@ def sikh_collision_probability(kernel_value, n_terms: int = 2000) -> np.ndarray:
     ``kernel_value`` (Raginsky & Lazebnik 2009, Lemma 2): ``1 - P[bits differ]``."""
     k = np.asarray(kernel_value, dtype=np.float64)[..., None]
     m = np.arange(1, n_terms + 1, dtype=np.float64)
-    differ = 8.0 / np.pi ** 2 * np.sum((1.0 - k ** (m * m)) / (4.0 * m * m - 1.0), axis=-1)
+    differ = 8.0 / np.pi**2 * np.sum((1.0 - k ** (m * m)) / (4.0 * m * m - 1.0), axis=-1)
     return 1.0 - differ
 
 
@@ -73,15 +73,16 @@ class ShiftInvariantKernelHashing(BaseHasher):
         if self.gamma is None:
             n = X.shape[0]
             if n < 2:
-                raise ValueError("ShiftInvariantKernelHashing needs at least 2 samples to set "
-                                 "gamma from the data; pass gamma=... explicitly.")
+                raise ValueError(
+                    "ShiftInvariantKernelHashing needs at least 2 samples to set "
+                    "gamma from the data; pass gamma=... explicitly."
+                )
             a = rng.randint(n, size=1000)
             b = (a + 1 + rng.randint(n - 1, size=1000)) % n
             med = float(np.median(np.sum((X[a] - X[b]) ** 2, axis=1)))
             gamma = 1.0 / med if med > 0 else 1.0
         else:
-            gamma = check_real(self.gamma, "gamma", type(self).__name__, low=0.0,
-                               low_open=True)
+            gamma = check_real(self.gamma, "gamma", type(self).__name__, low=0.0, low_open=True)
         self.gamma_ = float(gamma)
         d = X.shape[1]
         self.frequencies_ = rng.standard_normal((self.n_bits, d)) * np.sqrt(2.0 * gamma)

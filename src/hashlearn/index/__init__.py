@@ -13,6 +13,16 @@ from hashlearn.index.minhash_lsh import MinHashLSHIndex
 from hashlearn.index.permutation import PermutationIndex
 from hashlearn.index.table import TableIndex
 
-__all__ = ["BinaryIndex", "Cascade", "FlatIndex", "HammingBallIndex", "MinHashLSHIndex",
-           "MultiIndexHashing", "PermutationIndex", "TableIndex", "available_indexes",
-           "make_index", "register_index"]
+__all__ = [
+    "BinaryIndex",
+    "Cascade",
+    "FlatIndex",
+    "HammingBallIndex",
+    "MinHashLSHIndex",
+    "MultiIndexHashing",
+    "PermutationIndex",
+    "TableIndex",
+    "available_indexes",
+    "make_index",
+    "register_index",
+]

@@ -41,9 +41,7 @@ def make_index(name: str, n_bits: int, **params) -> BinaryIndex:
     try:
         cls = _INDEXES[name]
     except KeyError:
-        raise ValueError(
-            f"Unknown index {name!r}; available: {sorted(_INDEXES)}."
-        ) from None
+        raise ValueError(f"Unknown index {name!r}; available: {sorted(_INDEXES)}.") from None
     return cls(n_bits, **params)
 
 
@@ -78,8 +76,9 @@ class BinaryIndex(Persistable):
         return check_int(k, "k", f"{type(self).__name__}.search")
 
     def _check_radius(self, radius) -> int:
-        return check_int(radius, "radius", f"{type(self).__name__}.range_search", low=0,
-                         high=self.n_bits)
+        return check_int(
+            radius, "radius", f"{type(self).__name__}.range_search", low=0, high=self.n_bits
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n_bits={self.n_bits}, ntotal={len(self)})"

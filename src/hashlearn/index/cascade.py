@@ -32,8 +32,9 @@ __all__ = ["Cascade"]
 
 
 @numba.njit(cache=True, nogil=True)
-def _select_stage(db, n_words, n_bits, queries, use_all, n_items, cand_lims, cand_pos,
-                  n_bins, radius, by_distance):
+def _select_stage(
+    db, n_words, n_bits, queries, use_all, n_items, cand_lims, cand_pos, n_bins, radius, by_distance
+):
     """One stage for every query: distances to its candidates, then a bin threshold.
 
     Candidates are all ``n_items`` positions (``use_all``) or ``cand_pos[cand_lims[i]:
@@ -146,8 +147,10 @@ class Cascade(Persistable):
     def __init__(self, n_bits: Sequence[int], n_bins=3, radius=None):
         owner = "Cascade"
         if isinstance(n_bits, (int, np.integer)) or len(n_bits) < 2:
-            raise ValueError(f"The 'n_bits' parameter of {owner} must be a sequence of at least "
-                             f"2 code lengths (one per stage). Got {n_bits!r} instead.")
+            raise ValueError(
+                f"The 'n_bits' parameter of {owner} must be a sequence of at least "
+                f"2 code lengths (one per stage). Got {n_bits!r} instead."
+            )
         self.n_bits = tuple(check_int(b, "n_bits", owner) for b in n_bits)
         n_filters = len(self.n_bits) - 1
         self.n_bins = self._per_stage(n_bins, n_filters, "n_bins", low=1)
@@ -156,8 +159,10 @@ class Cascade(Persistable):
             if r is None and s is None:
                 raise ValueError(f"each filtering stage of {owner} needs n_bins or radius.")
             if r is not None and r > b:
-                raise ValueError(f"The 'radius' parameter of {owner} must be at most the "
-                                 f"stage's code length {b}. Got {r} instead.")
+                raise ValueError(
+                    f"The 'radius' parameter of {owner} must be at most the "
+                    f"stage's code length {b}. Got {r} instead."
+                )
         self._words = [np.zeros(0, np.uint64) for _ in self.n_bits]
         self._ids = np.zeros(0, np.int64)
         self._next_id = 0
@@ -166,10 +171,11 @@ class Cascade(Persistable):
     def _per_stage(value, n, name, low):
         values = list(value) if isinstance(value, (list, tuple)) else [value] * n
         if len(values) != n:
-            raise ValueError(f"The {name!r} parameter of Cascade must be one value or one per "
-                             f"filtering stage ({n}). Got {value!r} instead.")
-        return tuple(None if v is None else check_int(v, name, "Cascade", low=low)
-                     for v in values)
+            raise ValueError(
+                f"The {name!r} parameter of Cascade must be one value or one per "
+                f"filtering stage ({n}). Got {value!r} instead."
+            )
+        return tuple(None if v is None else check_int(v, name, "Cascade", low=low) for v in values)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -183,13 +189,19 @@ class Cascade(Persistable):
 
     def _check_stage_codes(self, codes, name: str) -> list[np.ndarray]:
         if not isinstance(codes, (list, tuple)) or len(codes) != len(self.n_bits):
-            raise ValueError(f"{name} must be a list of {len(self.n_bits)} code arrays, one per "
-                             f"stage ({self.n_bits} bits). Got {type(codes).__name__}.")
-        checked = [check_codes(c, b, f"{name}[{s}]") for s, (c, b) in
-                   enumerate(zip(codes, self.n_bits, strict=False))]
+            raise ValueError(
+                f"{name} must be a list of {len(self.n_bits)} code arrays, one per "
+                f"stage ({self.n_bits} bits). Got {type(codes).__name__}."
+            )
+        checked = [
+            check_codes(c, b, f"{name}[{s}]")
+            for s, (c, b) in enumerate(zip(codes, self.n_bits, strict=False))
+        ]
         if len({len(c) for c in checked}) != 1:
-            raise ValueError(f"every stage of {name} must have the same number of rows. Got "
-                             f"{[len(c) for c in checked]}.")
+            raise ValueError(
+                f"every stage of {name} must have the same number of rows. Got "
+                f"{[len(c) for c in checked]}."
+            )
         return checked
 
     def add(self, codes: Sequence[np.ndarray], ids=None) -> np.ndarray:
@@ -228,12 +240,28 @@ class Cascade(Persistable):
             if n == 0 or m == 0:
                 break
             lims, pos, dist = _select_stage(
-                self._words[s], self._n_words(s), b, as_words(queries[s]), s == 0, n, lims,
-                pos, 0 if n_bins is None else n_bins, -1 if radius is None else radius, last)
+                self._words[s],
+                self._n_words(s),
+                b,
+                as_words(queries[s]),
+                s == 0,
+                n,
+                lims,
+                pos,
+                0 if n_bins is None else n_bins,
+                -1 if radius is None else radius,
+                last,
+            )
         return lims, dist, pos, sizes
 
-    def neighbors(self, queries: Sequence[np.ndarray], *, n_bins: int | None = 3,
-                  radius: int | None = None, return_search_sets: bool = False):
+    def neighbors(
+        self,
+        queries: Sequence[np.ndarray],
+        *,
+        n_bins: int | None = 3,
+        radius: int | None = None,
+        return_search_sets: bool = False,
+    ):
         """Neighbours by the last stage's code among the survivors of the filtering stages.
 
         Relative threshold ``n_bins`` (nearest non-empty bins, ties kept) or, when given,
@@ -242,8 +270,7 @@ class Cascade(Persistable):
         of the items each stage compared per query.
         """
         if radius is not None:
-            radius = check_int(radius, "radius", "Cascade.neighbors", low=0,
-                               high=self.n_bits[-1])
+            radius = check_int(radius, "radius", "Cascade.neighbors", low=0, high=self.n_bits[-1])
             n_bins = None
         else:
             n_bins = check_int(n_bins, "n_bins", "Cascade.neighbors")
@@ -279,8 +306,11 @@ class Cascade(Persistable):
     # ---------------------------------------------------------------------- persistence
 
     def _get_state(self):
-        params = {"n_bits": list(self.n_bits), "n_bins": list(self.n_bins),
-                  "radius": list(self.radius)}
+        params = {
+            "n_bits": list(self.n_bits),
+            "n_bins": list(self.n_bins),
+            "radius": list(self.radius),
+        }
         arrays = {f"stage{s}": w for s, w in enumerate(self._words)}
         arrays["ids"] = self._ids
         return params, {"next_id": self._next_id}, arrays

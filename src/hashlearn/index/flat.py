@@ -147,8 +147,9 @@ class FlatIndex(BinaryIndex):
 
     def _write_through(self, words: np.ndarray, sorted_ids: np.ndarray) -> None:
         if self._n == 0 or sorted_ids[0] > self._ids[self._n - 1]:
-            io.append_rows(self._path, {"words": words, "ids": sorted_ids},
-                           {"next_id": self._next_id})
+            io.append_rows(
+                self._path, {"words": words, "ids": sorted_ids}, {"next_id": self._next_id}
+            )
         else:
             self._merge(words, sorted_ids)
             io.save(self, self._path)
@@ -170,8 +171,9 @@ class FlatIndex(BinaryIndex):
             raise ValueError(f"missing must be 'raise' or 'ignore'. Got {missing!r}.")
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ValueError(f"ids must be a 1-D array of integers. Got shape {ids.shape}, "
-                             f"dtype {ids.dtype}.")
+            raise ValueError(
+                f"ids must be a 1-D array of integers. Got shape {ids.shape}, dtype {ids.dtype}."
+            )
         current = self._ids[: self._n]
         drop = np.isin(current, ids)
         if missing == "raise":
@@ -191,8 +193,9 @@ class FlatIndex(BinaryIndex):
 
     # ---------------------------------------------------------------------------- search
 
-    def search(self, queries: np.ndarray, k: int, *, n_threads: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest codes of each query: ``(D int32 (m, k), I int64 (m, k))``.
 
         Sorted by (distance, id); rows pad with ``-1`` when the index holds fewer than
@@ -208,14 +211,16 @@ class FlatIndex(BinaryIndex):
         db, q_words, k_eff = self._db_words(), as_words(queries), min(k, self._n)
 
         def scan(start: int, stop: int) -> None:
-            _kernels.knn_scan(db, self._n, q_words, start, stop, k_eff, self.n_bits,
-                              self._n_words, dist, pos)
+            _kernels.knn_scan(
+                db, self._n, q_words, start, stop, k_eff, self.n_bits, self._n_words, dist, pos
+            )
 
         parallel_chunks(scan, m, n_threads)
         return dist, self._to_ids(pos)
 
-    def range_search(self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def range_search(
+        self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All codes within Hamming distance ``<= radius`` (faiss: ``< radius``).
 
         Returns ``(lims int64 (m+1,), D int32, I int64)``; query ``i``'s results are
@@ -228,16 +233,25 @@ class FlatIndex(BinaryIndex):
         q_words = as_words(queries) if m else np.zeros(0, np.uint64)
         db, n, n_words = self._db_words(), self._n, self._n_words
         if n:
-            parallel_chunks(lambda start, stop: _kernels.range_count(
-                db, n, q_words, n_words, radius, counts, start, stop), m, n_threads)
+            parallel_chunks(
+                lambda start, stop: _kernels.range_count(
+                    db, n, q_words, n_words, radius, counts, start, stop
+                ),
+                m,
+                n_threads,
+            )
         lims = np.zeros(m + 1, np.int64)
         np.cumsum(counts, out=lims[1:])
         dist = np.empty(lims[-1], np.int32)
         pos = np.empty(lims[-1], np.int64)
         if lims[-1]:
-            parallel_chunks(lambda start, stop: _kernels.range_fill(
-                db, n, q_words, n_words, radius, self.n_bits, lims, dist, pos, start, stop),
-                m, n_threads)
+            parallel_chunks(
+                lambda start, stop: _kernels.range_fill(
+                    db, n, q_words, n_words, radius, self.n_bits, lims, dist, pos, start, stop
+                ),
+                m,
+                n_threads,
+            )
         return lims, dist, self._to_ids(pos)
 
     def _db_words(self) -> np.ndarray:

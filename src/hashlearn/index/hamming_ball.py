@@ -111,8 +111,23 @@ def _lookup(keys, directory, shift, bitmap, bitmap_shift, key):
 
 
 @numba.njit(cache=True, nogil=True)
-def _ball_chunk(db, n_words, keys, offsets, postings, directory, shift, bitmap, bitmap_shift,
-                queries, q_start, q_end, max_level, k, n_bits):
+def _ball_chunk(
+    db,
+    n_words,
+    keys,
+    offsets,
+    postings,
+    directory,
+    shift,
+    bitmap,
+    bitmap_shift,
+    queries,
+    q_start,
+    q_end,
+    max_level,
+    k,
+    n_bits,
+):
     """Enumerate the Hamming ball of queries ``q_start:q_end`` level by level.
 
     Stops a query after level ``max_level`` or after the first level at which it has ``k``
@@ -140,8 +155,9 @@ def _ball_chunk(db, n_words, keys, offsets, postings, directory, shift, bitmap, 
                 for i in range(level):
                     bit = comb[i]
                     probe[bit >> 6] ^= np.uint64(1) << np.uint64(bit & 63)
-                slot = _lookup(keys, directory, shift, bitmap, bitmap_shift,
-                               _key(probe, 0, n_words))
+                slot = _lookup(
+                    keys, directory, shift, bitmap, bitmap_shift, _key(probe, 0, n_words)
+                )
                 if slot >= 0:
                     for j in range(offsets[slot], offsets[slot + 1]):
                         p = postings[j]
@@ -240,7 +256,7 @@ class HammingBallIndex(BinaryIndex):
     def _make_directory(self) -> None:
         p = int(min(24, max(1, math.ceil(math.log2(max(len(self._keys), 2))))))
         self._shift = 63 - p
-        bounds = np.arange(2 ** p + 1, dtype=np.int64) << np.int64(self._shift)
+        bounds = np.arange(2**p + 1, dtype=np.int64) << np.int64(self._shift)
         bounds[-1] = np.iinfo(np.int64).max
         self._directory = np.searchsorted(self._keys, bounds).astype(np.int64)
         self._directory[-1] = len(self._keys)
@@ -267,17 +283,30 @@ class HammingBallIndex(BinaryIndex):
 
     # --------------------------------------------------------------------------- search
 
-    def _run_ball(self, queries: np.ndarray, max_level: int, k: int,
-                  n_threads: int | None):
+    def _run_ball(self, queries: np.ndarray, max_level: int, k: int, n_threads: int | None):
         m = queries.shape[0]
         q_words = as_words(queries)
         db, n_words = self._flat._db_words(), self._flat._n_words
         chunks: dict[int, tuple] = {}
 
         def run(start: int, stop: int) -> None:
-            chunks[start] = _ball_chunk(db, n_words, self._keys, self._offsets,
-                                        self._postings, self._directory, self._shift,
-                                        self._bitmap, self._bitmap_shift, q_words, start, stop, max_level, k, self.n_bits)
+            chunks[start] = _ball_chunk(
+                db,
+                n_words,
+                self._keys,
+                self._offsets,
+                self._postings,
+                self._directory,
+                self._shift,
+                self._bitmap,
+                self._bitmap_shift,
+                q_words,
+                start,
+                stop,
+                max_level,
+                k,
+                self.n_bits,
+            )
 
         parallel_chunks(run, m, n_threads)
         starts = sorted(chunks)
@@ -296,8 +325,9 @@ class HammingBallIndex(BinaryIndex):
             level += 1
         return level
 
-    def range_search(self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def range_search(
+        self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All codes within distance ``<= radius``: ``(lims, D int32, I int64)`` (CSR).
 
         Sorted by (distance, id). Scans instead when the ball of ``radius`` is bigger than
@@ -310,8 +340,9 @@ class HammingBallIndex(BinaryIndex):
         lims, dist, pos = self._run_ball(queries, radius, 0, n_threads)
         return lims, dist, self._flat._to_ids(pos)
 
-    def search(self, queries: np.ndarray, k: int, *, n_threads: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest codes: ``(D int32 (m, k), I int64 (m, k))``, exact.
 
         The ball grows level by level until ``k`` items are found; queries that would need a
@@ -347,8 +378,12 @@ class HammingBallIndex(BinaryIndex):
     def _get_state(self):
         params, state, arrays = self._flat._get_state()
         params = {**params, "probe_cost": self.probe_cost}
-        arrays = {**arrays, "keys": self._keys, "offsets": self._offsets,
-                  "postings": self._postings}
+        arrays = {
+            **arrays,
+            "keys": self._keys,
+            "offsets": self._offsets,
+            "postings": self._postings,
+        }
         return params, state, arrays
 
     @classmethod
@@ -356,11 +391,11 @@ class HammingBallIndex(BinaryIndex):
         """Table arrays load as saved (memory-mappable); directory and bitmap are rebuilt."""
         index = cls(params["n_bits"], probe_cost=params.get("probe_cost", 32.0))
         index._flat = FlatIndex._from_state(
-            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]})
+            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]}
+        )
         index._keys, index._offsets = arrays["keys"], arrays["offsets"]
         index._postings = arrays["postings"]
-        if (len(index._postings) != len(index._flat)
-                or len(index._offsets) != len(index._keys) + 1):
+        if len(index._postings) != len(index._flat) or len(index._offsets) != len(index._keys) + 1:
             raise ValueError("saved HammingBallIndex arrays are inconsistent with each other.")
         index._make_directory()
         return index

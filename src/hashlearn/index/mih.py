@@ -82,8 +82,7 @@ class MultiIndexHashing(BinaryIndex):
         super().__init__(n_bits)
         low = -(-self.n_bits // _MAX_SUBSTRING_BITS)
         if not (isinstance(n_substrings, str) and n_substrings == "auto"):
-            check_int(n_substrings, "n_substrings", "MultiIndexHashing", low=low,
-                      high=self.n_bits)
+            check_int(n_substrings, "n_substrings", "MultiIndexHashing", low=low, high=self.n_bits)
         self.n_substrings = n_substrings
         self._flat = FlatIndex(self.n_bits)
         self._tables: dict[str, np.ndarray] | None = None
@@ -156,8 +155,9 @@ class MultiIndexHashing(BinaryIndex):
         n_keys = n_offsets = n_postings = 0
         substring = np.empty(n, np.int64)
         for s in range(m):
-            _kernels.substring_keys(words, n, n_words, int(sub_start[s]), int(sub_len[s]),
-                                    substring)
+            _kernels.substring_keys(
+                words, n, n_words, int(sub_start[s]), int(sub_len[s]), substring
+            )
             length = int(sub_len[s])
             if length <= _DENSE_MAX_BITS and (1 << length) <= max(8 * n, 256):
                 counts = np.bincount(substring, minlength=1 << length)
@@ -177,20 +177,36 @@ class MultiIndexHashing(BinaryIndex):
             n_offsets += len(offsets)
             n_postings += len(postings)
         return {
-            "sub_start": sub_start, "sub_len": sub_len, "dense": dense, "key_lo": key_lo,
-            "key_hi": key_hi, "off_lo": off_lo, "keys": np.concatenate(key_parts),
-            "offsets": np.concatenate(off_parts), "postings": np.concatenate(post_parts),
+            "sub_start": sub_start,
+            "sub_len": sub_len,
+            "dense": dense,
+            "key_lo": key_lo,
+            "key_hi": key_hi,
+            "off_lo": off_lo,
+            "keys": np.concatenate(key_parts),
+            "offsets": np.concatenate(off_parts),
+            "postings": np.concatenate(post_parts),
         }
 
     def _table_args(self) -> tuple:
         t = self.build()._tables
-        return (t["sub_start"], t["sub_len"], t["dense"], t["key_lo"], t["key_hi"], t["keys"],
-                t["off_lo"], t["offsets"], t["postings"])
+        return (
+            t["sub_start"],
+            t["sub_len"],
+            t["dense"],
+            t["key_lo"],
+            t["key_hi"],
+            t["keys"],
+            t["off_lo"],
+            t["offsets"],
+            t["postings"],
+        )
 
     # ---------------------------------------------------------------------------- search
 
-    def search(self, queries: np.ndarray, k: int, *, n_threads: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest codes of each query: ``(D int32 (m, k), I int64 (m, k))``.
 
         Exact: sorted by (distance, id) and padded with ``-1``, exactly as FlatIndex.
@@ -211,8 +227,9 @@ class MultiIndexHashing(BinaryIndex):
         parallel_chunks(probe, m_q, n_threads)
         return dist, self._flat._to_ids(pos)
 
-    def range_search(self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def range_search(
+        self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All codes within Hamming distance ``<= radius`` (faiss: ``< radius``).
 
         Returns ``(lims int64 (m+1,), D int32, I int64)`` in CSR form, each query's results
@@ -229,17 +246,25 @@ class MultiIndexHashing(BinaryIndex):
         no_lims = np.zeros(0, np.int64)
         no_d = np.zeros(0, np.int32)
         no_p = np.zeros(0, np.int64)
-        parallel_chunks(lambda start, stop: _kernels.mih_range(
-            db, n, n_words, q_words, start, stop, radius, *tables, no_lims, no_d, no_p,
-            counts), m_q, n_threads)
+        parallel_chunks(
+            lambda start, stop: _kernels.mih_range(
+                db, n, n_words, q_words, start, stop, radius, *tables, no_lims, no_d, no_p, counts
+            ),
+            m_q,
+            n_threads,
+        )
         lims = np.zeros(m_q + 1, np.int64)
         np.cumsum(counts, out=lims[1:])
         dist = np.empty(lims[-1], np.int32)
         pos = np.empty(lims[-1], np.int64)
         if lims[-1]:
-            parallel_chunks(lambda start, stop: _kernels.mih_range(
-                db, n, n_words, q_words, start, stop, radius, *tables, lims, dist, pos,
-                counts), m_q, n_threads)
+            parallel_chunks(
+                lambda start, stop: _kernels.mih_range(
+                    db, n, n_words, q_words, start, stop, radius, *tables, lims, dist, pos, counts
+                ),
+                m_q,
+                n_threads,
+            )
         return lims, dist, self._flat._to_ids(pos)
 
     # ------------------------------------------------------------------------ persistence
@@ -254,14 +279,26 @@ class MultiIndexHashing(BinaryIndex):
     def _from_state(cls, params, state, arrays):
         index = cls(params["n_bits"], params["n_substrings"])
         index._flat = FlatIndex._from_state(
-            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]})
-        names = ("sub_start", "sub_len", "dense", "key_lo", "key_hi", "off_lo", "keys",
-                 "offsets", "postings")
+            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]}
+        )
+        names = (
+            "sub_start",
+            "sub_len",
+            "dense",
+            "key_lo",
+            "key_hi",
+            "off_lo",
+            "keys",
+            "offsets",
+            "postings",
+        )
         tables = {name: arrays[f"table_{name}"] for name in names}
         m = len(tables["sub_start"])
-        if (any(len(tables[name]) != m for name in names[:6])
-                or int(np.sum(tables["sub_len"])) != index.n_bits
-                or len(tables["postings"]) != m * len(index._flat)):
+        if (
+            any(len(tables[name]) != m for name in names[:6])
+            or int(np.sum(tables["sub_len"])) != index.n_bits
+            or len(tables["postings"]) != m * len(index._flat)
+        ):
             raise ValueError("the substring tables do not match the stored codes.")
         index._tables = tables
         return index

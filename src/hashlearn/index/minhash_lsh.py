@@ -101,8 +101,10 @@ class MinHashLSHIndex(Persistable):
         """``int64 (n, bands)``: the hash-table key of every band of every signature."""
         sig = np.asarray(signatures)
         if sig.ndim != 2 or sig.shape[1] != self.n_hashes:
-            raise ValueError(f"signatures must have shape (n, {self.n_hashes}) = (n, bands * "
-                             f"rows). Got shape {sig.shape}.")
+            raise ValueError(
+                f"signatures must have shape (n, {self.n_hashes}) = (n, bands * "
+                f"rows). Got shape {sig.shape}."
+            )
         if sig.size and not np.issubdtype(sig.dtype, np.integer):
             raise TypeError(f"signatures must be integer Min-Hash values. Got dtype {sig.dtype}.")
         sig = np.ascontiguousarray(sig, dtype=np.int64)
@@ -124,8 +126,7 @@ class MinHashLSHIndex(Persistable):
         An item is a candidate when it shares at least ``min_count`` band keys with the
         query (``min_count=1``: the classic OR over bands).
         """
-        return self._tables.candidates(self.band_keys(signatures), min_count,
-                                       n_threads=n_threads)
+        return self._tables.candidates(self.band_keys(signatures), min_count, n_threads=n_threads)
 
     def _get_state(self):
         params, state, arrays = self._tables._get_state()

@@ -34,6 +34,7 @@ __all__ = ["PermutationIndex"]
 
 # ----------------------------------------------------------------------------- kernels
 
+
 @numba.njit(cache=True, nogil=True)
 def _less(keys, o, row, q):
     """keys[o, row] < q lexicographically (word 0 most significant)."""
@@ -53,8 +54,9 @@ def _popcount(x):
 
 
 @numba.njit(cache=True, nogil=True)
-def permutation_candidates(keys, rows, query_keys, db_words, query_words, window, out_rows,
-                           out_dist, counts):
+def permutation_candidates(
+    keys, rows, query_keys, db_words, query_words, window, out_rows, out_dist, counts
+):
     """For each query: binary-search every sorted order, take ``window`` entries on each
     side, de-duplicate, and record the candidate rows with their Hamming distances.
 
@@ -94,6 +96,7 @@ def permutation_candidates(keys, rows, query_keys, db_words, query_words, window
 
 # ----------------------------------------------------------------------------- index
 
+
 def _words(bits: np.ndarray) -> np.ndarray:
     """Bit matrix (n, b) -> uint64 words (n, ceil(b/64)), bit 0 most significant."""
     n, b = bits.shape
@@ -127,13 +130,20 @@ class PermutationIndex(BinaryIndex):
     filters the candidates).
     """
 
-    def __init__(self, n_bits: int, epsilon: float = 1.5, n_permutations: int | None = None,
-                 window: int = 1, random_state: int = 0):
+    def __init__(
+        self,
+        n_bits: int,
+        epsilon: float = 1.5,
+        n_permutations: int | None = None,
+        window: int = 1,
+        random_state: int = 0,
+    ):
         super().__init__(n_bits)
         owner = type(self).__name__
         self.epsilon = check_real(epsilon, "epsilon", owner, low=0.0)
-        self.n_permutations = (None if n_permutations is None else
-                               check_int(n_permutations, "n_permutations", owner))
+        self.n_permutations = (
+            None if n_permutations is None else check_int(n_permutations, "n_permutations", owner)
+        )
         self.window = check_int(window, "window", owner)
         self.random_state = check_int(random_state, "random_state", owner, low=0)
         self._codes = np.zeros((0, self.code_size), np.uint8)
@@ -162,8 +172,9 @@ class PermutationIndex(BinaryIndex):
         """The bit permutations ``(M, n_bits)``; the first ones do not depend on ``M``."""
         rng = check_random_state(self.random_state)
         count = self.n_orders if n_orders is None else n_orders
-        return np.array([rng.permutation(self.n_bits) for _ in range(count)],
-                        dtype=np.int64).reshape(count, self.n_bits)
+        return np.array(
+            [rng.permutation(self.n_bits) for _ in range(count)], dtype=np.int64
+        ).reshape(count, self.n_bits)
 
     # ---------------------------------------------------------------------- building
 
@@ -213,8 +224,9 @@ class PermutationIndex(BinaryIndex):
             rows = np.empty((n_orders, n), np.int64)
             for o, perm in enumerate(perms):
                 words = _words(bits[:, perm])
-                order = np.lexsort((self._ids,) + tuple(words[:, w]
-                                                        for w in range(n_words - 1, -1, -1)))
+                order = np.lexsort(
+                    (self._ids,) + tuple(words[:, w] for w in range(n_words - 1, -1, -1))
+                )
                 keys[o], rows[o] = words[order], order
             self._built = (perms, keys, rows, _words(bits))
         return self._built
@@ -226,18 +238,31 @@ class PermutationIndex(BinaryIndex):
         m = len(queries)
         q_bits = unpack_bits(queries, self.n_bits)
         n_words = keys.shape[2]
-        query_keys = _words(q_bits[:, perms].reshape(m * len(perms), self.n_bits)
-                            ).reshape(m, len(perms), n_words)
+        query_keys = _words(q_bits[:, perms].reshape(m * len(perms), self.n_bits)).reshape(
+            m, len(perms), n_words
+        )
         cap = min(len(self), 2 * self.window * len(perms))
         out_rows = np.full((m, max(cap, 1)), -1, np.int64)
         out_dist = np.full((m, max(cap, 1)), self.n_bits + 1, np.int64)
         counts = np.zeros(m, np.int64)
         if m and len(self):
-            permutation_candidates(keys, rows, query_keys, db_words, _words(q_bits),
-                                   self.window, out_rows, out_dist, counts)
+            permutation_candidates(
+                keys,
+                rows,
+                query_keys,
+                db_words,
+                _words(q_bits),
+                self.window,
+                out_rows,
+                out_dist,
+                counts,
+            )
         sentinel = np.iinfo(np.int64).max
-        cand_ids = (np.where(out_rows >= 0, self._ids[np.maximum(out_rows, 0)], sentinel)
-                    if len(self) else np.full(out_rows.shape, sentinel))
+        cand_ids = (
+            np.where(out_rows >= 0, self._ids[np.maximum(out_rows, 0)], sentinel)
+            if len(self)
+            else np.full(out_rows.shape, sentinel)
+        )
         order = np.lexsort((cand_ids, out_dist), axis=-1)
         take = np.arange(m)[:, None]
         cand_ids, out_dist = cand_ids[take, order], out_dist[take, order]
@@ -248,10 +273,11 @@ class PermutationIndex(BinaryIndex):
         """Each query's candidate ids (int64), nearest Hamming distance first, ties by id."""
         queries = self._check_queries(queries)
         ids, _, counts = self._candidates(queries)
-        return [ids[i, :counts[i]].copy() for i in range(len(queries))]
+        return [ids[i, : counts[i]].copy() for i in range(len(queries))]
 
-    def search(self, queries: np.ndarray, k: int, *, n_threads: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest candidates by Hamming distance: ``(D int32, I int64)``, padded
         with -1 where fewer than ``k`` candidates were found. ``n_threads`` is accepted for
         API compatibility (the scan over orders is single-threaded)."""
@@ -280,9 +306,13 @@ class PermutationIndex(BinaryIndex):
     # ------------------------------------------------------------------- persistence
 
     def _get_state(self):
-        params = {"n_bits": self.n_bits, "epsilon": self.epsilon,
-                  "n_permutations": self.n_permutations, "window": self.window,
-                  "random_state": self.random_state}
+        params = {
+            "n_bits": self.n_bits,
+            "epsilon": self.epsilon,
+            "n_permutations": self.n_permutations,
+            "window": self.window,
+            "random_state": self.random_state,
+        }
         return params, {"next_id": self._next_id}, {"codes": self._codes, "ids": self._ids}
 
     @classmethod
@@ -290,12 +320,16 @@ class PermutationIndex(BinaryIndex):
         index = cls(**params)
         codes, ids = np.asarray(arrays["codes"]), np.asarray(arrays["ids"])
         if codes.ndim != 2 or codes.shape[1] != index.code_size or len(ids) != len(codes):
-            raise ValueError(f"saved PermutationIndex arrays are inconsistent: codes "
-                             f"{codes.shape}, ids {ids.shape}.")
+            raise ValueError(
+                f"saved PermutationIndex arrays are inconsistent: codes "
+                f"{codes.shape}, ids {ids.shape}."
+            )
         index._codes, index._ids = codes, ids
         index._next_id = int(state["next_id"])
         return index
 
     def __repr__(self) -> str:
-        return (f"PermutationIndex(n_bits={self.n_bits}, ntotal={len(self)}, "
-                f"n_orders={self.n_orders}, window={self.window})")
+        return (
+            f"PermutationIndex(n_bits={self.n_bits}, ntotal={len(self)}, "
+            f"n_orders={self.n_orders}, window={self.window})"
+        )

@@ -44,9 +44,22 @@ _TAG_MASK = (1 << 23) - 1
 
 # ----------------------------------------------------------------------------- kernels
 
+
 @numba.njit(cache=True, nogil=True)
-def _probe_range(start, stop, query_keys, table_keys, table_ptr, offsets, postings,
-                 min_count, lims, out_pos, out_cnt, lengths):
+def _probe_range(
+    start,
+    stop,
+    query_keys,
+    table_keys,
+    table_ptr,
+    offsets,
+    postings,
+    min_count,
+    lims,
+    out_pos,
+    out_cnt,
+    lengths,
+):
     """Candidates of queries ``start..stop``, written at ``out_*[lims[q]:]`` (``lims`` bounds
     the gathered postings) with their number in ``lengths[q]``: gather the postings of the
     query's L keys, sort them, count runs, order by count descending then position."""
@@ -74,7 +87,7 @@ def _probe_range(start, stop, query_keys, table_keys, table_ptr, offsets, postin
         if total == 0:
             lengths[q] = 0
             continue
-        buf = np.sort(out_pos[base:base + total])
+        buf = np.sort(out_pos[base : base + total])
         # run-length: unique positions ascending with counts
         n_unique = 0
         i = 0
@@ -133,6 +146,7 @@ def _gathered_sizes(query_keys, table_keys, table_ptr, offsets, sizes):
 
 # ----------------------------------------------------------------------------- the index
 
+
 @persistable
 class TableIndex(Persistable):
     """Inverted index of L hash tables over integer keys; returns candidates, not distances.
@@ -175,12 +189,15 @@ class TableIndex(Persistable):
         if bucketer is not None:
             tag = getattr(bucketer, "key_tag_", None)
             if tag is None:
-                raise ValueError("bucketer must be a fitted hashlearn bucketer (with key_tag_); "
-                                 f"got {type(bucketer).__name__} without one (fit it first).")
+                raise ValueError(
+                    "bucketer must be a fitted hashlearn bucketer (with key_tag_); "
+                    f"got {type(bucketer).__name__} without one (fit it first)."
+                )
             n_b = bucketer.n_tables
             if n_b != self.n_tables:
-                raise ValueError(f"bucketer makes {n_b} keys per item but n_tables="
-                                 f"{self.n_tables}.")
+                raise ValueError(
+                    f"bucketer makes {n_b} keys per item but n_tables={self.n_tables}."
+                )
             self.key_tag = int(tag)
         self._ids = np.zeros(0, np.int64)
         self._next_id = 0
@@ -210,12 +227,16 @@ class TableIndex(Persistable):
             if keys.dtype == object:
                 raise TypeError(f"{name} must be an integer array of shape (n, {self.n_tables}).")
         if not np.issubdtype(keys.dtype, np.integer) or keys.dtype == bool:
-            raise TypeError(f"{name} must have an integer dtype (int64 keys from a bucketer's "
-                            f"keys(X)). Got dtype {keys.dtype} instead.")
+            raise TypeError(
+                f"{name} must have an integer dtype (int64 keys from a bucketer's "
+                f"keys(X)). Got dtype {keys.dtype} instead."
+            )
         if keys.ndim != 2 or keys.shape[1] != self.n_tables:
             hint = " Use keys.reshape(1, -1) for one item." if keys.ndim == 1 else ""
-            raise ValueError(f"{name} must be a 2-D array of shape (n, {self.n_tables}) (one "
-                             f"key per table). Got shape {keys.shape}.{hint}")
+            raise ValueError(
+                f"{name} must be a 2-D array of shape (n, {self.n_tables}) (one "
+                f"key per table). Got shape {keys.shape}.{hint}"
+            )
         if keys.dtype == np.uint64 and keys.size and keys.max() > np.iinfo(np.int64).max:
             raise ValueError(f"{name} holds keys above the int64 range.")
         keys = np.ascontiguousarray(keys, dtype=np.int64)
@@ -235,23 +256,25 @@ class TableIndex(Persistable):
         out = []
         for t in range(self.n_tables):
             lo, hi = int(self._table_ptr[t]), int(self._table_ptr[t + 1])
-            offs = np.asarray(self._offsets[lo:hi + 1]) - self._offsets[lo]
-            post = np.asarray(self._postings[self._offsets[lo]:self._offsets[hi]])
+            offs = np.asarray(self._offsets[lo : hi + 1]) - self._offsets[lo]
+            post = np.asarray(self._postings[self._offsets[lo] : self._offsets[hi]])
             out.append((np.asarray(self._table_keys[lo:hi]), offs, post))
         return out
 
     def _set_tables(self, tables) -> None:
         sizes = [len(k) for k, _, _ in tables]
         self._table_ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self._table_keys = (np.concatenate([k for k, _, _ in tables]) if tables
-                            else np.zeros(0, np.int64)).astype(np.int64)
+        self._table_keys = (
+            np.concatenate([k for k, _, _ in tables]) if tables else np.zeros(0, np.int64)
+        ).astype(np.int64)
         offs, shift = [np.zeros(1, np.int64)], 0
         for _, o, p in tables:
             offs.append(o[1:] + shift)
             shift += len(p)
         self._offsets = np.concatenate(offs).astype(np.int64)
-        self._postings = (np.concatenate([p for _, _, p in tables]) if tables
-                          else np.zeros(0, np.int64)).astype(np.int32)
+        self._postings = (
+            np.concatenate([p for _, _, p in tables]) if tables else np.zeros(0, np.int64)
+        ).astype(np.int32)
 
     def add(self, keys, ids=None) -> np.ndarray:
         """Add items with their keys ``(n, n_tables)`` (one per table) and optional ids.
@@ -267,8 +290,10 @@ class TableIndex(Persistable):
             new_ids = check_ids(ids, m)
             present = np.isin(new_ids, self._ids)
             if present.any():
-                raise ValueError(f"ids already in the index: {new_ids[present][:5].tolist()}. "
-                                 "Remove them first to replace their keys.")
+                raise ValueError(
+                    f"ids already in the index: {new_ids[present][:5].tolist()}. "
+                    "Remove them first to replace their keys."
+                )
         if m == 0:
             return new_ids
         if len(self._ids) + m >= 2**31:
@@ -277,12 +302,15 @@ class TableIndex(Persistable):
         order = np.argsort(all_ids, kind="stable")
         rank = np.empty(len(all_ids), np.int64)
         rank[order] = np.arange(len(all_ids))
-        old_rank, new_rank = rank[: len(self._ids)], rank[len(self._ids):]
+        old_rank, new_rank = rank[: len(self._ids)], rank[len(self._ids) :]
         tables = []
         for t, (tk, to, tp) in enumerate(self._tables()):
             old_keys = np.repeat(tk, np.diff(to))
-            tables.append(build_table(np.concatenate([old_keys, keys[:, t]]),
-                                      np.concatenate([old_rank[tp], new_rank])))
+            tables.append(
+                build_table(
+                    np.concatenate([old_keys, keys[:, t]]), np.concatenate([old_rank[tp], new_rank])
+                )
+            )
         self._ids = all_ids[order]
         self._next_id = max(self._next_id, int(new_ids.max()) + 1)
         self._set_tables(tables)
@@ -298,8 +326,9 @@ class TableIndex(Persistable):
             raise ValueError(f"missing must be 'raise' or 'ignore'. Got {missing!r}.")
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ValueError(f"ids must be a 1-D array of integers. Got shape {ids.shape}, "
-                             f"dtype {ids.dtype}.")
+            raise ValueError(
+                f"ids must be a 1-D array of integers. Got shape {ids.shape}, dtype {ids.dtype}."
+            )
         drop = np.isin(self._ids, ids)
         if missing == "raise":
             unknown = ~np.isin(ids, self._ids)
@@ -321,8 +350,9 @@ class TableIndex(Persistable):
 
     # ------------------------------------------------------------------------ querying
 
-    def candidates_csr(self, query_keys, min_count: int = 1, *, n_threads: int | None = None
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def candidates_csr(
+        self, query_keys, min_count: int = 1, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Candidates of every query in CSR form ``(lims, ids, counts)``.
 
         The candidates of query ``q`` are ``ids[lims[q]:lims[q+1]]`` with their collision
@@ -330,8 +360,7 @@ class TableIndex(Persistable):
         descending, then id ascending; only items colliding in ``>= min_count`` tables.
         """
         query_keys = self._check_keys(query_keys, "query_keys")
-        min_count = check_int(min_count, "min_count", "TableIndex.candidates",
-                              high=self.n_tables)
+        min_count = check_int(min_count, "min_count", "TableIndex.candidates", high=self.n_tables)
         m = query_keys.shape[0]
         sizes = np.zeros(m, np.int64)
         _gathered_sizes(query_keys, self._table_keys, self._table_ptr, self._offsets, sizes)
@@ -340,9 +369,20 @@ class TableIndex(Persistable):
         out_cnt = np.empty(bound[-1], np.int32)
 
         def kernel(start: int, stop: int) -> None:
-            _probe_range(start, stop, query_keys, self._table_keys, self._table_ptr,
-                         self._offsets, self._postings, min_count, bound, out_pos, out_cnt,
-                         lengths)
+            _probe_range(
+                start,
+                stop,
+                query_keys,
+                self._table_keys,
+                self._table_ptr,
+                self._offsets,
+                self._postings,
+                min_count,
+                bound,
+                out_pos,
+                out_cnt,
+                lengths,
+            )
 
         lengths = np.zeros(m, np.int64)
         parallel_chunks(kernel, m, n_threads)
@@ -353,12 +393,15 @@ class TableIndex(Persistable):
         ids = self._ids[out_pos[keep]]
         return lims, ids, out_cnt[keep].astype(np.int32)
 
-    def candidates(self, query_keys, min_count: int = 1, *, n_threads: int | None = None
-                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+    def candidates(
+        self, query_keys, min_count: int = 1, *, n_threads: int | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """One ``(ids int64, counts int32)`` pair per query, see :meth:`candidates_csr`."""
         lims, ids, counts = self.candidates_csr(query_keys, min_count, n_threads=n_threads)
-        return [(ids[lims[q]:lims[q + 1]], counts[lims[q]:lims[q + 1]])
-                for q in range(len(lims) - 1)]
+        return [
+            (ids[lims[q] : lims[q + 1]], counts[lims[q] : lims[q + 1]])
+            for q in range(len(lims) - 1)
+        ]
 
     def bucket_sizes(self) -> np.ndarray:
         """Posting-list lengths of every key of every table, concatenated."""
@@ -369,9 +412,13 @@ class TableIndex(Persistable):
     def _get_state(self):
         params = {"n_tables": self.n_tables}
         state = {"key_tag": self.key_tag, "next_id": self._next_id}
-        arrays = {"ids": self._ids, "table_keys": self._table_keys,
-                  "table_ptr": self._table_ptr, "offsets": self._offsets,
-                  "postings": self._postings}
+        arrays = {
+            "ids": self._ids,
+            "table_keys": self._table_keys,
+            "table_ptr": self._table_ptr,
+            "offsets": self._offsets,
+            "postings": self._postings,
+        }
         return params, state, arrays
 
     @classmethod
@@ -384,8 +431,11 @@ class TableIndex(Persistable):
         obj._table_ptr = arrays["table_ptr"]
         obj._offsets = arrays["offsets"]
         obj._postings = arrays["postings"]
-        if (obj._table_ptr.shape != (obj.n_tables + 1,) or obj._postings.dtype != np.int32
-                or len(obj._offsets) != len(obj._table_keys) + 1
-                or obj._offsets[-1] != len(obj._postings)):
+        if (
+            obj._table_ptr.shape != (obj.n_tables + 1,)
+            or obj._postings.dtype != np.int32
+            or len(obj._offsets) != len(obj._table_keys) + 1
+            or obj._offsets[-1] != len(obj._postings)
+        ):
             raise ValueError("table arrays do not fit together")
         return obj

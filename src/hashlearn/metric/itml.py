@@ -50,6 +50,7 @@ PERCENTILE_GRID = ((5.0, 95.0), (1.0, 99.0))
 
 # ----------------------------------------------------------------------------- kernels
 
+
 @numba.njit(cache=True, nogil=True)
 def _bregman_step(p, delta, lam, bhat, gamma_proj, gamma):
     """One ITML projection's scalars (Davis et al. 2007, Alg. 1): returns (alpha, beta) and
@@ -88,8 +89,9 @@ def itml_projections(A, V, delta, bhat, lam, gamma, max_iter, tol):
                 p += s * V[c, a]
             if p <= 1e-12:
                 continue
-            alpha, beta = _bregman_step(p, delta[c], lam[c:c + 1], bhat[c:c + 1],
-                                        gamma_proj, gamma)
+            alpha, beta = _bregman_step(
+                p, delta[c], lam[c : c + 1], bhat[c : c + 1], gamma_proj, gamma
+            )
             if beta == 0.0:
                 continue
             for a in range(d):
@@ -107,6 +109,7 @@ def itml_projections(A, V, delta, bhat, lam, gamma, max_iter, tol):
 
 
 # ----------------------------------------------------------------------------- helpers
+
 
 def pair_distances(X: np.ndarray, pairs: np.ndarray, A: np.ndarray | None = None) -> np.ndarray:
     """Squared Mahalanobis distances ``d_A`` (eq. 1) of the row pairs (identity if no A)."""
@@ -130,22 +133,28 @@ def check_spd(A0, d: int, name: str, owner: str) -> np.ndarray:
     """A symmetric positive-definite ``(d, d)`` float64 matrix, or a ValueError."""
     A0 = check_array(A0, dtype=np.float64, ensure_2d=True)
     if A0.shape != (d, d):
-        raise ValueError(f"{name} of {owner} must have shape ({d}, {d}) to match X. "
-                         f"Got {A0.shape}.")
+        raise ValueError(
+            f"{name} of {owner} must have shape ({d}, {d}) to match X. Got {A0.shape}."
+        )
     if not np.allclose(A0, A0.T, rtol=1e-8, atol=1e-10 * max(1.0, np.abs(A0).max())):
         raise ValueError(f"{name} of {owner} must be symmetric.")
     try:
         np.linalg.cholesky(A0)
     except np.linalg.LinAlgError:
-        raise ValueError(f"{name} of {owner} must be positive definite (it is singular or "
-                         "has a negative eigenvalue).") from None
+        raise ValueError(
+            f"{name} of {owner} must be positive definite (it is singular or "
+            "has a negative eigenvalue)."
+        ) from None
     return A0
 
 
 def knn_accuracy(Z_train, y_train, Z_val, y_val, k: int) -> float:
     """k-NN accuracy (majority vote, ties to the nearest voter) of Euclidean neighbours in Z."""
-    sq = (np.einsum("ij,ij->i", Z_val, Z_val)[:, None] - 2 * Z_val @ Z_train.T
-          + np.einsum("ij,ij->i", Z_train, Z_train)[None, :])
+    sq = (
+        np.einsum("ij,ij->i", Z_val, Z_val)[:, None]
+        - 2 * Z_val @ Z_train.T
+        + np.einsum("ij,ij->i", Z_train, Z_train)[None, :]
+    )
     k = min(k, len(y_train))
     nn = np.argsort(sq, axis=1, kind="stable")[:, :k]
     votes = y_train[nn]
@@ -163,6 +172,7 @@ def default_num_constraints(y: np.ndarray) -> int:
 
 
 # ----------------------------------------------------------------------------- estimator
+
 
 @persistable
 class ITML(Persistable, TransformerMixin, BaseEstimator):
@@ -216,10 +226,19 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         With ``"auto"``: mean validation score of ``A0`` (first) and of each grid point.
     """
 
-    def __init__(self, gamma="auto", lower_percentile: float = 5.0,
-                 upper_percentile: float = 95.0, num_constraints: int | None = None,
-                 A0=None, max_iter: int = 1000, tol: float = 1e-3, n_neighbors: int = 4,
-                 validation_folds: int = 3, random_state=None):
+    def __init__(
+        self,
+        gamma="auto",
+        lower_percentile: float = 5.0,
+        upper_percentile: float = 95.0,
+        num_constraints: int | None = None,
+        A0=None,
+        max_iter: int = 1000,
+        tol: float = 1e-3,
+        n_neighbors: int = 4,
+        validation_folds: int = 3,
+        random_state=None,
+    ):
         self.gamma = gamma
         self.lower_percentile = lower_percentile
         self.upper_percentile = upper_percentile
@@ -252,8 +271,10 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         """Learn ``A`` from labels ``y`` (sampled pairs) or explicit ``pairs``/``similar``."""
         owner = type(self).__name__
         if sp.issparse(X):
-            raise TypeError(f"{owner} needs dense input (the explicit d x d form); got a "
-                            "scipy.sparse matrix. Use KernelITML for sparse data.")
+            raise TypeError(
+                f"{owner} needs dense input (the explicit d x d form); got a "
+                "scipy.sparse matrix. Use KernelITML for sparse data."
+            )
         X = validate_data(self, X, dtype=np.float64, reset=True, ensure_min_samples=2)
         A0 = self._check_params(X)
         rng = check_random_state(self.random_state)
@@ -262,23 +283,34 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         if pairs is None and similar is not None:
             raise ValueError(f"{owner}.fit got similar=... without pairs=...")
         if pairs is None and y is None:
-            raise ValueError(f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
-                             "fit(X, pairs=P, similar=s).")
+            raise ValueError(
+                f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
+                "fit(X, pairs=P, similar=s)."
+            )
         if pairs is not None:
             pairs, similar = check_pairs(pairs, similar, X.shape[0], owner)
         else:
             y = np.asarray(y)
             if y.shape != (X.shape[0],):
-                raise ValueError(f"y passed to {owner} must be one label per row of X "
-                                 f"({X.shape[0]}). Got shape {y.shape}.")
+                raise ValueError(
+                    f"y passed to {owner} must be one label per row of X "
+                    f"({X.shape[0]}). Got shape {y.shape}."
+                )
             if len(np.unique(y)) < 2:
-                raise ValueError(f"y passed to {owner} holds a single class, so there are no "
-                                 "dissimilar pairs to learn from; pass at least two classes.")
+                raise ValueError(
+                    f"y passed to {owner} holds a single class, so there are no "
+                    "dissimilar pairs to learn from; pass at least two classes."
+                )
         if isinstance(self.gamma, str):
             gamma, lo, hi, learned, scores = self._select(X, y, pairs, similar, A0, rng)
         else:
-            gamma, lo, hi, learned, scores = (float(self.gamma), float(self.lower_percentile),
-                                              float(self.upper_percentile), True, None)
+            gamma, lo, hi, learned, scores = (
+                float(self.gamma),
+                float(self.lower_percentile),
+                float(self.upper_percentile),
+                True,
+                None,
+            )
         if pairs is None:
             n = self.num_constraints or default_num_constraints(y)
             pairs, similar = pairs_from_labels(y, n, random_state=rng, owner=owner)
@@ -292,7 +324,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         self.bounds_ = result["bounds"]
         self.n_iter_, self.converged_ = result["n_iter"], result["converged"]
         self.violated_fraction_ = violated_fraction(X, pairs, similar, self.A_, self.bounds_)
-        self.validation_scores_ = (np.zeros(0) if scores is None else np.asarray(scores))
+        self.validation_scores_ = np.zeros(0) if scores is None else np.asarray(scores)
         return self
 
     def _select(self, X, y, pairs, similar, A0, rng):
@@ -304,8 +336,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
             folds = min(self.validation_folds, int(counts.min()))
             if folds < 2:
                 return 1.0, 5.0, 95.0, False, None
-            splitter = StratifiedKFold(folds, shuffle=True,
-                                       random_state=rng.randint(2**31 - 1))
+            splitter = StratifiedKFold(folds, shuffle=True, random_state=rng.randint(2**31 - 1))
             G0 = metric_factor(A0)
             for train, val in splitter.split(X, y):
                 Xt, yt = X[train], y[train]
@@ -313,13 +344,11 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                     continue
                 n = self.num_constraints or default_num_constraints(yt)
                 p, s = pairs_from_labels(yt, n, random_state=rng)
-                scores[0] += knn_accuracy(Xt @ G0.T, yt, X[val] @ G0.T, y[val],
-                                          self.n_neighbors)
+                scores[0] += knn_accuracy(Xt @ G0.T, yt, X[val] @ G0.T, y[val], self.n_neighbors)
                 for c, (g, lo, hi) in enumerate(grid, 1):
                     A = _fit_itml(Xt, p, s, A0, g, lo, hi, self.max_iter, self.tol)["A"]
                     G = metric_factor(A)
-                    scores[c] += knn_accuracy(Xt @ G.T, yt, X[val] @ G.T, y[val],
-                                              self.n_neighbors)
+                    scores[c] += knn_accuracy(Xt @ G.T, yt, X[val] @ G.T, y[val], self.n_neighbors)
         else:
             order = rng.permutation(len(pairs))
             for fold in np.array_split(order, self.validation_folds):
@@ -328,10 +357,10 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                     continue
                 scores[0] += roc_auc_score(similar[fold], -pair_distances(X, pairs[fold], A0))
                 for c, (g, lo, hi) in enumerate(grid, 1):
-                    A = _fit_itml(X, pairs[train], similar[train], A0, g, lo, hi,
-                                  self.max_iter, self.tol)["A"]
-                    scores[c] += roc_auc_score(similar[fold],
-                                               -pair_distances(X, pairs[fold], A))
+                    A = _fit_itml(
+                        X, pairs[train], similar[train], A0, g, lo, hi, self.max_iter, self.tol
+                    )["A"]
+                    scores[c] += roc_auc_score(similar[fold], -pair_distances(X, pairs[fold], A))
         scores /= self.validation_folds
         best = int(np.argmax(scores))  # ties keep A0 (index 0) or the earlier grid point
         if best == 0:
@@ -345,8 +374,9 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         """``X @ G_.T``: Euclidean distances of the result are the learned ``sqrt(d_A)``."""
         check_is_fitted(self)
         if sp.issparse(X):
-            raise TypeError(f"{type(self).__name__}.transform needs dense input; got a "
-                            "scipy.sparse matrix.")
+            raise TypeError(
+                f"{type(self).__name__}.transform needs dense input; got a scipy.sparse matrix."
+            )
         X = validate_data(self, X, dtype=np.float64, reset=False, ensure_min_samples=0)
         return X @ self.G_.T
 
@@ -361,17 +391,32 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     def _get_state(self):
         check_is_fitted(self)
         params = self.get_params(deep=False)
-        arrays = {"A_": self.A_, "G_": self.G_, "bounds_": self.bounds_,
-                  "validation_scores_": self.validation_scores_}
+        arrays = {
+            "A_": self.A_,
+            "G_": self.G_,
+            "bounds_": self.bounds_,
+            "validation_scores_": self.validation_scores_,
+        }
         if params.pop("A0") is not None:
             arrays["A0"] = np.asarray(self.A0, np.float64)
-        state = {k: getattr(self, k) for k in (
-            "gamma_", "lower_percentile_", "upper_percentile_", "learned_", "n_iter_",
-            "converged_", "violated_fraction_", "n_features_in_")}
-        if not all(v is None or isinstance(v, (str, bool, numbers.Real))
-                   for v in params.values()):
-            raise TypeError(f"cannot save {type(self).__name__}: parameters must be numbers, "
-                            "strings, bools or None (pass random_state as an int).")
+        state = {
+            k: getattr(self, k)
+            for k in (
+                "gamma_",
+                "lower_percentile_",
+                "upper_percentile_",
+                "learned_",
+                "n_iter_",
+                "converged_",
+                "violated_fraction_",
+                "n_features_in_",
+            )
+        }
+        if not all(v is None or isinstance(v, (str, bool, numbers.Real)) for v in params.values()):
+            raise TypeError(
+                f"cannot save {type(self).__name__}: parameters must be numbers, "
+                "strings, bools or None (pass random_state as an int)."
+            )
         return params, state, arrays
 
     @classmethod
@@ -405,8 +450,13 @@ def _fit_itml(X, pairs, similar, A0, gamma, lo, hi, max_iter, tol) -> dict:
     delta = np.where(similar, 1.0, -1.0)
     bhat = np.where(similar, u, ell).astype(np.float64)
     lam = np.zeros(len(pairs))
-    n_iter, converged = itml_projections(A, V, delta, bhat, lam, float(gamma), int(max_iter),
-                                         float(tol))
+    n_iter, converged = itml_projections(
+        A, V, delta, bhat, lam, float(gamma), int(max_iter), float(tol)
+    )
     A = (A + A.T) / 2
-    return {"A": A, "bounds": np.array([u, ell]), "n_iter": int(n_iter),
-            "converged": bool(converged)}
+    return {
+        "A": A,
+        "bounds": np.array([u, ell]),
+        "n_iter": int(n_iter),
+        "converged": bool(converged),
+    }

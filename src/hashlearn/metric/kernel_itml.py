@@ -43,8 +43,7 @@ _KERNELS = ("linear", "rbf", "precomputed")
 
 
 @numba.njit(cache=True, nogil=True)
-def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, max_iter,
-                            tol):
+def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, max_iter, tol):
     """Cyclic Bregman projections on the c x c kernel ``K`` (eq. 4) and ``S`` (Lemma 2).
 
     ``K`` (starts at ``K0``) and ``S`` (starts at 0) are updated in place; the rest as in
@@ -68,8 +67,9 @@ def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, m
                 continue
             for r in range(c):
                 w[r] = K[r, i] - K[r, j]
-            alpha, beta = _bregman_step(p, delta[t], lam[t:t + 1], bhat[t:t + 1],
-                                        gamma_proj, gamma)
+            alpha, beta = _bregman_step(
+                p, delta[t], lam[t : t + 1], bhat[t : t + 1], gamma_proj, gamma
+            )
             if beta == 0.0:
                 continue
             # S update (Lemma 2): a = (I + S K0) e, b = a + S^T K0 a, S += alpha_L a b^T
@@ -111,8 +111,7 @@ def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, m
     return max_iter, False
 
 
-def symmetric_factor_coefficients(K0: np.ndarray, K: np.ndarray, rtol: float = 1e-10
-                                  ) -> np.ndarray:
+def symmetric_factor_coefficients(K0: np.ndarray, K: np.ndarray, rtol: float = 1e-10) -> np.ndarray:
     """``S`` with ``G = I + Phi S Phi^T`` the symmetric square root of the learned ``A``,
     computed from the input and learned kernels alone (``K0 = V Sigma^2 V^T``):
     ``S = V Sigma^-1 ((Sigma^-1 V^T K V Sigma^-1)^{1/2} - I) Sigma^-1 V^T`` on the range of
@@ -169,10 +168,18 @@ class KernelITML(Persistable, BaseEstimator):
         As :class:`hashlearn.metric.ITML` (violations measured with the learned kernel).
     """
 
-    def __init__(self, kernel="linear", gamma: float = 1.0, rbf_gamma: float | None = None,
-                 lower_percentile: float = 5.0, upper_percentile: float = 95.0,
-                 num_constraints: int | None = None, max_iter: int = 1000, tol: float = 1e-3,
-                 random_state=None):
+    def __init__(
+        self,
+        kernel="linear",
+        gamma: float = 1.0,
+        rbf_gamma: float | None = None,
+        lower_percentile: float = 5.0,
+        upper_percentile: float = 95.0,
+        num_constraints: int | None = None,
+        max_iter: int = 1000,
+        tol: float = 1e-3,
+        random_state=None,
+    ):
         self.kernel = kernel
         self.gamma = gamma
         self.rbf_gamma = rbf_gamma
@@ -196,8 +203,10 @@ class KernelITML(Persistable, BaseEstimator):
             K = rbf_kernel(X, Y, gamma=width)
         K = K.toarray() if sp.issparse(K) else np.asarray(K, dtype=np.float64)
         if K.shape != (X.shape[0], Y.shape[0]):
-            raise ValueError(f"kernel of {type(self).__name__} returned shape {K.shape}; "
-                             f"expected ({X.shape[0]}, {Y.shape[0]}).")
+            raise ValueError(
+                f"kernel of {type(self).__name__} returned shape {K.shape}; "
+                f"expected ({X.shape[0]}, {Y.shape[0]})."
+            )
         if not np.all(np.isfinite(K)):
             raise ValueError(f"kernel of {type(self).__name__} returned NaN or inf.")
         return K
@@ -205,13 +214,19 @@ class KernelITML(Persistable, BaseEstimator):
     def _check_X(self, X, *, reset: bool):
         if self.kernel == "precomputed":
             return check_array(X, dtype=np.float64)
-        X = check_array(X, accept_sparse="csr", dtype=(np.float64, np.float32),
-                        ensure_min_samples=0 if not reset else 1)
+        X = check_array(
+            X,
+            accept_sparse="csr",
+            dtype=(np.float64, np.float32),
+            ensure_min_samples=0 if not reset else 1,
+        )
         if reset:
             self.n_features_in_ = X.shape[1]
         elif X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} was "
-                             f"fitted with {self.n_features_in_}.")
+            raise ValueError(
+                f"X has {X.shape[1]} features, but {type(self).__name__} was "
+                f"fitted with {self.n_features_in_}."
+            )
         return X
 
     # ------------------------------------------------------------------------ fitting
@@ -224,8 +239,10 @@ class KernelITML(Persistable, BaseEstimator):
         """
         owner = type(self).__name__
         if not (callable(self.kernel) or self.kernel in _KERNELS):
-            raise ValueError(f"The 'kernel' parameter of {owner} must be one of {_KERNELS} or "
-                             f"a callable. Got {self.kernel!r} instead.")
+            raise ValueError(
+                f"The 'kernel' parameter of {owner} must be one of {_KERNELS} or "
+                f"a callable. Got {self.kernel!r} instead."
+            )
         check_real(self.gamma, "gamma", owner, low=0.0, low_open=True)
         if self.rbf_gamma is not None:
             check_real(self.rbf_gamma, "rbf_gamma", owner, low=0.0, low_open=True)
@@ -238,8 +255,10 @@ class KernelITML(Persistable, BaseEstimator):
         X = self._check_X(X, reset=True)
         n = X.shape[0]
         if self.kernel == "precomputed" and X.shape != (n, n):
-            raise ValueError(f"with kernel='precomputed', X passed to {owner}.fit must be the "
-                             f"square training kernel matrix. Got shape {X.shape}.")
+            raise ValueError(
+                f"with kernel='precomputed', X passed to {owner}.fit must be the "
+                f"square training kernel matrix. Got shape {X.shape}."
+            )
         if pairs is not None and y is not None:
             raise ValueError(f"{owner}.fit takes labels y or pairs=..., not both.")
         if pairs is not None:
@@ -247,30 +266,36 @@ class KernelITML(Persistable, BaseEstimator):
         elif similar is not None:
             raise ValueError(f"{owner}.fit got similar=... without pairs=...")
         elif y is None:
-            raise ValueError(f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
-                             "fit(X, pairs=P, similar=s).")
+            raise ValueError(
+                f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
+                "fit(X, pairs=P, similar=s)."
+            )
         else:
             y = np.asarray(y)
             if y.shape != (n,):
-                raise ValueError(f"y passed to {owner} must be one label per row of X ({n}). "
-                                 f"Got shape {y.shape}.")
+                raise ValueError(
+                    f"y passed to {owner} must be one label per row of X ({n}). "
+                    f"Got shape {y.shape}."
+                )
             rng = check_random_state(self.random_state)
             pairs, similar = pairs_from_labels(
-                y, self.num_constraints or default_num_constraints(y), random_state=rng,
-                owner=owner)
+                y, self.num_constraints or default_num_constraints(y), random_state=rng, owner=owner
+            )
         index, inverse = np.unique(pairs.ravel(), return_inverse=True)
         local = inverse.reshape(-1, 2).astype(np.int64)
         if self.kernel == "precomputed":
             K0 = np.ascontiguousarray(X[np.ix_(index, index)])
             if not np.allclose(K0, K0.T):
-                raise ValueError(f"the precomputed kernel passed to {owner}.fit must be "
-                                 "symmetric.")
+                raise ValueError(f"the precomputed kernel passed to {owner}.fit must be symmetric.")
         else:
             Phi = X[index]
             K0 = np.ascontiguousarray(self._kernel(Phi, Phi))
             self.constrained_ = Phi
-        dist0 = K0[local[:, 0], local[:, 0]] + K0[local[:, 1], local[:, 1]] \
+        dist0 = (
+            K0[local[:, 0], local[:, 0]]
+            + K0[local[:, 1], local[:, 1]]
             - 2 * K0[local[:, 0], local[:, 1]]
+        )
         u, ell = np.percentile(dist0, [self.lower_percentile, self.upper_percentile])
         u, ell = max(float(u), 1e-12), max(float(ell), 1e-12)
         K = K0.copy()
@@ -279,8 +304,18 @@ class KernelITML(Persistable, BaseEstimator):
         bhat = np.where(similar, u, ell).astype(np.float64)
         lam = np.zeros(len(local))
         n_iter, converged = kernel_itml_projections(
-            K, S, K0, local[:, 0].copy(), local[:, 1].copy(), delta, bhat, lam,
-            float(self.gamma), int(self.max_iter), float(self.tol))
+            K,
+            S,
+            K0,
+            local[:, 0].copy(),
+            local[:, 1].copy(),
+            delta,
+            bhat,
+            lam,
+            float(self.gamma),
+            int(self.max_iter),
+            float(self.tol),
+        )
         self.lemma2_stable_ = bool(np.all(np.isfinite(S)))
         if not self.lemma2_stable_:
             # S drifted to overflow along the null space of a (near-)singular K0; the
@@ -290,8 +325,11 @@ class KernelITML(Persistable, BaseEstimator):
         self.K0_, self.K_, self.S_ = K0, (K + K.T) / 2, S
         self.bounds_ = np.array([u, ell])
         self.n_iter_, self.converged_ = int(n_iter), bool(converged)
-        dist = self.K_[local[:, 0], local[:, 0]] + self.K_[local[:, 1], local[:, 1]] \
+        dist = (
+            self.K_[local[:, 0], local[:, 0]]
+            + self.K_[local[:, 1], local[:, 1]]
             - 2 * self.K_[local[:, 0], local[:, 1]]
+        )
         bad = np.where(similar, dist > u * (1 + 1e-2), dist < ell * (1 - 1e-2))
         self.violated_fraction_ = float(bad.mean()) if len(bad) else 0.0
         return self
@@ -309,8 +347,10 @@ class KernelITML(Persistable, BaseEstimator):
         points, ``(n, c)`` (not for ``kernel="precomputed"``)."""
         check_is_fitted(self)
         if self.kernel == "precomputed":
-            raise ValueError("with kernel='precomputed' pass kernel values to "
-                             "learned_kernel_from_values instead.")
+            raise ValueError(
+                "with kernel='precomputed' pass kernel values to "
+                "learned_kernel_from_values instead."
+            )
         return self._kernel(self._check_X(X, reset=False), self.constrained_)
 
     def learned_kernel(self, X, Y=None) -> np.ndarray:
@@ -318,8 +358,11 @@ class KernelITML(Persistable, BaseEstimator):
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
         Y = X if Y is None else self._check_X(Y, reset=False)
-        return self.learned_kernel_from_values(self._kernel(X, Y), self._kernel(X, self.constrained_),
-                                               self._kernel(Y, self.constrained_))
+        return self.learned_kernel_from_values(
+            self._kernel(X, Y),
+            self._kernel(X, self.constrained_),
+            self._kernel(Y, self.constrained_),
+        )
 
     def learned_kernel_from_values(self, K_xy, K_xc, K_yc) -> np.ndarray:
         """Learned kernel from input-kernel values: ``K_xy (n, m)``, and each side against
@@ -327,10 +370,17 @@ class KernelITML(Persistable, BaseEstimator):
         check_is_fitted(self)
         c = len(self.S_)
         K_xy, K_xc, K_yc = (np.asarray(a, np.float64) for a in (K_xy, K_xc, K_yc))
-        if K_xc.ndim != 2 or K_yc.ndim != 2 or K_xc.shape[1] != c or K_yc.shape[1] != c \
-                or K_xy.shape != (K_xc.shape[0], K_yc.shape[0]):
-            raise ValueError(f"kernel values have shapes {K_xy.shape}, {K_xc.shape}, "
-                             f"{K_yc.shape}; expected (n, m), (n, {c}), (m, {c}).")
+        if (
+            K_xc.ndim != 2
+            or K_yc.ndim != 2
+            or K_xc.shape[1] != c
+            or K_yc.shape[1] != c
+            or K_xy.shape != (K_xc.shape[0], K_yc.shape[0])
+        ):
+            raise ValueError(
+                f"kernel values have shapes {K_xy.shape}, {K_xc.shape}, "
+                f"{K_yc.shape}; expected (n, m), (n, {c}), (m, {c})."
+            )
         return K_xy + K_xc @ self.kernel_coefficients_ @ K_yc.T
 
     def pair_distances(self, X, Y) -> np.ndarray:
@@ -341,9 +391,10 @@ class KernelITML(Persistable, BaseEstimator):
         M = self.kernel_coefficients_
         kx = self._kernel(X, self.constrained_)
         ky = self._kernel(Y, self.constrained_)
-        kxx, kyy, kxy = (np.array([self._kernel(P[i:i + 1], Q[i:i + 1])[0, 0]
-                                   for i in range(P.shape[0])])
-                         for P, Q in ((X, X), (Y, Y), (X, Y)))
+        kxx, kyy, kxy = (
+            np.array([self._kernel(P[i : i + 1], Q[i : i + 1])[0, 0] for i in range(P.shape[0])])
+            for P, Q in ((X, X), (Y, Y), (X, Y))
+        )
         z = kx - ky
         return kxx + kyy - 2 * kxy + np.einsum("ij,jk,ik->i", z, M, z)
 
@@ -354,19 +405,33 @@ class KernelITML(Persistable, BaseEstimator):
         params = self.get_params(deep=False)
         for key, value in params.items():
             if not (value is None or isinstance(value, (str, bool, numbers.Real))):
-                raise TypeError(f"cannot save {type(self).__name__}: parameter {key}={value!r} "
-                                "is not a number, string, bool or None.")
-        arrays = {"constrained_index_": self.constrained_index_, "K0_": self.K0_,
-                  "K_": self.K_, "S_": self.S_, "bounds_": self.bounds_}
-        state = {"n_iter_": self.n_iter_, "lemma2_stable_": self.lemma2_stable_, "converged_": self.converged_,
-                 "violated_fraction_": self.violated_fraction_,
-                 "n_features_in_": getattr(self, "n_features_in_", None)}
+                raise TypeError(
+                    f"cannot save {type(self).__name__}: parameter {key}={value!r} "
+                    "is not a number, string, bool or None."
+                )
+        arrays = {
+            "constrained_index_": self.constrained_index_,
+            "K0_": self.K0_,
+            "K_": self.K_,
+            "S_": self.S_,
+            "bounds_": self.bounds_,
+        }
+        state = {
+            "n_iter_": self.n_iter_,
+            "lemma2_stable_": self.lemma2_stable_,
+            "converged_": self.converged_,
+            "violated_fraction_": self.violated_fraction_,
+            "n_features_in_": getattr(self, "n_features_in_", None),
+        }
         if hasattr(self, "constrained_"):
             Phi = self.constrained_
             if sp.issparse(Phi):
                 Phi = sp.csr_matrix(Phi)
-                arrays.update(constrained_data=Phi.data, constrained_indices=Phi.indices,
-                              constrained_indptr=Phi.indptr)
+                arrays.update(
+                    constrained_data=Phi.data,
+                    constrained_indices=Phi.indices,
+                    constrained_indptr=Phi.indptr,
+                )
                 state["constrained_shape"] = list(Phi.shape)
             else:
                 arrays["constrained_"] = np.asarray(Phi)
@@ -378,10 +443,13 @@ class KernelITML(Persistable, BaseEstimator):
         arrays = dict(arrays)
         if "constrained_data" in arrays:
             obj.constrained_ = sp.csr_matrix(
-                (np.asarray(arrays.pop("constrained_data")),
-                 np.asarray(arrays.pop("constrained_indices")),
-                 np.asarray(arrays.pop("constrained_indptr"))),
-                shape=tuple(state.pop("constrained_shape")))
+                (
+                    np.asarray(arrays.pop("constrained_data")),
+                    np.asarray(arrays.pop("constrained_indices")),
+                    np.asarray(arrays.pop("constrained_indptr")),
+                ),
+                shape=tuple(state.pop("constrained_shape")),
+            )
         state = dict(state)
         if state.get("n_features_in_") is None:
             state.pop("n_features_in_", None)
