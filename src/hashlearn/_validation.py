@@ -8,17 +8,24 @@ error, not a cast.
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "K_MAX",
+    "as_plain_array",
     "check_int",
+    "check_k",
     "check_real",
     "check_codes",
     "check_ids",
     "n_bytes_for",
 ]
+
+#: Largest ``k`` any search accepts: result positions are int32-addressable in the kernels.
+K_MAX = 2**31 - 1
 
 
 def n_bytes_for(n_bits: int) -> int:
@@ -69,14 +76,69 @@ def check_real(
     return float(value)
 
 
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_k(k: Any, n_queries: int, owner: str = "search", *, bytes_per_result: int = 12) -> int:
+    """Validate the number of neighbours ``k`` of a search over ``n_queries`` queries.
+
+    ``k`` must be an int in ``[1, K_MAX]`` (``K_MAX = 2**31 - 1``), and the result arrays,
+    ``n_queries * k * bytes_per_result`` bytes (12 for int32 distances + int64 ids), must
+    fit in the machine's physical memory; otherwise a ``ValueError`` naming ``k`` is
+    raised before anything is allocated (instead of a ``MemoryError`` naming nothing).
+    ``k`` larger than the index is fine: rows are padded with ``-1``.
+    """
+    k = check_int(k, "k", owner, low=1, high=K_MAX)
+    n_queries = int(n_queries)
+    need = n_queries * k * int(bytes_per_result)
+    memory = _physical_memory()
+    if memory is not None and need > memory:
+        raise ValueError(
+            f"The 'k' parameter of {owner} is too large: k={k} for {n_queries} queries needs "
+            f"{need / 2**30:.1f} GiB of results ({bytes_per_result} bytes each), more than "
+            f"this machine's {memory / 2**30:.1f} GiB of memory. Search with a smaller k or "
+            "fewer queries at a time."
+        )
+    return k
+
+
+def as_plain_array(X: Any, name: str) -> Any:
+    """``X`` as a plain ``numpy.ndarray`` when it is an ndarray subclass; else unchanged.
+
+    ``np.matrix`` (and any other subclass, e.g. ``np.memmap``) becomes a base-class view of
+    the same data, so row indexing and reshapes behave like an ndarray's. A masked array
+    is accepted only when nothing is masked (its data is used); masked entries raise a
+    ``ValueError``, since no value can stand in for them.
+    """
+    if not isinstance(X, np.ndarray) or type(X) is np.ndarray:
+        return X
+    if isinstance(X, np.ma.MaskedArray):
+        mask = np.ma.getmask(X)
+        if mask is not np.ma.nomask and np.any(mask):
+            raise ValueError(
+                f"{name} is a masked array with {int(np.count_nonzero(mask))} masked "
+                "value(s); fill them (X.filled(value)) or drop those rows first."
+            )
+        return np.asarray(np.ma.getdata(X))
+    return np.asarray(X)
+
+
 def check_codes(
     codes: Any, n_bits: int, name: str = "codes", *, allow_empty: bool = True
 ) -> np.ndarray:
     """Validate packed binary codes: a 2-D ``uint8`` array of width ``ceil(n_bits / 8)``.
 
     The padding bits above ``n_bits`` in the last byte must be zero, otherwise Hamming
-    distances would count bits that are not part of the code.
+    distances would count bits that are not part of the code. ndarray subclasses are
+    converted by :func:`as_plain_array` (``np.matrix``) or refused (masked values); the
+    returned array is always a plain ``numpy.ndarray``.
     """
+    codes = as_plain_array(codes, name)
     if not isinstance(codes, np.ndarray):
         raise TypeError(
             f"{name} must be a numpy.ndarray of dtype uint8 (packed bits, LSB first). "
@@ -116,7 +178,7 @@ def check_codes(
 
 def check_ids(ids: Any, n: int, name: str = "ids") -> np.ndarray:
     """Validate external ids: ``n`` distinct non-negative integers, returned as int64."""
-    arr = np.asarray(ids)
+    arr = np.asarray(as_plain_array(ids, name))
     if arr.ndim != 1 or arr.shape[0] != n:
         raise ValueError(f"{name} must be a 1-D array of length {n}. Got shape {arr.shape}.")
     if n and not np.issubdtype(arr.dtype, np.integer):

@@ -50,6 +50,8 @@ __all__ = [
     "write_dir",
     "read_dir",
     "append_rows",
+    "require_array",
+    "require_state",
 ]
 
 FORMAT_NAME = "hashlearn"
@@ -106,6 +108,105 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) ->
         return cls._from_state(meta["params"], meta["state"], arrays)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: the saved {meta['class']} is inconsistent: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------
+# Helpers for ``_from_state``: every check failure is a ValueError naming what is wrong.
+
+
+def require_array(
+    arrays: Mapping[str, np.ndarray],
+    name: str,
+    dtype: Any,
+    ndim: int | None = None,
+    shape: tuple[int | None, ...] | None = None,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+) -> np.ndarray:
+    """The saved array ``arrays[name]``, checked, for a class's ``_from_state``.
+
+    ``dtype`` must match exactly (``np.dtype(dtype) == arr.dtype``: no cast happens),
+    ``ndim`` the number of dimensions, ``shape`` the shape (``None`` entries match any
+    length; giving ``shape`` implies its ``ndim``). For integer arrays ``low`` / ``high``
+    bound every value (``low <= v < high``, one O(n) pass). A missing array or any mismatch
+    raises ``ValueError`` naming the array, which :func:`load` reports as an inconsistent
+    save. Returns the array unchanged (a memory map stays one).
+    """
+    if name not in arrays:
+        raise ValueError(f"array {name!r} is missing; found {sorted(arrays)}")
+    arr = arrays[name]
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"array {name!r} is a {type(arr).__name__}, not an array")
+    expected = np.dtype(dtype)
+    if arr.dtype != expected:
+        raise ValueError(f"array {name!r} has dtype {arr.dtype}, expected {expected}")
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"array {name!r} has {arr.ndim} dimension(s), expected {ndim}")
+    if shape is not None:
+        for axis, (got, want) in enumerate(zip(arr.shape, shape, strict=True)):
+            if want is not None and got != want:
+                raise ValueError(
+                    f"array {name!r} has shape {arr.shape}, expected "
+                    f"{tuple('*' if v is None else v for v in shape)} (axis {axis})"
+                )
+    if (low is not None or high is not None) and arr.size:
+        if expected.kind not in "iu":
+            raise TypeError(f"require_array bounds apply to integer arrays, not {expected}")
+        lo, hi = arr.min(), arr.max()
+        if (low is not None and lo < low) or (high is not None and hi >= high):
+            raise ValueError(
+                f"array {name!r} has values in [{lo}, {hi}], expected them in "
+                f"[{'-inf' if low is None else low}, {'inf' if high is None else high})"
+            )
+    return arr
+
+
+def require_state(
+    state: Mapping[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    optional: bool = False,
+) -> Any:
+    """The saved JSON scalar ``state[name]``, checked, for a class's ``_from_state``.
+
+    ``kind`` is ``int``, ``float``, ``str``, ``bool`` or a tuple of them; ``bool`` is never
+    accepted as a number and an ``int`` is accepted where ``float`` is. ``low`` / ``high``
+    bound numbers (inclusive); floats must be finite. ``optional`` lets the key be absent
+    (or null), returning ``None``. Failures raise ``ValueError`` naming the key.
+    """
+    if name not in state or state[name] is None:
+        if optional:
+            return None
+        raise ValueError(f"state entry {name!r} is missing")
+    value = state[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = False
+    for k in kinds:
+        if k is bool:
+            ok = ok or isinstance(value, bool)
+        elif k is int:
+            ok = ok or (isinstance(value, int) and not isinstance(value, bool))
+        elif k is float:
+            ok = ok or (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and bool(np.isfinite(value))
+            )
+        else:
+            ok = ok or isinstance(value, k)
+    if not ok:
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ValueError(f"state entry {name!r} must be a {names}, got {value!r}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"state entry {name!r} = {value!r} is outside [{low}, {high}]")
+    return value
 
 
 # ------------------------------------------------------------------------------------------
