@@ -56,31 +56,127 @@ def test_keys_deterministic_roundtrip_and_tagged(make, blobs, tmp_path):
         make().keys(blobs)
 
 
-def python_leaves(x, arrays, tree):
-    """Walk one tree node by node in plain Python."""
+def python_leaves(x, arrays, tree, tol=0.0):
+    """Walk one tree node by node in plain Python. Returns None when the point passes within
+    ``tol`` (relative) of a split plane, where the side would depend on summation order."""
     v = arrays["roots_"][tree]
     while arrays["left_"][v] >= 0:
         f = arrays["feature_"][v]
-        s = x[f] if f >= 0 else arrays["proj_"][-f - 1] @ x
+        if f >= 0:
+            s, scale = x[f], 0.0
+        else:
+            p = arrays["proj_"][-f - 1]
+            s, scale = float(p @ x), float(np.abs(p) @ np.abs(x))
+        if tol > 0 and abs(s - arrays["threshold_"][v]) <= tol * scale:
+            return None
         v = arrays["left_"][v] if s > arrays["threshold_"][v] else arrays["right_"][v]
     return arrays["leaf_id_"][v]
 
 
+TREE_ARRAYS = ("roots_", "left_", "right_", "feature_", "threshold_", "leaf_id_", "proj_")
+
+
 def test_tree_kernel_matches_python_walk(blobs):
+    """Kernel vs a Python walk. No point in the data comes near a split plane (thresholds lie
+    midway between training values), so the comparison does not depend on summation order;
+    a point within 1e-9 (relative) of a plane would be reported, not compared."""
     b = small_forest(split="hybrid", stump_above=150).fit(blobs)
-    arrays = {
-        k: getattr(b, k)
-        for k in ("roots_", "left_", "right_", "feature_", "threshold_", "leaf_id_", "proj_")
-    }
+    arrays = {k: getattr(b, k) for k in TREE_ARRAYS}
     assert (b.feature_ >= 0).any() and (b.feature_[b.left_ >= 0] < 0).any()  # both kinds
-    got = b.leaves(blobs[:60])
-    want = np.array([[python_leaves(x, arrays, t) for t in range(3)] for x in blobs[:60]])
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(got, tree_leaves(blobs[:60], b))
+    got = b.leaves(blobs)
+    want = [[python_leaves(x, arrays, t, tol=1e-9) for t in range(3)] for x in blobs]
+    assert not any(w is None for row in want for w in row)  # no near-ties at all
+    np.testing.assert_array_equal(got, np.array(want))
+    np.testing.assert_array_equal(got, tree_leaves(blobs, b))
+    np.testing.assert_array_equal(got, b.leaves(blobs, n_threads=1))
     # leaves are numbered 0..n_leaves-1 in every tree
-    all_leaves = b.leaves(blobs)
     for t in range(3):
-        assert all_leaves[:, t].max() < b.n_leaves_[t]
+        assert got[:, t].max() < b.n_leaves_[t]
+
+
+def test_tree_kernel_exact_on_integer_data():
+    """Integer data and integer hyperplanes: every score is exact in any summation order,
+    so the kernel must agree with the Python walk on every point, ties included."""
+    rng = np.random.default_rng(3)
+    X = rng.integers(-4, 5, size=(400, 7)).astype(np.float64)
+    tb = TreeBuilder(7)
+    root = tb.new_node()
+    a, b = tb.set_split(root, None, rng.integers(-3, 4, 7).astype(float), 0.0)
+    tb.set_split(a, 2, None, 1.0)
+    c, _ = tb.set_split(b, None, rng.integers(-3, 4, 7).astype(float), -2.0)
+    tb.set_split(c, None, np.ones(7), 3.0)  # many points exactly on this plane
+    tb.finish_tree(root)
+    arrays = tb.arrays()
+
+    class A:
+        pass
+
+    obj = A()
+    for k, v in arrays.items():
+        setattr(obj, k, v)
+    want = np.array([python_leaves(x, arrays, 0) for x in X])
+    np.testing.assert_array_equal(tree_leaves(X, obj)[:, 0], want)
+    np.testing.assert_array_equal(tree_leaves(X, obj, n_threads=2)[:, 0], want)
+    assert (X.sum(1) == 3.0).any()  # the tie case occurs
+
+
+def _capture(monkeypatch, cls, name):
+    calls = []
+    original = getattr(cls, name)
+
+    def wrapper(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append(out)
+        return out
+
+    monkeypatch.setattr(cls, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    "kw", [{"split": "projection"}, {"split": "stump"}, {"split": "hybrid", "stump_above": 150}]
+)
+def test_fit_time_leaves_equal_keys(monkeypatch, blobs, seed, kw):
+    """The leaf each training point reaches while boosting (which sets the pair weights of
+    the next trees) is the leaf keys() gives it."""
+    calls = _capture(monkeypatch, BoostedSearchForest, "_grow_tree")
+    rng = np.random.default_rng(seed)
+    X = blobs[rng.permutation(len(blobs))[:400]] * rng.uniform(0.5, 3.0)
+    b = small_forest(random_state=seed, **kw).fit(X)
+    fit_leaves = np.stack([leaves for _, leaves, _ in calls], axis=1)
+    np.testing.assert_array_equal(fit_leaves, b.leaves(X))
+    # thresholds never sit on a training value
+    for t_node in np.flatnonzero(b.left_ >= 0):
+        f = b.feature_[t_node]
+        if f >= 0:
+            assert not np.any(X[:, f] == b.threshold_[t_node])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kmeans_fit_time_leaves_equal_keys(monkeypatch, blobs, seed):
+    calls = _capture(monkeypatch, KMeansTree, "_grow_tree")
+    km = KMeansTree(n_trees=3, max_depth=5, random_state=seed).fit(blobs)
+    leaves = km.leaves(blobs)
+    for t, (_, leaf_rows) in enumerate(calls):
+        fit_leaf = np.full(len(blobs), -1)
+        for node, rows in leaf_rows:
+            fit_leaf[rows] = km.leaf_id_[node]
+        np.testing.assert_array_equal(fit_leaf, leaves[:, t])
+
+
+def test_keys_do_not_depend_on_the_batch(blobs):
+    """A row's keys are the same whether it is encoded alone, in a batch, or on 1 or 2
+    threads (row-wise kernels, no BLAS blocking)."""
+    for b in (
+        LSHTables(3, 7, random_state=0).fit(blobs),
+        small_forest(split="hybrid", stump_above=150).fit(blobs),
+        KMeansTree(n_trees=2, max_depth=4, random_state=0).fit(blobs),
+    ):
+        whole = b.keys(blobs)
+        np.testing.assert_array_equal(b.keys(blobs, n_threads=1), whole)
+        singles = np.vstack([b.keys(blobs[i : i + 1]) for i in range(0, len(blobs), 7)])
+        np.testing.assert_array_equal(singles, whole[::7])
 
 
 def test_tree_builder_numbers_leaves_depth_first():

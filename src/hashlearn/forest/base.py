@@ -26,17 +26,18 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from hashlearn._parallel import parallel_chunks
 from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
 from hashlearn.io import Persistable, estimator_from_state, estimator_state
 
-__all__ = ["BaseBucketer", "TreeBuilder", "tree_leaves"]
+__all__ = ["BaseBucketer", "TreeBuilder", "node_scores", "tree_leaves"]
 
 
 class BaseBucketer(Persistable, BaseEstimator):
     """Base class of bucketers: ``fit(X, y=None)``, ``keys(X)``, ``n_tables``.
 
     Subclasses implement ``_fit(X, y)`` (setting learned attributes ending in ``_``) and
-    ``_local_keys(X) -> (n, n_tables) int64`` with values in ``[0, 2**40)``.
+    ``_local_keys(X, n_threads) -> (n, n_tables) int64`` with values in ``[0, 2**40)``.
     """
 
     n_tables: int  # a parameter (LSHTables) or a property (forests: n_trees)
@@ -55,23 +56,27 @@ class BaseBucketer(Persistable, BaseEstimator):
         self.key_tag_ = self._compute_tag()
         return self
 
-    def keys(self, X) -> np.ndarray:
-        """One key per table for every row of ``X``: int64 ``(n, n_tables)``."""
+    def keys(self, X, *, n_threads: int | None = None) -> np.ndarray:
+        """One key per table for every row of ``X``: int64 ``(n, n_tables)``.
+
+        Rows are processed on ``n_threads`` threads (default: every core); a row's keys do
+        not depend on the thread count or on the other rows of ``X``.
+        """
         check_is_fitted(self, "key_tag_")
         X = validate_data(self, X, reset=False, dtype=np.float64, ensure_min_samples=0)
-        local = self._local_keys(np.ascontiguousarray(X))
+        local = self._local_keys(np.ascontiguousarray(X), n_threads)
         return local | np.int64(self.key_tag_ << KEY_TAG_SHIFT)
 
-    def leaves(self, X) -> np.ndarray:
+    def leaves(self, X, *, n_threads: int | None = None) -> np.ndarray:
         """Keys without the tag: the leaf / bucket number in each table."""
-        return self.keys(X) & KEY_LOCAL_MASK
+        return self.keys(X, n_threads=n_threads) & KEY_LOCAL_MASK
 
     # ------------------------------------------------------------------ for subclasses
 
     def _fit(self, X, y) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _local_keys(self, X) -> np.ndarray:  # pragma: no cover - abstract
+    def _local_keys(self, X, n_threads) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _compute_tag(self) -> int:
@@ -167,43 +172,94 @@ class TreeBuilder:
 
 
 @numba.njit(cache=True, nogil=True)
-def _tree_leaves_kernel(X, roots, left, right, feature, threshold, leaf_id, proj, out):
-    n, d = X.shape
-    for i in range(n):
+def _score(X, i, f, proj):
+    """``s_v(x_i)`` of a split: ``X[i, f]`` for a stump (``f >= 0``), else the dot product of
+    row ``-f - 1`` of ``proj`` with ``X[i]``.
+
+    The one place a split score is computed, at fit time (:func:`node_scores`) and at query
+    time (:func:`tree_leaves`), so a training point reaches the same leaf in both. The sum
+    runs in a fixed order (four interleaved partial sums, combined pairwise); without
+    fast-math the compiler may not reorder it, so the result does not depend on the caller.
+    """
+    if f >= 0:
+        return X[i, f]
+    row = -f - 1
+    d = X.shape[1]
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    j = 0
+    while j + 4 <= d:
+        s0 += proj[row, j] * X[i, j]
+        s1 += proj[row, j + 1] * X[i, j + 1]
+        s2 += proj[row, j + 2] * X[i, j + 2]
+        s3 += proj[row, j + 3] * X[i, j + 3]
+        j += 4
+    while j < d:
+        s0 += proj[row, j] * X[i, j]
+        j += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@numba.njit(cache=True, nogil=True)
+def _node_scores_kernel(X, rows, f, proj, out):
+    for k in range(rows.shape[0]):
+        out[k] = _score(X, rows[k], f, proj)
+
+
+def node_scores(
+    X: np.ndarray, rows: np.ndarray, feature: int | None, direction: np.ndarray | None
+) -> np.ndarray:
+    """Split scores ``s(x)`` of ``X[rows]`` for a stump on ``feature`` or a hyperplane
+    ``direction``, with exactly the arithmetic of :func:`tree_leaves`.
+
+    ``X`` must be C-contiguous float64 (as ``fit`` and ``keys`` make it).
+    """
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    out = np.empty(len(rows), np.float64)
+    if feature is None:
+        proj = np.ascontiguousarray(np.asarray(direction, np.float64).reshape(1, -1))
+        _node_scores_kernel(X, rows, -1, proj, out)
+    else:
+        _node_scores_kernel(X, rows, int(feature), np.zeros((1, X.shape[1])), out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _tree_leaves_range(start, stop, X, roots, left, right, feature, threshold, leaf_id, proj, out):
+    for i in range(start, stop):
         for t in range(roots.shape[0]):
             v = roots[t]
             while left[v] >= 0:
-                f = feature[v]
-                if f >= 0:
-                    s = X[i, f]
-                else:
-                    row = -f - 1
-                    s = 0.0
-                    for j in range(d):
-                        s += proj[row, j] * X[i, j]
+                s = _score(X, i, feature[v], proj)
                 v = left[v] if s > threshold[v] else right[v]
             out[i, t] = leaf_id[v]
 
 
-def tree_leaves(X: np.ndarray, arrays) -> np.ndarray:
+def tree_leaves(X: np.ndarray, arrays, *, n_threads: int | None = None) -> np.ndarray:
     """Leaf number of every row of ``X`` in every tree: int64 ``(n, n_trees)``.
 
-    ``arrays`` is an object with the attributes of :meth:`TreeBuilder.arrays`.
+    ``arrays`` is an object with the attributes of :meth:`TreeBuilder.arrays`. Rows are
+    routed in parallel on ``n_threads`` threads (default: every core) by a GIL-free kernel;
+    the leaf of a row does not depend on the thread count or on the other rows.
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     out = np.empty((X.shape[0], len(arrays.roots_)), np.int64)
-    block = 65536
-    for start in range(0, X.shape[0], block):
-        stop = min(X.shape[0], start + block)
-        _tree_leaves_kernel(
-            X[start:stop],
-            arrays.roots_,
-            arrays.left_,
-            arrays.right_,
-            arrays.feature_,
-            arrays.threshold_,
-            arrays.leaf_id_,
-            np.ascontiguousarray(arrays.proj_, dtype=np.float64),
-            out[start:stop],
+    roots = np.ascontiguousarray(arrays.roots_, dtype=np.int64)
+    left = np.ascontiguousarray(arrays.left_, dtype=np.int64)
+    right = np.ascontiguousarray(arrays.right_, dtype=np.int64)
+    feature = np.ascontiguousarray(arrays.feature_, dtype=np.int64)
+    threshold = np.ascontiguousarray(arrays.threshold_, dtype=np.float64)
+    leaf_id = np.ascontiguousarray(arrays.leaf_id_, dtype=np.int64)
+    proj = np.ascontiguousarray(arrays.proj_, dtype=np.float64)
+    if proj.shape[0] == 0:
+        proj = np.zeros((1, X.shape[1]), np.float64)
+
+    def kernel(start: int, stop: int) -> None:
+        _tree_leaves_range(
+            start, stop, X, roots, left, right, feature, threshold, leaf_id, proj, out
         )
+
+    parallel_chunks(kernel, X.shape[0], n_threads, min_chunk=64)
     return out

@@ -55,7 +55,7 @@ from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_limits
 
 from hashlearn._validation import check_int, check_real
-from hashlearn.forest.base import BaseBucketer, TreeBuilder, tree_leaves
+from hashlearn.forest.base import BaseBucketer, TreeBuilder, node_scores, tree_leaves
 from hashlearn.io import persistable
 
 __all__ = ["BoostedSearchForest"]
@@ -83,12 +83,26 @@ def _best_threshold(
     n_thresholds: int,
 ) -> tuple[float, float]:
     """Best ``theta`` for the split ``v > theta`` and its gain (eq. 17 with the all-pairs
-    cost term): ``2 * cost * m_left * m_right - sum(weight of pairs cut)``."""
+    cost term): ``2 * cost * m_left * m_right - sum(weight of pairs cut)``.
+
+    The candidates are ``n_thresholds`` quantiles of ``v_rows``; each threshold is put
+    midway between the quantile and the next larger distinct value (as scikit-learn's tree
+    splitter does), never on a training value, so no training point lies on a split plane.
+    Returns ``(nan, -inf)`` when every value is equal.
+    """
     m = len(v_rows)
     sorted_v = np.sort(v_rows)
     picks = (np.arange(1, n_thresholds + 1) * (m - 1)) // (n_thresholds + 1)
     qs = np.unique(sorted_v[picks])
     m_right = np.searchsorted(sorted_v, qs, side="right")
+    valid = m_right < m  # a larger value exists
+    qs, m_right = qs[valid], m_right[valid]
+    if len(qs) == 0:
+        return float("nan"), -np.inf
+    upper = sorted_v[m_right]  # the next distinct value above each candidate
+    mids = qs / 2.0 + upper / 2.0
+    # adjacent floats: the midpoint rounds onto one of them; v > qs is the same split
+    mids = np.where((mids > qs) & (mids < upper), mids, qs)
     m_left = m - m_right
     if len(weight):
         lo, hi = np.minimum(v_a, v_b), np.maximum(v_a, v_b)
@@ -104,7 +118,7 @@ def _best_threshold(
     gain = 2.0 * cost * m_left.astype(np.float64) * m_right - cut
     gain[(m_left < min_leaf) | (m_right < min_leaf)] = -np.inf
     best = int(np.argmax(gain))
-    return float(qs[best]), float(gain[best])
+    return float(mids[best]), float(gain[best])
 
 
 @persistable
@@ -365,8 +379,8 @@ class BoostedSearchForest(BaseBucketer):
                 break
             open_nodes.pop(best)
             feature, direction, threshold = node.split
-            s = X[node.rows, feature] if feature is not None else X[node.rows] @ direction
-            left_mask = s > threshold
+            # the same kernel as keys(): a training row reaches the leaf keys() gives it
+            left_mask = node_scores(X, node.rows, feature, direction) > threshold
             where[node.rows] = left_mask
             sim_a, sim_b = where[sa[node.sim]], where[sb[node.sim]]
             rnd_a, rnd_b = where[ra[node.rand]], where[rb[node.rand]]
@@ -437,7 +451,7 @@ class BoostedSearchForest(BaseBucketer):
             sub = Xc if m <= 2000 else Xc[rng.choice(m, 2000, replace=False)]
             directions.append(np.linalg.eigh(sub.T @ sub)[1][:, -1])
             for p in directions:
-                v = Xn @ p
+                v = node_scores(X, node.rows, None, p)
                 if v.max() == v.min():
                     continue
                 theta, gain = _best_threshold(
@@ -447,5 +461,5 @@ class BoostedSearchForest(BaseBucketer):
                     best = (gain, (None, p.astype(np.float64), theta))
         node.gain, node.split = best
 
-    def _local_keys(self, X) -> np.ndarray:
-        return tree_leaves(X, self)
+    def _local_keys(self, X, n_threads=None) -> np.ndarray:
+        return tree_leaves(X, self, n_threads=n_threads)

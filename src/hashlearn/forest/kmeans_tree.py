@@ -19,7 +19,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from hashlearn._validation import check_int
-from hashlearn.forest.base import BaseBucketer, TreeBuilder, tree_leaves
+from hashlearn.forest.base import BaseBucketer, TreeBuilder, node_scores, tree_leaves
 from hashlearn.io import persistable
 
 __all__ = ["KMeansTree"]
@@ -109,25 +109,7 @@ class KMeansTree(BaseBucketer):
         rng = check_random_state(self.random_state)
         builder = TreeBuilder(X.shape[1])
         for _ in range(n_trees):
-            root = builder.new_node()
-            frontier = [(root, np.arange(len(X)))]
-            for _depth in range(max_depth):
-                next_frontier = []
-                for node, rows in frontier:
-                    if len(rows) < 2 * min_leaf or len(rows) < 2:
-                        continue
-                    centroids = _two_means(X[rows], rng, n_iter)
-                    if centroids is None:
-                        continue
-                    c1, c2 = centroids
-                    direction = 2.0 * (c1 - c2)
-                    threshold = float(c1 @ c1 - c2 @ c2)
-                    side = X[rows] @ direction > threshold
-                    if min(side.sum(), (~side).sum()) < min_leaf:
-                        continue
-                    left, right = builder.set_split(node, None, direction, threshold)
-                    next_frontier += [(left, rows[side]), (right, rows[~side])]
-                frontier = next_frontier
+            root, _leaves = self._grow_tree(X, builder, rng, max_depth, min_leaf, n_iter)
             builder.finish_tree(root)
         for key, value in builder.arrays().items():
             setattr(self, key, value)
@@ -137,5 +119,33 @@ class KMeansTree(BaseBucketer):
                 "it would return the whole database for every query."
             )
 
-    def _local_keys(self, X) -> np.ndarray:
-        return tree_leaves(X, self)
+    def _grow_tree(self, X, builder, rng, max_depth, min_leaf, n_iter):
+        """One bisecting 2-means tree, breadth first; returns its root and the leaves as
+        ``(node, training rows)`` pairs."""
+        root = builder.new_node()
+        frontier = [(root, np.arange(len(X)))]
+        leaves = []
+        for _depth in range(max_depth):
+            next_frontier = []
+            for node, rows in frontier:
+                centroids = None
+                if len(rows) >= 2 * min_leaf and len(rows) >= 2:
+                    centroids = _two_means(X[rows], rng, n_iter)
+                if centroids is None:
+                    leaves.append((node, rows))
+                    continue
+                c1, c2 = centroids
+                direction = 2.0 * (c1 - c2)
+                threshold = float(c1 @ c1 - c2 @ c2)
+                # the same kernel as keys(), so fit-time leaves are the query-time ones
+                side = node_scores(X, rows, None, direction) > threshold
+                if min(side.sum(), (~side).sum()) < min_leaf:
+                    leaves.append((node, rows))
+                    continue
+                left, right = builder.set_split(node, None, direction, threshold)
+                next_frontier += [(left, rows[side]), (right, rows[~side])]
+            frontier = next_frontier
+        return root, leaves + frontier
+
+    def _local_keys(self, X, n_threads=None) -> np.ndarray:
+        return tree_leaves(X, self, n_threads=n_threads)

@@ -11,11 +11,13 @@ serves them like the leaves of a search forest.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from sklearn.utils import check_random_state
 
+from hashlearn._parallel import parallel_chunks
 from hashlearn._validation import check_int
-from hashlearn.forest.base import BaseBucketer
+from hashlearn.forest.base import BaseBucketer, _score
 from hashlearn.io import persistable
 
 __all__ = ["LSHTables"]
@@ -61,12 +63,30 @@ class LSHTables(BaseBucketer):
         self.directions_ = rng.standard_normal((n_tables * bits, X.shape[1]))
         self.offsets_ = self.directions_ @ X.mean(axis=0)
 
-    def _local_keys(self, X) -> np.ndarray:
-        b = self.bits_per_table
-        weights = np.left_shift(np.int64(1), np.arange(b, dtype=np.int64))
+    def _local_keys(self, X, n_threads=None) -> np.ndarray:
         out = np.empty((X.shape[0], self.n_tables), np.int64)
-        for start in range(0, X.shape[0], 65536):
-            block = X[start : start + 65536]
-            bits = (block @ self.directions_.T > self.offsets_).reshape(len(block), -1, b)
-            out[start : start + len(block)] = bits.astype(np.int64) @ weights
+        directions = np.ascontiguousarray(self.directions_, dtype=np.float64)
+        offsets = np.ascontiguousarray(self.offsets_, dtype=np.float64)
+        bits = int(self.bits_per_table)
+
+        def kernel(start: int, stop: int) -> None:
+            _lsh_keys_range(start, stop, X, directions, offsets, bits, out)
+
+        parallel_chunks(kernel, X.shape[0], n_threads, min_chunk=64)
         return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _lsh_keys_range(start, stop, X, directions, offsets, bits, out):
+    """Row by row (so a row's key does not depend on the batch it comes in): bit ``j`` of
+    table ``l`` is ``r . x > r . mu`` with ``r`` row ``l * bits + j`` of ``directions``,
+    computed by the forest's split-score kernel."""
+    n_tables = out.shape[1]
+    for i in range(start, stop):
+        for t in range(n_tables):
+            key = 0
+            for j in range(bits):
+                r = t * bits + j
+                if _score(X, i, -r - 1, directions) > offsets[r]:
+                    key |= 1 << j
+            out[i, t] = key
