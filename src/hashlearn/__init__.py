@@ -6,6 +6,7 @@ truth (``hashlearn.evaluate``). See ``DESIGN.md`` for how the papers map to modu
 """
 
 from hashlearn import codes, datasets, evaluate, io, kernels, supervision
+from hashlearn._parallel import get_num_threads, set_num_threads
 from hashlearn.codes import hamming_cdist, hamming_distance, pack_bits, unpack_bits
 from hashlearn.datasets import load_digits, load_fashion_mnist, load_stdlib_docstrings
 from hashlearn.distributed import ShardedIndex
@@ -78,6 +79,7 @@ __all__ = [
     "codes",
     "datasets",
     "evaluate",
+    "get_num_threads",
     "hamming_cdist",
     "hamming_distance",
     "hamming_neighbors",
@@ -92,6 +94,7 @@ __all__ = [
     "make_index",
     "pack_bits",
     "save",
+    "set_num_threads",
     "supervision",
     "unpack_bits",
 ]

@@ -2,8 +2,17 @@
 
 Kernels in :mod:`hashlearn._kernels` are serial ``nogil`` functions over a query range; this
 module splits the queries into chunks and runs them on a shared thread pool. Threads rather
-than numba's ``prange`` keep every call thread-safe and fork-safe, let each call choose its
-own thread count, and keep the hot loops out of parfor bodies (which compile them worse).
+than numba's ``prange`` keep every call thread-safe, let each call choose its own thread count,
+and keep the hot loops out of parfor bodies (which compile them worse).
+
+The library-wide default thread count (used by every ``n_threads=None`` call) is set with
+:func:`set_num_threads` or the environment variable ``HASHLEARN_NUM_THREADS``, as numba
+(``NUMBA_NUM_THREADS``) and faiss (``omp_set_num_threads``) do.
+
+Fork safety: a forked child inherits the parent's pool object but none of its threads, so a
+pool that had been started in the parent would accept work that no thread ever runs (the child
+hangs). The pool and its lock are therefore dropped in the child right after ``fork``
+(``os.register_at_fork``) and a fresh pool is started on the child's first multi-threaded call.
 """
 
 from __future__ import annotations
@@ -15,11 +24,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hashlearn._validation import check_int
 
-__all__ = ["available_cores", "parallel_chunks"]
+__all__ = ["available_cores", "get_num_threads", "parallel_chunks", "set_num_threads"]
+
+ENV_VAR = "HASHLEARN_NUM_THREADS"
+_MAX_THREADS = 1024
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 _MAX_CHUNK = 256
+_NUM_THREADS: int | None = None  # set by set_num_threads; None: environment or every core
 
 
 def available_cores() -> int:
@@ -28,6 +41,54 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def set_num_threads(n: int | None) -> None:
+    """Set the thread count used by every search called with ``n_threads=None``.
+
+    Parameters
+    ----------
+    n : int in [1, 1024] or None
+        Threads per call. ``None`` restores the default: the environment variable
+        ``HASHLEARN_NUM_THREADS`` when it is set, otherwise every core this process may run on.
+
+    Examples
+    --------
+    >>> import hashlearn
+    >>> hashlearn.set_num_threads(2)
+    >>> hashlearn.get_num_threads()
+    2
+    >>> hashlearn.set_num_threads(None)  # back to the default
+    """
+    global _NUM_THREADS
+    _NUM_THREADS = (
+        None if n is None else check_int(n, "n", "set_num_threads", low=1, high=_MAX_THREADS)
+    )
+
+
+def get_num_threads() -> int:
+    """The thread count an ``n_threads=None`` call uses now.
+
+    In order: the value given to :func:`set_num_threads`; the environment variable
+    ``HASHLEARN_NUM_THREADS`` (read on each call, so it may be set after import); every core
+    this process may run on. An environment value that is not an integer in [1, 1024] raises
+    ``ValueError``.
+    """
+    if _NUM_THREADS is not None:
+        return _NUM_THREADS
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= _MAX_THREADS:
+            raise ValueError(
+                f"The environment variable {ENV_VAR} must be an int in the range "
+                f"[1, {_MAX_THREADS}]. Got {raw!r} instead."
+            )
+        return value
+    return available_cores()
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -40,18 +101,31 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+def _after_fork_in_child() -> None:
+    # The inherited pool has no threads in the child (only the forking thread survives) and
+    # the inherited lock may have been held by another parent thread at the fork: drop both.
+    # The old pool object is not shut down: that would wait on threads that do not exist.
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def parallel_chunks(
     kernel: Callable[[int, int], None], m: int, n_threads: int | None, *, min_chunk: int = 4
 ) -> None:
     """Call ``kernel(start, stop)`` over ``[0, m)`` in chunks, on ``n_threads`` threads.
 
-    ``n_threads=None`` uses every available core. Each thread takes consecutive chunks of at
+    ``n_threads=None`` uses :func:`get_num_threads`. Each thread takes consecutive chunks of at
     most 256 queries (bounding per-chunk buffers), so the work is split evenly.
     """
     threads = (
-        available_cores()
+        get_num_threads()
         if n_threads is None
-        else check_int(n_threads, "n_threads", "search", low=1, high=1024)
+        else check_int(n_threads, "n_threads", "search", low=1, high=_MAX_THREADS)
     )
     threads = max(1, min(threads, m // min_chunk))
     if m == 0:

@@ -1,0 +1,101 @@
+"""The library-wide thread setting (issue 18 item 3)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import hashlearn
+from hashlearn import _parallel
+from hashlearn._parallel import available_cores, parallel_chunks
+
+
+@pytest.fixture(autouse=True)
+def _restore(monkeypatch):
+    monkeypatch.delenv("HASHLEARN_NUM_THREADS", raising=False)
+    hashlearn.set_num_threads(None)
+    yield
+    hashlearn.set_num_threads(None)
+
+
+def _threads_used(m: int, n_threads) -> int:
+    """Distinct threads that ran chunks of an ``m``-query call."""
+    seen = set()
+    barrier_lock = threading.Lock()
+
+    def kernel(start, stop):
+        with barrier_lock:
+            seen.add(threading.get_ident())
+        # keep each chunk busy long enough that idle workers take the other chunks
+        threading.Event().wait(0.002)
+
+    parallel_chunks(kernel, m, n_threads)
+    return len(seen)
+
+
+def test_default_is_every_core():
+    assert hashlearn.get_num_threads() == available_cores()
+
+
+def test_set_and_reset():
+    hashlearn.set_num_threads(3)
+    assert hashlearn.get_num_threads() == 3
+    hashlearn.set_num_threads(None)
+    assert hashlearn.get_num_threads() == available_cores()
+
+
+def test_environment_variable(monkeypatch):
+    monkeypatch.setenv("HASHLEARN_NUM_THREADS", "5")
+    assert hashlearn.get_num_threads() == 5
+    hashlearn.set_num_threads(2)  # the function wins over the environment
+    assert hashlearn.get_num_threads() == 2
+    hashlearn.set_num_threads(None)
+    assert hashlearn.get_num_threads() == 5
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "two", "1.5", "2000"])
+def test_bad_environment_variable(monkeypatch, raw):
+    monkeypatch.setenv("HASHLEARN_NUM_THREADS", raw)
+    with pytest.raises(ValueError, match="HASHLEARN_NUM_THREADS"):
+        hashlearn.get_num_threads()
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "4", True, 5000])
+def test_bad_argument(bad):
+    with pytest.raises(ValueError, match="'n'"):
+        hashlearn.set_num_threads(bad)
+
+
+def test_setting_is_the_default_of_every_call():
+    hashlearn.set_num_threads(1)
+    assert _threads_used(4096, None) == 1
+    hashlearn.set_num_threads(3)
+    assert _threads_used(4096, None) == 3
+    # an explicit per-call value still wins
+    assert _threads_used(4096, 2) == 2
+
+
+def test_environment_is_the_default_of_every_call(monkeypatch):
+    monkeypatch.setenv("HASHLEARN_NUM_THREADS", "1")
+    assert _threads_used(4096, None) == 1
+
+
+def test_search_results_do_not_depend_on_threads():
+    rng = np.random.default_rng(1)
+    db = rng.integers(0, 256, size=(2000, 8), dtype=np.uint8)
+    q = rng.integers(0, 256, size=(500, 8), dtype=np.uint8)
+    index = hashlearn.FlatIndex(64)
+    index.add(db)
+    hashlearn.set_num_threads(1)
+    D1, I1 = index.search(q, 7)
+    hashlearn.set_num_threads(4)
+    D4, I4 = index.search(q, 7)
+    np.testing.assert_array_equal(D1, D4)
+    np.testing.assert_array_equal(I1, I4)
+
+
+def test_exported():
+    assert "set_num_threads" in hashlearn.__all__ and "get_num_threads" in hashlearn.__all__
+    assert hashlearn.set_num_threads is _parallel.set_num_threads
