@@ -9,7 +9,7 @@ from sklearn.exceptions import NotFittedError
 
 from hashlearn.datasets import load_digits
 from hashlearn.evaluate import exact_knn, recall_at_m_from_ids
-from hashlearn.forest.base import TreeBuilder, tree_leaves
+from hashlearn.forest.base import TreeBuilder, tree_leaves, weighted_candidates_csr
 from hashlearn.forest.boosted import BoostedSearchForest, _best_threshold
 from hashlearn.forest.kmeans_tree import KMeansTree
 from hashlearn.forest.lsh_tables import LSHTables
@@ -357,3 +357,67 @@ def test_paper_ordering_on_fashion_mnist():
     assert ok.any()
     assert np.all(r_bsf[ok] > r_km[ok] + 0.02)
     assert np.all(r_bsf[ok] > r_lsh[ok] + 0.05)
+
+
+def brute_force_weighted_vote(db_keys, q_keys, ids, weights):
+    """Alg./eq. 8 in plain Python: T(q, x) = sum_m c_m [key_m(q) == key_m(x)] for every
+    item, candidates T > 0 sorted by (-T, id)."""
+    out = []
+    for qk in q_keys:
+        scored = []
+        for row, i in zip(db_keys, ids, strict=True):
+            t = sum(float(w) for w, a, b in zip(weights, qk, row, strict=True) if a == b)
+            if t > 0:
+                scored.append((-t, int(i), t))
+        out.append(sorted(scored))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_forest_ranking_is_the_weighted_vote(blobs, seed):
+    """BoostedSearchForest.candidates ranks by the learned selection function T (eq. 8).
+    Weights rounded to multiples of 1/64 make every sum exact (no summation-order
+    dependence) and create ties, broken by id."""
+    bsf = small_forest(n_trees=4, random_state=seed).fit(blobs[:500])
+    rng = np.random.default_rng(seed)
+    ids = rng.permutation(5000)[:500]
+    index = TableIndex(bsf.n_tables, bucketer=bsf)
+    index.add(bsf.keys(blobs[:500]), ids=ids)
+    queries = blobs[500:]
+    weights = np.maximum(np.round(bsf.tree_weights_ * 64) / 64, 1 / 64)
+    bsf.tree_weights_ = weights
+    lims, got_ids, scores = bsf.candidates(index, queries)
+    want = brute_force_weighted_vote(bsf.keys(blobs[:500]), bsf.keys(queries), ids, weights)
+    for q in range(len(queries)):
+        sl = slice(lims[q], lims[q + 1])
+        assert got_ids[sl].tolist() == [i for _, i, _ in want[q]]
+        assert scores[sl].tolist() == [t for _, _, t in want[q]]
+    # the candidate set is the unweighted one (T > 0 iff one collision); only the order moves
+    lims_u, ids_u, counts = index.candidates_csr(bsf.keys(queries))
+    np.testing.assert_array_equal(lims_u, lims)
+    for q in range(len(queries)):
+        sl = slice(lims[q], lims[q + 1])
+        assert set(ids_u[sl].tolist()) == set(got_ids[sl].tolist())
+    # the order differs from the collision count somewhere when the weights differ
+    if len(set(weights.tolist())) > 1:
+        assert any(
+            ids_u[lims[q] : lims[q + 1]].tolist() != got_ids[lims[q] : lims[q + 1]].tolist()
+            for q in range(len(queries))
+        )
+
+
+def test_weighted_candidates_unit_weights_are_collision_counts(blobs):
+    km = KMeansTree(n_trees=3, max_depth=4, random_state=0).fit(blobs)
+    index = TableIndex(3, bucketer=km)
+    index.add(km.keys(blobs))
+    lims, ids, scores = km.candidates(index, blobs[:50], n_threads=2)
+    lims_u, ids_u, counts = index.candidates_csr(km.keys(blobs[:50]))
+    np.testing.assert_array_equal(lims, lims_u)
+    np.testing.assert_array_equal(ids, ids_u)
+    np.testing.assert_array_equal(scores, counts)
+    with pytest.raises(ValueError, match="weights"):
+        weighted_candidates_csr(index, km.keys(blobs[:2]), np.ones(2))
+    with pytest.raises(ValueError, match="weights"):
+        weighted_candidates_csr(index, km.keys(blobs[:2]), np.array([1.0, 0.0, 1.0]))
+    with pytest.raises(TypeError, match="TableIndex"):
+        weighted_candidates_csr(object(), km.keys(blobs[:2]), np.ones(3))

@@ -30,7 +30,13 @@ from hashlearn._parallel import parallel_chunks
 from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
 from hashlearn.io import Persistable, estimator_from_state, estimator_state
 
-__all__ = ["BaseBucketer", "TreeBuilder", "node_scores", "tree_leaves"]
+__all__ = [
+    "BaseBucketer",
+    "TreeBuilder",
+    "node_scores",
+    "tree_leaves",
+    "weighted_candidates_csr",
+]
 
 
 class BaseBucketer(Persistable, BaseEstimator):
@@ -70,6 +76,27 @@ class BaseBucketer(Persistable, BaseEstimator):
     def leaves(self, X, *, n_threads: int | None = None) -> np.ndarray:
         """Keys without the tag: the leaf / bucket number in each table."""
         return self.keys(X, n_threads=n_threads) & KEY_LOCAL_MASK
+
+    def table_weights(self) -> np.ndarray:
+        """Weight of each table in the ranking score of :meth:`candidates` (all ones here;
+        the boosted search forest returns its learned tree weights)."""
+        check_is_fitted(self, "key_tag_")
+        return np.ones(self.n_tables, np.float64)
+
+    def candidates(
+        self, index, X, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates of every row of ``X`` in ``index`` (a :class:`TableIndex` built from
+        this bucketer's keys), ranked: CSR ``(lims, ids, scores)``.
+
+        The candidates of query ``q`` are the items sharing its key in at least one table,
+        ``ids[lims[q]:lims[q+1]]``, ordered by the score
+        ``T(q, x) = sum_l w_l 1(key_l(q) == key_l(x))`` descending, then id ascending, with
+        ``w = table_weights()`` (see :func:`weighted_candidates_csr`).
+        """
+        return weighted_candidates_csr(
+            index, self.keys(X, n_threads=n_threads), self.table_weights(), n_threads=n_threads
+        )
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -263,3 +290,152 @@ def tree_leaves(X: np.ndarray, arrays, *, n_threads: int | None = None) -> np.nd
 
     parallel_chunks(kernel, X.shape[0], n_threads, min_chunk=64)
     return out
+
+
+# ------------------------------------------------------------------ weighted candidates
+
+
+@numba.njit(cache=True, nogil=True)
+def _bucket_of(table_keys, lo, hi, key):
+    """Index of ``key`` in the sorted ``table_keys[lo:hi]``, or -1."""
+    a, b = lo, hi
+    while a < b:
+        mid = (a + b) >> 1
+        if table_keys[mid] < key:
+            a = mid + 1
+        else:
+            b = mid
+    if a < hi and table_keys[a] == key:
+        return a
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _gathered_volume(query_keys, table_keys, table_ptr, offsets, sizes):
+    for q in range(query_keys.shape[0]):
+        total = 0
+        for t in range(query_keys.shape[1]):
+            a = _bucket_of(table_keys, table_ptr[t], table_ptr[t + 1], query_keys[q, t])
+            if a >= 0:
+                total += offsets[a + 1] - offsets[a]
+        sizes[q] = total
+
+
+@numba.njit(cache=True, nogil=True)
+def _weighted_probe_range(
+    start,
+    stop,
+    query_keys,
+    table_keys,
+    table_ptr,
+    offsets,
+    postings,
+    weights,
+    bound,
+    out_pos,
+    out_score,
+    lengths,
+):
+    """Candidates of queries ``start..stop``: gather the postings of the query's keys table
+    by table, add ``weights[t]`` per table to each position's score (in table order), then
+    order by score descending, position ascending."""
+    n_tables = query_keys.shape[1]
+    for q in range(start, stop):
+        base = bound[q]
+        total = 0
+        for t in range(n_tables):
+            a = _bucket_of(table_keys, table_ptr[t], table_ptr[t + 1], query_keys[q, t])
+            if a >= 0:
+                for p in range(offsets[a], offsets[a + 1]):
+                    out_pos[base + total] = postings[p]
+                    out_score[base + total] = t  # the table, for now
+                    total += 1
+        if total == 0:
+            lengths[q] = 0
+            continue
+        pos = out_pos[base : base + total].copy()
+        tab = out_score[base : base + total].copy()
+        order = np.argsort(pos, kind="mergesort")  # stable: tables stay in order
+        n_unique = 0
+        i = 0
+        while i < total:
+            p0 = pos[order[i]]
+            score = 0.0
+            j = i
+            while j < total and pos[order[j]] == p0:
+                score += weights[np.int64(tab[order[j]])]
+                j += 1
+            out_pos[base + n_unique] = p0
+            out_score[base + n_unique] = score
+            n_unique += 1
+            i = j
+        # positions are ascending; a stable sort on -score keeps them so within a score
+        neg = -out_score[base : base + n_unique]
+        rank = np.argsort(neg, kind="mergesort")
+        pos_sorted = out_pos[base : base + n_unique][rank].copy()
+        score_sorted = out_score[base : base + n_unique][rank].copy()
+        out_pos[base : base + n_unique] = pos_sorted
+        out_score[base : base + n_unique] = score_sorted
+        lengths[q] = n_unique
+
+
+def weighted_candidates_csr(
+    index, query_keys, weights, *, n_threads: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidates of a :class:`~hashlearn.index.table.TableIndex` ranked by a weighted vote
+    of the tables: CSR ``(lims, ids int64, scores float64)``.
+
+    The candidate set is the paper's ``{x : T(q, x) > 0}``, the items sharing the query's
+    key in at least one table; each is scored by the ensemble selection function
+    ``T(q, x) = sum_l w_l 1(key_l(q) == key_l(x))`` (Li, Ning, Cao, Zhang, Gong & Huang,
+    "Learning to Search Efficiently in High Dimensions", NIPS 2011, eq. 8, with ``w_l`` the
+    tree weights ``c_m`` of eq. 15 for a boosted search forest) and ordered by score
+    descending, then id ascending. The weights are summed in table order. With unit weights
+    the score is the collision count of ``TableIndex.candidates_csr``.
+
+    ``weights`` must be positive and finite, one per table.
+    """
+    from hashlearn.index.table import TableIndex
+
+    if not isinstance(index, TableIndex):
+        raise TypeError(f"index must be a TableIndex. Got {type(index).__name__} instead.")
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.shape != (index.n_tables,):
+        raise ValueError(
+            f"weights must have shape ({index.n_tables},), one per table. Got {weights.shape}."
+        )
+    if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
+        raise ValueError("weights must be positive and finite.")
+    query_keys = index._check_keys(query_keys, "query_keys")
+    table_keys, table_ptr = index._table_keys, index._table_ptr
+    offsets, postings = index._offsets, index._postings
+    m = query_keys.shape[0]
+    sizes = np.zeros(m, np.int64)
+    _gathered_volume(query_keys, table_keys, table_ptr, offsets, sizes)
+    bound = np.zeros(m + 1, np.int64)
+    np.cumsum(sizes, out=bound[1:])
+    out_pos = np.empty(bound[-1], np.int64)
+    out_score = np.empty(bound[-1], np.float64)
+    lengths = np.zeros(m, np.int64)
+
+    def kernel(start: int, stop: int) -> None:
+        _weighted_probe_range(
+            start,
+            stop,
+            query_keys,
+            table_keys,
+            table_ptr,
+            offsets,
+            postings,
+            weights,
+            bound,
+            out_pos,
+            out_score,
+            lengths,
+        )
+
+    parallel_chunks(kernel, m, n_threads)
+    lims = np.zeros(m + 1, np.int64)
+    np.cumsum(lengths, out=lims[1:])
+    keep = np.repeat(bound[:-1], lengths) + (np.arange(lims[-1]) - np.repeat(lims[:-1], lengths))
+    return lims, index._ids[out_pos[keep]], out_score[keep]

@@ -44,6 +44,17 @@ Implementation choices (documented deviations, all within the paper's framework)
   chosen exactly, by scanning ``n_thresholds`` quantiles for the largest gain (eq. 17's
   "choose the split that maximises J_k(1) + J_k(2)").
 * Trees grow best-first (largest gain first) up to ``max_leaves`` leaves / ``max_depth``.
+* Split thresholds lie midway between consecutive distinct training scores, and one kernel
+  (:func:`hashlearn.forest.base.node_scores` / ``tree_leaves``) routes points at fit and at
+  query time, so a training point's leaf while boosting is its leaf in the index.
+
+**Query time** (§3.4). The candidates of a query ``q`` are ``X_q = {x : T(q, x) > 0}``, the
+items sharing ``q``'s leaf in at least one tree (a ``TableIndex`` over ``keys``). They are
+ranked by the learned ensemble selection function itself,
+``T(q, x) = sum_m c_m 1(leaf_m(q) == leaf_m(x))`` (eq. 8), i.e. by the summed weights
+``c_m`` (``tree_weights_``) of the trees in which ``x`` shares ``q``'s leaf, descending, ties
+by id: :meth:`BoostedSearchForest.candidates`. (``TableIndex.candidates_csr`` alone ranks by
+the unweighted collision count.)
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from hashlearn._validation import check_int, check_real
@@ -178,6 +190,13 @@ class BoostedSearchForest(BaseBucketer):
     ...                           random_state=0).fit(X)
     >>> bsf.keys(X[:3]).shape
     (3, 2)
+    >>> from hashlearn.index.table import TableIndex
+    >>> index = TableIndex(bsf.n_tables, bucketer=bsf)
+    >>> index.add(bsf.keys(X)).shape
+    (1797,)
+    >>> lims, ids, scores = bsf.candidates(index, X[:1])  # ranked by sum of c_m
+    >>> int(ids[0]), bool(scores[0] == bsf.tree_weights_.sum())
+    (0, True)
     """
 
     def __init__(
@@ -460,6 +479,12 @@ class BoostedSearchForest(BaseBucketer):
                 if gain > best[0]:
                     best = (gain, (None, p.astype(np.float64), theta))
         node.gain, node.split = best
+
+    def table_weights(self) -> np.ndarray:
+        """The tree weights ``c_m`` of eq. 15 (``tree_weights_``): :meth:`candidates` ranks
+        by ``T(q, x) = sum_m c_m t_m(q, x)``, the boosted selection function of eq. 8."""
+        check_is_fitted(self, "key_tag_")
+        return np.asarray(self.tree_weights_, np.float64)
 
     def _local_keys(self, X, n_threads=None) -> np.ndarray:
         return tree_leaves(X, self, n_threads=n_threads)
