@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
+LINTED := src tests bench contrib $(wildcard examples scripts)
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-slow test-all lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +23,23 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-dev
 	$(BIN)/hashlearn demo
 
-test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+# The fast suite: lint, format check, doctests and every test not marked slow (<= 4 minutes).
+test: lint
+	$(BIN)/python -m pytest -q -m "not slow" --doctest-modules src/hashlearn tests
+
+# The slow tests alone (long fits, 10^4-example fuzzing, full reproductions in quick mode).
+test-slow: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m slow tests
+
+# Everything: what CI runs.
+test-all: test test-slow
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 bench: $(VENV)/.installed-bench
 	for script in bench/[a-z]*.py; do $(BIN)/python $$script || exit 1; done
-
-lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests bench
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info demo-out .pytest_cache
