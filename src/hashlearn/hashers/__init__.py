@@ -11,6 +11,7 @@ from hashlearn.hashers.mlh import MinimalLossHashing, select_mlh_hyperparameters
 from hashlearn.hashers.pca import IterativeQuantization, PCAHashing
 from hashlearn.hashers.rank import RankHashing
 from hashlearn.hashers.rbm import RBMHashing
+from hashlearn.hashers.sign import SignHashing
 from hashlearn.hashers.sikh import ShiftInvariantKernelHashing
 from hashlearn.hashers.spectral import SpectralHashing
 
@@ -29,6 +30,7 @@ __all__ = [
     "RandomHyperplaneLSH",
     "RankHashing",
     "ShiftInvariantKernelHashing",
+    "SignHashing",
     "SpectralHashing",
     "available_hashers",
     "make_hasher",
