@@ -358,3 +358,168 @@ def test_candidate_index_with_bucketer_reranks_its_lists(split):
         Searcher(_KeysBucketer(), _ListIndex(subset))
     with pytest.raises(TypeError, match="registry name"):
         Searcher(_KeysBucketer(), "flat", rerank="euclidean")
+
+
+# ------------------------------------------------------------- sparse end to end (CSR)
+
+
+@pytest.mark.parametrize("rerank", ["sqeuclidean", "euclidean", "inner_product", "cosine"])
+def test_sparse_rerank_keeps_csr_and_equals_dense(split, rerank):
+    db, ids, queries = split
+    dense = make_searcher(db, ids, rerank=rerank, n_candidates=70)
+    s = Searcher(RandomHyperplaneLSH(n_bits=N_BITS, random_state=0), rerank=rerank)
+    s.n_candidates = 70
+    s.fit(db)
+    for part in np.array_split(np.arange(len(db)), 3):  # batches, CSR concatenated
+        s.add(sp.csr_matrix(db[part]), ids=ids[part])
+    assert sp.issparse(s._vectors) and s._vectors.format == "csr"  # no dense copy
+    sD, sI = s.search(sp.csr_matrix(queries), 6)
+    dD, dI = dense.search(queries, 6)
+    np.testing.assert_allclose(sD, dD, rtol=1e-6, atol=1e-6)
+    if rerank != "cosine":  # integer data: exact sums, so ids agree; cosine may tie-swap
+        np.testing.assert_array_equal(sI, dI)
+
+
+def test_sparse_rerank_with_unsorted_duplicate_entries(split):
+    db, ids, queries = split
+    X = sp.random(300, 40, density=0.2, random_state=0, format="coo") * 10
+    X = sp.csr_matrix(np.round(X.toarray()))
+    # the same matrix with duplicated, unsorted entries per row (summing to the same values)
+    data, indices, indptr = [], [], [0]
+    for r in range(X.shape[0]):
+        row = X.getrow(r)
+        half = np.floor(row.data / 2)
+        data += list((row.data - half)[::-1]) + list(half)
+        indices += list(row.indices[::-1]) + list(row.indices)
+        indptr.append(len(data))
+    dup = sp.csr_matrix((np.array(data), np.array(indices), np.array(indptr)), shape=X.shape)
+    assert not dup.has_canonical_format
+    a = Searcher(RandomHyperplaneLSH(N_BITS, random_state=0), rerank="sqeuclidean").fit(X.toarray())
+    a.add(dup)
+    b = Searcher(RandomHyperplaneLSH(N_BITS, random_state=0), rerank="sqeuclidean").fit(X.toarray())
+    b.add(X.toarray())
+    for got, want in zip(a.search(X[:20], 5), b.search(X[:20].toarray(), 5), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sparse_metric_rerank_equals_dense(split):
+    db, ids, queries = split
+    hasher = _EuclideanMetricLSH(n_bits=N_BITS, random_state=0)
+    s = Searcher(hasher, rerank="metric").fit(db).add(sp.csr_matrix(db), ids=ids)
+    assert sp.issparse(s._vectors)
+    plain = make_searcher(db, ids, rerank="euclidean")
+    for a, b in zip(s.search(sp.csr_matrix(queries), 5), plain.search(queries, 5), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_batched_kernel_equals_brute_force_on_random_floats():
+    """All pairs, exact metrics, float data: distances agree to rounding, every id is a
+    true candidate whose recomputed distance matches."""
+    rng = np.random.default_rng(3)
+    db = rng.standard_normal((400, 12))
+    q = rng.standard_normal((30, 12))
+    for name in ("sqeuclidean", "inner_product", "cosine"):
+        s = Searcher(RandomHyperplaneLSH(16, random_state=0), rerank=name, n_candidates=400)
+        s.fit(db).add(db)
+        D, I = s.search(q, 5)
+        full = {
+            "sqeuclidean": ((q[:, None] - db[None]) ** 2).sum(-1),
+            "inner_product": -(q @ db.T),
+            "cosine": 1
+            - (q @ db.T) / (np.linalg.norm(q, axis=1)[:, None] * np.linalg.norm(db, axis=1)[None]),
+        }[name]
+        np.testing.assert_allclose(D, np.sort(full, axis=1)[:, :5], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.take_along_axis(full, I, 1), D, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------- save / load
+
+
+def _assert_same_results(a, b, queries):
+    for x, y in zip(a.search(queries, 7), b.search(queries, 7), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("rerank", [None, "euclidean", "cosine"])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_save_load_round_trip(split, tmp_path, rerank, mmap):
+    db, ids, queries = split
+    s = make_searcher(db, ids, rerank=rerank, n_candidates=60)
+    s.save(tmp_path / "s")
+    loaded = Searcher.load(tmp_path / "s", mmap=mmap)
+    assert loaded.rerank == rerank and loaded.n_candidates == 60
+    assert type(loaded.hasher) is RandomHyperplaneLSH
+    _assert_same_results(s, loaded, queries)
+    if rerank is not None:
+        np.testing.assert_array_equal(loaded._vector_ids, s._vector_ids)
+        assert isinstance(loaded._vectors, np.memmap) == mmap
+    # no pickle anywhere: only JSON and .npy files, each .npy loads with allow_pickle=False
+    for f in (tmp_path / "s").rglob("*"):
+        if f.is_file():
+            assert f.suffix in (".json", ".npy"), f
+            if f.suffix == ".npy":
+                np.load(f, allow_pickle=False)
+    # the loaded searcher keeps working: add and remove
+    loaded.add(queries[:5], ids=np.arange(5) + 10**6)
+    assert loaded.search(queries[:5], 1)[1][:, 0].tolist() == list(range(10**6, 10**6 + 5))
+    loaded.remove(np.arange(5) + 10**6)
+    _assert_same_results(s, loaded, queries)
+
+
+def test_save_load_sparse_vectors_as_csr(split, tmp_path):
+    db, ids, queries = split
+    s = Searcher(RandomHyperplaneLSH(N_BITS, random_state=0), rerank="euclidean", n_candidates=50)
+    s.fit(db).add(sp.csr_matrix(db), ids=ids)
+    s.save(tmp_path / "s")
+    names = {f.name.split(".")[0] for f in (tmp_path / "s").glob("*.npy")}
+    assert {"vectors_data", "vectors_indices", "vectors_indptr", "vector_ids"} <= names
+    assert "vectors" not in names
+    loaded = Searcher.load(tmp_path / "s", mmap=True)
+    assert sp.issparse(loaded._vectors)
+    assert (loaded._vectors != s._vectors).nnz == 0
+    _assert_same_results(s, loaded, sp.csr_matrix(queries))
+
+
+def test_save_over_an_existing_save_replaces_it(split, tmp_path):
+    db, ids, queries = split
+    path = tmp_path / "s"
+    a = make_searcher(db[:300], ids[:300], rerank="euclidean")
+    a.save(path)
+    before = sorted(p.name for p in path.iterdir() if p.is_dir())
+    b = make_searcher(db, ids, rerank="sqeuclidean", n_candidates=40)
+    b.save(path)
+    after = sorted(p.name for p in path.iterdir() if p.is_dir())
+    assert len(after) == 2 and not set(after) & set(before)  # old components deleted
+    loaded = Searcher.load(path)
+    assert loaded.rerank == "sqeuclidean" and len(loaded.index) == len(db)
+    _assert_same_results(b, loaded, queries)
+
+
+def test_save_refusals_and_corrupt_saves(split, tmp_path):
+    db, ids, queries = split
+    s = make_searcher(db[:100], ids[:100], rerank=lambda q, c: np.zeros(c.shape[:2]))
+    with pytest.raises(TypeError, match="callable"):
+        s.save(tmp_path / "callable")
+    assert not (tmp_path / "callable").exists()
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "x.txt").write_text("user data")
+    with pytest.raises(FileExistsError):
+        make_searcher(db[:100], ids[:100]).save(tmp_path / "plain")
+    assert (tmp_path / "plain" / "x.txt").read_text() == "user data"
+    # a FlatIndex save is not a Searcher
+    index = FlatIndex(N_BITS)
+    index.add(np.zeros((2, 4), np.uint8))
+    index.save(tmp_path / "index")
+    with pytest.raises(TypeError, match="not a Searcher"):
+        Searcher.load(tmp_path / "index")
+    # a component directory name that leaves the save is refused
+    good = make_searcher(db[:100], ids[:100], rerank="euclidean")
+    good.save(tmp_path / "s")
+    meta_path = tmp_path / "s" / "meta.json"
+    import json
+
+    meta = json.loads(meta_path.read_text())
+    meta["state"]["hasher_dir"] = "../index"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="inconsistent"):
+        Searcher.load(tmp_path / "s")

@@ -7,17 +7,33 @@ The common pipeline of all five papers::
 
 Each stage stays usable alone; ``Searcher`` only saves the bookkeeping (keeping the original
 vectors by id for re-ranking, choosing how many candidates to re-rank).
+
+The built-in exact re-rankers (``"sqeuclidean"``, ``"euclidean"``, ``"inner_product"``,
+``"cosine"``) run as one batched numba kernel over all (query, candidate) pairs on the shared
+thread pool; for scipy.sparse input the vectors are kept as CSR and the kernel merges the
+sorted non-zeros of each pair (O(nnz(q) + nnz(x)) per pair), so no dense copy of the
+database is ever made. A ``Searcher`` saves to a directory (:meth:`Searcher.save`): the
+hasher and the index each in their own save format, the re-rank vectors as ``.npy`` arrays
+(CSR arrays for sparse vectors) that :meth:`Searcher.load` can memory-map. No pickle.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_array, check_is_fitted
 
+from hashlearn import io as _io
+from hashlearn._parallel import parallel_chunks
 from hashlearn._validation import check_int
 from hashlearn.hashers.base import BaseHasher
 from hashlearn.index.base import BinaryIndex, make_index
@@ -69,6 +85,100 @@ def _cosine(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     return 1.0 - np.nan_to_num(sim)
 
 
+# Built-in exact re-rankers as batched kernels: one call scores every (query, candidate) pair
+# of a block; rows of ``pos`` index the kept vectors, -1 marks padding (scored inf).
+_EXACT_KIND = {"sqeuclidean": 0, "euclidean": 1, "inner_product": 2, "cosine": 3}
+_BUILTIN = {
+    "sqeuclidean": _sqeuclidean,
+    "euclidean": _euclidean,
+    "inner_product": _negative_inner_product,
+    "cosine": _cosine,
+}
+
+
+@numba.njit(nogil=True, cache=True)
+def _finish(kind, sq, dot, qq, xx):  # pragma: no cover - compiled
+    if kind == 0:
+        return sq
+    if kind == 1:
+        return np.sqrt(sq)
+    if kind == 2:
+        return -dot
+    if qq == 0.0 or xx == 0.0:
+        return 1.0
+    return 1.0 - dot / (np.sqrt(qq) * np.sqrt(xx))
+
+
+@numba.njit(nogil=True, cache=True)
+def _rerank_dense_kernel(Q, V, pos, kind, out, start, stop):  # pragma: no cover - compiled
+    d = Q.shape[1]
+    for i in range(start, stop):
+        for j in range(pos.shape[1]):
+            p = pos[i, j]
+            if p < 0:
+                out[i, j] = np.inf
+                continue
+            sq = 0.0
+            dot = 0.0
+            qq = 0.0
+            xx = 0.0
+            if kind <= 1:
+                for t in range(d):
+                    diff = Q[i, t] - np.float64(V[p, t])
+                    sq += diff * diff
+            else:
+                for t in range(d):
+                    x = np.float64(V[p, t])
+                    dot += Q[i, t] * x
+                    if kind == 3:
+                        qq += Q[i, t] * Q[i, t]
+                        xx += x * x
+            out[i, j] = _finish(kind, sq, dot, qq, xx)
+
+
+@numba.njit(nogil=True, cache=True)
+def _rerank_csr_kernel(
+    q_data, q_ind, q_ptr, v_data, v_ind, v_ptr, pos, kind, out, start, stop
+):  # pragma: no cover - compiled
+    for i in range(start, stop):
+        q0 = q_ptr[i]
+        q1 = q_ptr[i + 1]
+        for j in range(pos.shape[1]):
+            p = pos[i, j]
+            if p < 0:
+                out[i, j] = np.inf
+                continue
+            a = q0
+            b = v_ptr[p]
+            b1 = v_ptr[p + 1]
+            sq = 0.0
+            dot = 0.0
+            qq = 0.0
+            xx = 0.0
+            while a < q1 or b < b1:  # merge of the two sorted index lists
+                if b >= b1 or (a < q1 and q_ind[a] < v_ind[b]):
+                    qa = q_data[a]
+                    sq += qa * qa
+                    qq += qa * qa
+                    a += 1
+                elif a >= q1 or v_ind[b] < q_ind[a]:
+                    xb = np.float64(v_data[b])
+                    sq += xb * xb
+                    xx += xb * xb
+                    b += 1
+                else:
+                    qa = q_data[a]
+                    xb = np.float64(v_data[b])
+                    diff = qa - xb
+                    sq += diff * diff
+                    dot += qa * xb
+                    qq += qa * qa
+                    xx += xb * xb
+                    a += 1
+                    b += 1
+            out[i, j] = _finish(kind, sq, dot, qq, xx)
+
+
 class Searcher:
     """Hasher + index (+ exact re-ranking) in one object.
 
@@ -101,6 +211,16 @@ class Searcher:
     >>> D, I = s.fit(X).add(X).search(X[:2], k=3)
     >>> I[:, 0].tolist()
     [0, 1]
+
+    Save it (a directory; no pickle) and load it back with the vectors memory-mapped:
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     s.save(os.path.join(tmp, "searcher"))
+    ...     loaded = Searcher.load(os.path.join(tmp, "searcher"), mmap=True)
+    ...     D2, I2 = loaded.search(X[:2], k=3)
+    >>> bool((I2 == I).all())
+    True
     """
 
     def __init__(
@@ -162,25 +282,34 @@ class Searcher:
         return self
 
     def add(self, X, ids=None) -> Searcher:
-        """Encode the rows of ``X`` and add them to the index (keeping them if re-ranking)."""
+        """Encode the rows of ``X`` and add them to the index (keeping them if re-ranking).
+
+        With re-ranking, dense input is kept as a dense array and scipy.sparse input as a CSR
+        matrix (the kind of the first batch is kept; later batches are converted to it).
+        """
         if isinstance(self.hasher, BaseEstimator):
             check_is_fitted(self.hasher)
+        vectors = self._as_vectors(X, "X") if self.rerank is not None else None
         new_ids = np.asarray(self.index.add(self._encode(X), ids))
-        if self.rerank is not None:
-            vectors = _dense(X)
-            all_ids = np.concatenate([self._vector_ids, new_ids])
-            all_vecs = (
-                vectors if self._vectors is None else np.concatenate([self._vectors, vectors])
-            )
+        if vectors is not None:
+            all_ids = np.concatenate([self._vector_ids, new_ids.astype(np.int64)])
+            if self._vectors is None:
+                all_vecs = vectors
+            elif sp.issparse(vectors):
+                all_vecs = sp.vstack([self._vectors, vectors], format="csr")
+            else:
+                all_vecs = np.concatenate([self._vectors, vectors])
             order = np.argsort(all_ids, kind="stable")
             self._vector_ids, self._vectors = all_ids[order], all_vecs[order]
+            if sp.issparse(self._vectors):
+                self._vectors = _canonical_csr(self._vectors)
         return self
 
     def remove(self, ids) -> int:
         """Remove ids from the index (and the kept vectors); returns the number removed."""
         removed = self.index.remove(ids)
         if self._vectors is not None:
-            keep = ~np.isin(self._vector_ids, ids)
+            keep = np.flatnonzero(~np.isin(self._vector_ids, ids))
             self._vector_ids, self._vectors = self._vector_ids[keep], self._vectors[keep]
         return removed
 
@@ -189,6 +318,7 @@ class Searcher:
 
         Without re-ranking ``D`` holds int32 Hamming distances; with it, float32 distances
         of the re-ranking metric. Padded with ``-1`` ids (and ``-1`` / ``inf`` distances).
+        ``n_threads=None`` uses :func:`hashlearn.get_num_threads`.
         """
         k = check_int(k, "k", "Searcher.search")
         codes = self._encode(X)
@@ -199,7 +329,141 @@ class Searcher:
         else:
             n_cand = max(k, self.n_candidates or max(10 * k, 100))
             _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
-        return self._rerank(_dense(X), self._vector_positions(cand), cand, k)
+        return self._rerank(X, self._vector_positions(cand), cand, k, n_threads)
+
+    # -------------------------------------------------------------------------- persistence
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save to the directory ``path``, atomically and without pickle.
+
+        Layout: ``meta.json`` and the re-rank vectors as ``.npy`` arrays (``vector_ids``,
+        and ``vectors`` or the CSR arrays ``vectors_data`` / ``vectors_indices`` /
+        ``vectors_indptr``) written by :func:`hashlearn.io.write_dir`, plus the hasher and
+        the index each saved by :func:`hashlearn.io.save` into a sub-directory named in
+        ``meta.json``. Over an existing save the new sub-directories are written first, then
+        ``meta.json`` is replaced atomically, then the old ones are deleted: a crash at any
+        point leaves the old or the new searcher loadable. A callable ``rerank`` cannot be
+        saved (``TypeError``); a registered name is saved by name.
+        """
+        if self.rerank is not None and not isinstance(self.rerank, str):
+            raise TypeError(
+                "cannot save a Searcher whose rerank is a callable; register it with "
+                "hashlearn.search.register_reranker(name) and pass rerank=name instead."
+            )
+        path = Path(path)
+        token = secrets.token_hex(8)
+        hasher_dir, index_dir = f"hasher-{token}", f"index-{token}"
+        params = {"rerank": self.rerank, "n_candidates": self.n_candidates}
+        state: dict = {"hasher_dir": hasher_dir, "index_dir": index_dir, "vectors": "none"}
+        arrays: dict[str, np.ndarray] = {"vector_ids": np.asarray(self._vector_ids, np.int64)}
+        if sp.issparse(self._vectors):
+            csr = _canonical_csr(self._vectors)
+            state["vectors"] = "csr"
+            state["n_features"] = int(csr.shape[1])
+            arrays["vectors_data"] = csr.data
+            arrays["vectors_indices"] = csr.indices.astype(np.int64, copy=False)
+            arrays["vectors_indptr"] = csr.indptr.astype(np.int64, copy=False)
+        elif self._vectors is not None:
+            state["vectors"] = "dense"
+            arrays["vectors"] = np.ascontiguousarray(self._vectors)
+        if path.exists():
+            if not (path / "meta.json").is_file():
+                raise FileExistsError(
+                    f"{path} exists and is not a hashlearn save (no meta.json); refusing to "
+                    "overwrite it."
+                )
+            _io.save(self.hasher, path / hasher_dir)
+            _io.save(self.index, path / index_dir)
+            _io.write_dir(path, "Searcher", params, state, arrays)  # the atomic switch
+            for child in path.iterdir():
+                stale = _COMPONENT.fullmatch(child.name) and child.name not in state.values()
+                if stale or _COMPONENT_TMP.fullmatch(child.name):
+                    shutil.rmtree(child, ignore_errors=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{token}"
+        try:
+            _io.write_dir(tmp, "Searcher", params, state, arrays)
+            _io.save(self.hasher, tmp / hasher_dir)
+            _io.save(self.index, tmp / index_dir)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) -> Searcher:
+        """Load what :meth:`save` wrote. ``mmap=True`` memory-maps the re-rank vectors (and
+        the component arrays) read-only; ``verify`` checks every array's sha256. A save
+        replaced by another process while loading is read again (up to 5 times)."""
+        path = Path(path)
+        for attempt in range(5):
+            meta, arrays = _io.read_dir(path, mmap=mmap, verify=verify)
+            if meta["class"] != "Searcher":
+                raise TypeError(f"{path} holds a {meta['class']}, not a Searcher.")
+            try:
+                hasher_dir, index_dir = (
+                    _io.require_state(meta["state"], name, str)
+                    for name in ("hasher_dir", "index_dir")
+                )
+                for name in (hasher_dir, index_dir):
+                    if not _COMPONENT.fullmatch(name):
+                        raise ValueError(f"invalid component directory name {name!r}")
+            except ValueError as exc:
+                raise ValueError(f"{path}: the saved Searcher is inconsistent: {exc}") from None
+            try:
+                hasher = _io.load(path / hasher_dir, mmap=mmap, verify=verify)
+                index = _io.load(path / index_dir, mmap=mmap, verify=verify)
+                break
+            except FileNotFoundError:
+                if attempt == 4 or _io.read_dir(path, mmap=True, verify=False)[0] == meta:
+                    raise
+        try:
+            return cls._from_parts(meta["params"], meta["state"], arrays, hasher, index)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: the saved Searcher is inconsistent: {exc}") from None
+
+    @classmethod
+    def _from_parts(cls, params, state, arrays, hasher, index) -> Searcher:
+        rerank = params.get("rerank")
+        if rerank is not None and not isinstance(rerank, str):
+            raise ValueError(f"params entry 'rerank' must be a name or null, got {rerank!r}")
+        n_candidates = params.get("n_candidates")
+        obj = cls(hasher, index, rerank=rerank, n_candidates=n_candidates)
+        ids = _io.require_array(arrays, "vector_ids", np.int64, 1)
+        if ids.size and np.any(ids[1:] <= ids[:-1]):
+            raise ValueError("array 'vector_ids' must be strictly increasing")
+        kind = _io.require_state(state, "vectors", str)
+        n = len(ids)
+        if kind == "dense":
+            vectors = _io.require_array(arrays, "vectors", arrays["vectors"].dtype, 2, (n, None))
+            if vectors.dtype not in (np.float32, np.float64):
+                raise ValueError(f"array 'vectors' has dtype {vectors.dtype}, expected a float")
+        elif kind == "csr":
+            d = _io.require_state(state, "n_features", int, low=0)
+            data = arrays.get("vectors_data")
+            if data is None or data.dtype not in (np.float32, np.float64):
+                raise ValueError("array 'vectors_data' is missing or not float32/float64")
+            data = _io.require_array(arrays, "vectors_data", data.dtype, 1)
+            indptr = _io.require_array(arrays, "vectors_indptr", np.int64, 1, (n + 1,))
+            indices = _io.require_array(
+                arrays, "vectors_indices", np.int64, 1, (len(data),), low=0, high=max(d, 1)
+            )
+            if indptr[0] != 0 or indptr[-1] != len(data) or np.any(np.diff(indptr) < 0):
+                raise ValueError("array 'vectors_indptr' is not a valid CSR row pointer")
+            vectors = sp.csr_matrix((data, indices, indptr), shape=(n, d), copy=False)
+            if not vectors.has_canonical_format:
+                raise ValueError("the CSR vectors are not in canonical (sorted) form")
+        elif kind == "none":
+            if n:
+                raise ValueError(f"{n} vector ids saved without vectors")
+            vectors = None
+        else:
+            raise ValueError(f"state entry 'vectors' must be dense, csr or none, got {kind!r}")
+        if rerank is None and vectors is not None:
+            raise ValueError("vectors saved for a Searcher without re-ranking")
+        obj._vector_ids, obj._vectors = ids, vectors
+        return obj
 
     def neighbors(
         self,
@@ -283,35 +547,110 @@ class Searcher:
             )
         return np.where(found, pos, -1)
 
+    def _as_vectors(self, X, name: str):
+        """``X`` as kept re-rank vectors: CSR (canonical) when the store is sparse -- or is
+        empty and ``X`` is sparse --, else a dense float array."""
+        sparse = sp.issparse(self._vectors) or (self._vectors is None and sp.issparse(X))
+        if sparse:
+            X = check_array(
+                X, accept_sparse="csr", dtype=(np.float64, np.float32), ensure_min_samples=0
+            )
+            return _canonical_csr(sp.csr_matrix(X))
+        return _dense(X)
+
+    def _exact_kind(self) -> int | None:
+        name = self.rerank
+        if isinstance(name, str) and name in _BUILTIN and _RERANKERS.get(name) is _BUILTIN[name]:
+            return _EXACT_KIND[name]
+        return None
+
     def _rerank(
-        self, queries: np.ndarray, cand_pos: np.ndarray, cand: np.ndarray, k: int
+        self, X, cand_pos: np.ndarray, cand: np.ndarray, k: int, n_threads: int | None
     ) -> tuple[np.ndarray, np.ndarray]:
+        m = cand.shape[0]
+        out_d = np.full((m, k), np.inf, np.float32)
+        out_i = np.full((m, k), -1, np.int64)
+        if not len(self._vector_ids):  # empty database: every candidate is padding
+            return out_d, out_i
+        V = self._vectors
+        sparse = sp.issparse(V)
+        kind = self._exact_kind()
+        if kind is not None:  # batched kernel over every (query, candidate) pair
+            dist = np.empty(cand.shape, np.float64)
+            pos = np.ascontiguousarray(cand_pos, np.int64)
+            if sparse:
+                Q = _canonical_csr(
+                    sp.csr_matrix(check_array(X, accept_sparse="csr", dtype=np.float64))
+                )
+                args = (
+                    Q.data,
+                    Q.indices.astype(np.int64),
+                    Q.indptr.astype(np.int64),
+                    np.asarray(V.data),
+                    np.asarray(V.indices, np.int64),
+                    np.asarray(V.indptr, np.int64),
+                )
+                if Q.shape[1] != V.shape[1]:
+                    raise ValueError(
+                        f"X has {Q.shape[1]} features but the database vectors have {V.shape[1]}."
+                    )
+
+                def run(start, stop):
+                    _rerank_csr_kernel(*args, pos, kind, dist, start, stop)
+            else:
+                Q = np.ascontiguousarray(_dense(X), np.float64)
+                Vd = V.view(np.ndarray) if isinstance(V, np.memmap) else V
+
+                def run(start, stop):
+                    _rerank_dense_kernel(Q, Vd, pos, kind, dist, start, stop)
+
+            parallel_chunks(run, m, n_threads, min_chunk=1)
+            block = max(1, 2**22 // max(1, cand.shape[1]))
+            for start in range(0, m, block):
+                stop = min(m, start + block)
+                _top_k(dist[start:stop], cand[start:stop], k, out_d[start:stop], out_i[start:stop])
+            return out_d, out_i
         if self.rerank == "metric":
             fn = self.hasher.metric_distances
         else:
             fn = _RERANKERS[self.rerank] if isinstance(self.rerank, str) else self.rerank
-        m = len(queries)
-        out_d = np.full((m, k), np.inf, np.float32)
-        out_i = np.full((m, k), -1, np.int64)
-        block = max(1, 2**22 // max(1, cand.shape[1] * queries.shape[1]))
+        queries = _dense(X)
+        d = queries.shape[1]
+        block = max(1, 2**22 // max(1, cand.shape[1] * d))
         for start in range(0, m, block):
             stop = min(m, start + block)
             ids, pos = cand[start:stop], cand_pos[start:stop]
-            if not len(self._vector_ids):  # empty database: every candidate is padding
-                break
-            dist = np.asarray(
-                fn(queries[start:stop], self._vectors[np.maximum(pos, 0)]), dtype=np.float64
-            )
+            rows = np.maximum(pos, 0)
+            # sparse vectors: only this block's candidate rows are densified
+            vecs = V[rows.ravel()].toarray().reshape(*rows.shape, -1) if sparse else V[rows]
+            dist = np.asarray(fn(queries[start:stop], vecs), dtype=np.float64)
             if dist.shape != ids.shape:
                 raise ValueError(f"rerank returned shape {dist.shape}; expected {ids.shape}.")
-            dist = np.where(ids >= 0, dist, np.inf)
-            sentinel = np.where(ids >= 0, ids, np.iinfo(np.int64).max)
-            order = np.lexsort((sentinel, dist), axis=-1)[:, :k]
-            rows = np.arange(stop - start)[:, None]
-            width = order.shape[1]
-            out_d[start:stop, :width] = dist[rows, order]
-            out_i[start:stop, :width] = ids[rows, order]
+            _top_k(np.where(ids >= 0, dist, np.inf), ids, k, out_d[start:stop], out_i[start:stop])
         return out_d, out_i
+
+
+_COMPONENT = re.compile(r"(hasher|index)-[0-9a-f]{16}")
+_COMPONENT_TMP = re.compile(r"\.(hasher|index)-[0-9a-f]{16}\.tmp-.*")
+
+
+def _top_k(dist: np.ndarray, ids: np.ndarray, k: int, out_d: np.ndarray, out_i: np.ndarray):
+    """The ``k`` smallest of each row by (distance, id), padding (id -1) last."""
+    dist = np.where(ids >= 0, dist, np.inf)
+    sentinel = np.where(ids >= 0, ids, np.iinfo(np.int64).max)
+    order = np.lexsort((sentinel, dist), axis=-1)[:, :k]
+    rows = np.arange(len(ids))[:, None]
+    width = order.shape[1]
+    out_d[:, :width] = dist[rows, order]
+    out_i[:, :width] = ids[rows, order]
+
+
+def _canonical_csr(X: sp.csr_matrix) -> sp.csr_matrix:
+    """``X`` with sorted, unique column indices per row (a copy when it had to change)."""
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
+    return X
 
 
 def _is_bucketer(obj) -> bool:
