@@ -1,19 +1,24 @@
-"""Charikar's sorted-permutation search in Hamming space (Charikar 2002, Sec. 3; used by
-Jain, Kulis & Grauman, Sec. 3.3; survey §2.4).
+"""Charikar's sorted-permutation search in Hamming space (Charikar, "Similarity Estimation
+Techniques from Rounding Algorithms", STOC 2002, Sec. 3; as used by Jain, Kulis & Grauman,
+"Fast Image Search for Learned Metrics", CVPR 2008, Sec. 3.3; survey §2.4).
 
 ``M = ceil(n^{1/(1+eps)})`` random permutations of the bit positions are drawn; for each, the
 database codes with their bits permuted are sorted lexicographically. A query's code,
-permuted the same way, is located in every sorted order by binary search, and the
-``window`` entries just above and just below that position are taken as candidates (codes
-that agree with the query on a long permuted prefix are likely near in Hamming distance).
-The union of the ``<= 2 * window * M`` candidates is ranked by exact Hamming distance. With
-``window=1`` that is the paper's "2M nearest examples found this way".
+permuted the same way, is located in every sorted order by binary search. Then (the paper's
+scan, ``scan="charikar"``, the default) two pointers per order start at that position, one
+moving up and one moving down, and ``n_examined`` times the pointer -- over all ``2M`` of
+them -- whose next entry shares the longest prefix with the permuted query examines that
+entry and moves on. Charikar examines ``2N = 2M`` entries this way (Jain et al.'s "2M
+nearest examples"); that is the default budget here with ``window=1``. The variant
+``scan="window"`` takes instead a fixed ``window`` entries on each side in every order,
+``2 * window * M`` entries. Either way the distinct items examined are the candidates,
+ranked by exact Hamming distance.
 
 ``candidates(q)`` returns each query's candidate ids (nearest Hamming first, ties by id);
-``search(q, k)`` their top k; ``last_n_candidates_`` holds how many items each query of the
-last call examined, so ``last_n_candidates_ / len(index)`` is the fraction of the database
-searched. Sorted orders are rebuilt lazily after ``add`` / ``remove`` (and after ``load``:
-they are derived from the codes and ``random_state``, so they are not saved).
+``candidates(q, return_counts=True)`` also the number of distinct items each query examined,
+so ``counts / len(index)`` is the fraction of the database searched; ``search(q, k)`` their
+top k. Sorted orders are rebuilt lazily after ``add`` / ``remove`` (and after ``load``: they
+are derived from the codes and ``random_state``, so they are not saved).
 """
 
 from __future__ import annotations
@@ -54,11 +59,53 @@ def _popcount(x):
 
 
 @numba.njit(cache=True, nogil=True)
+def _lcp(keys, o, row, q, n_bits):
+    """Length of the longest common prefix of ``keys[o, row]`` and ``q`` (in bits)."""
+    for w in range(q.shape[0]):
+        x = keys[o, row, w] ^ q[w]
+        if x != 0:
+            n = 0
+            while (x >> np.uint64(63 - n)) & np.uint64(1) == 0:
+                n += 1
+            return min(w * 64 + n, n_bits)
+    return n_bits
+
+
+@numba.njit(cache=True, nogil=True)
+def _position(keys, o, q, n):
+    """First entry of sorted order ``o`` not below ``q`` (binary search)."""
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _less(keys, o, mid, q):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True, nogil=True)
+def _visit(r, qi, stamp, db_words, query_words, out_rows, out_dist, c):
+    """Record row ``r`` as a candidate of query ``qi`` unless already seen; new count."""
+    if stamp[r] == qi:
+        return c
+    stamp[r] = qi
+    dist = 0
+    for v in range(db_words.shape[1]):
+        dist += _popcount(db_words[r, v] ^ query_words[qi, v])
+    out_rows[qi, c] = r
+    out_dist[qi, c] = dist
+    return c + 1
+
+
+@numba.njit(cache=True, nogil=True)
 def permutation_candidates(
     keys, rows, query_keys, db_words, query_words, window, out_rows, out_dist, counts
 ):
-    """For each query: binary-search every sorted order, take ``window`` entries on each
-    side, de-duplicate, and record the candidate rows with their Hamming distances.
+    """The fixed-window scan: for each query, binary-search every sorted order, take
+    ``window`` entries on each side, de-duplicate, and record the candidate rows with their
+    Hamming distances.
 
     keys (M, n, W) uint64 sorted per order; rows (M, n) database row of each entry;
     query_keys (m, M, W); db_words (n, V) / query_words (m, V) codes as 64-bit words.
@@ -70,27 +117,54 @@ def permutation_candidates(
     for qi in range(m):
         c = 0
         for o in range(n_orders):
+            lo = _position(keys, o, query_keys[qi, o], n)
+            for pos in range(max(0, lo - window), min(n, lo + window)):
+                c = _visit(rows[o, pos], qi, stamp, db_words, query_words, out_rows, out_dist, c)
+        counts[qi] = c
+
+
+@numba.njit(cache=True, nogil=True)
+def charikar_candidates(
+    keys, rows, query_keys, db_words, query_words, n_examined, n_bits, out_rows, out_dist, counts
+):
+    """Charikar's scan (Charikar 2002, Sec. 3): two pointers per sorted order start at the
+    query's position (one moving up, one down); ``n_examined`` times, the pointer whose next
+    entry shares the longest prefix with the (permuted) query, over all orders, examines
+    that entry and moves on. Ties: lower order first, then the downward pointer (entries at
+    or after the query's position) before the upward one. Arrays as in
+    :func:`permutation_candidates`."""
+    n_orders, n = rows.shape
+    m = query_keys.shape[0]
+    stamp = np.full(n, -1, np.int64)
+    ptr = np.empty(2 * n_orders, np.int64)  # [2o]: down (next = ptr), [2o+1]: up (next = ptr)
+    lcp = np.empty(2 * n_orders, np.int64)  # prefix of the next entry, -1 when exhausted
+    for qi in range(m):
+        for o in range(n_orders):
             q = query_keys[qi, o]
-            lo = 0
-            hi = n
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if _less(keys, o, mid, q):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            start = max(0, lo - window)
-            stop = min(n, lo + window)
-            for pos in range(start, stop):
-                r = rows[o, pos]
-                if stamp[r] != qi:
-                    stamp[r] = qi
-                    dist = 0
-                    for v in range(db_words.shape[1]):
-                        dist += _popcount(db_words[r, v] ^ query_words[qi, v])
-                    out_rows[qi, c] = r
-                    out_dist[qi, c] = dist
-                    c += 1
+            lo = _position(keys, o, q, n)
+            ptr[2 * o] = lo
+            ptr[2 * o + 1] = lo - 1
+            lcp[2 * o] = _lcp(keys, o, lo, q, n_bits) if lo < n else -1
+            lcp[2 * o + 1] = _lcp(keys, o, lo - 1, q, n_bits) if lo > 0 else -1
+        c = 0
+        for _step in range(n_examined):
+            best = 0
+            for j in range(1, 2 * n_orders):
+                if lcp[j] > lcp[best]:
+                    best = j
+            if lcp[best] < 0:
+                break  # every order fully examined
+            o = best // 2
+            pos = ptr[best]
+            c = _visit(rows[o, pos], qi, stamp, db_words, query_words, out_rows, out_dist, c)
+            if best % 2 == 0:
+                pos += 1
+                valid = pos < n
+            else:
+                pos -= 1
+                valid = pos >= 0
+            ptr[best] = pos
+            lcp[best] = _lcp(keys, o, pos, query_keys[qi, o], n_bits) if valid else -1
         counts[qi] = c
 
 
@@ -118,16 +192,42 @@ class PermutationIndex(BinaryIndex):
         Code length.
     epsilon : float, default=1.5
         Approximation parameter: ``M = ceil(n^{1/(1+epsilon)})`` permutations for ``n``
-        codes (the paper uses 1.5). Ignored when ``n_permutations`` is given.
+        codes (Jain et al. use 1.5). Ignored when ``n_permutations`` is given.
     n_permutations : int, optional
         Fixed number of permutations ``M``.
+    scan : {"charikar", "window"}, default="charikar"
+        ``"charikar"``: the paper's scan, ``n_examined`` entries in all, each step taking
+        the entry (above or below the query's position, in any order) with the longest
+        prefix in common with the query. ``"window"``: ``window`` entries on each side of
+        the query's position in every order (``2 * window * M`` entries examined).
+    n_examined : int, optional
+        Budget of the Charikar scan: entries examined per query over all orders (an item
+        met in several orders counts each time). Default ``2 * window * M``: with
+        ``window=1`` the paper's ``2M``, and in general the budget of the window scan with
+        the same ``window``. Only with ``scan="charikar"``.
     window : int, default=1
-        Entries taken above and below the query's position in every sorted order.
+        Entries taken above and below the query's position in every order by the window
+        scan, and the default budget of the Charikar scan (see ``n_examined``).
     random_state : int, default=0
         Seed of the permutations (an int, so the index can be saved and rebuilt).
 
     Radius means Hamming distance ``<= radius`` (``range_search`` is approximate: it
     filters the candidates).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.codes import pack_bits
+    >>> from hashlearn.index.permutation import PermutationIndex
+    >>> bits = np.random.RandomState(0).rand(200, 32) < 0.5
+    >>> index = PermutationIndex(32, random_state=0)
+    >>> index.add(pack_bits(bits)).shape
+    (200,)
+    >>> index.n_orders, index.budget  # M = ceil(200^(1/2.5)), 2M entries examined
+    (9, 18)
+    >>> cands, counts = index.candidates(pack_bits(bits[:2]), return_counts=True)
+    >>> int(cands[0][0]), bool(counts[0] <= index.budget)
+    (0, True)
     """
 
     def __init__(
@@ -135,6 +235,8 @@ class PermutationIndex(BinaryIndex):
         n_bits: int,
         epsilon: float = 1.5,
         n_permutations: int | None = None,
+        scan: str = "charikar",
+        n_examined: int | None = None,
         window: int = 1,
         random_state: int = 0,
     ):
@@ -144,13 +246,24 @@ class PermutationIndex(BinaryIndex):
         self.n_permutations = (
             None if n_permutations is None else check_int(n_permutations, "n_permutations", owner)
         )
+        if scan not in ("charikar", "window"):
+            raise ValueError(
+                f"The 'scan' parameter of {owner} must be 'charikar' or 'window'. "
+                f"Got {scan!r} instead."
+            )
+        self.scan = scan
+        if n_examined is not None and scan != "charikar":
+            raise ValueError(
+                f"n_examined is the budget of scan='charikar'; scan='window' examines "
+                f"2 * window entries per order. Got n_examined={n_examined!r}."
+            )
+        self.n_examined = None if n_examined is None else check_int(n_examined, "n_examined", owner)
         self.window = check_int(window, "window", owner)
         self.random_state = check_int(random_state, "random_state", owner, low=0)
         self._codes = np.zeros((0, self.code_size), np.uint8)
         self._ids = np.zeros(0, np.int64)
         self._next_id = 0
         self._built: tuple | None = None
-        self.last_n_candidates_ = np.zeros(0, np.int64)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -167,6 +280,15 @@ class PermutationIndex(BinaryIndex):
             return self.n_permutations
         n = max(len(self), 1)
         return max(1, math.ceil(n ** (1.0 / (1.0 + self.epsilon)) - 1e-9))
+
+    @property
+    def budget(self) -> int:
+        """Entries examined per query over all orders: ``n_examined`` (Charikar scan,
+        default ``2 * window * M``) or ``2 * window * M`` (window scan); fewer when the
+        orders hold fewer entries."""
+        if self.scan == "charikar" and self.n_examined is not None:
+            return self.n_examined
+        return 2 * self.window * self.n_orders
 
     def permutations(self, n_orders: int | None = None) -> np.ndarray:
         """The bit permutations ``(M, n_bits)``; the first ones do not depend on ``M``."""
@@ -241,22 +363,36 @@ class PermutationIndex(BinaryIndex):
         query_keys = _words(q_bits[:, perms].reshape(m * len(perms), self.n_bits)).reshape(
             m, len(perms), n_words
         )
-        cap = min(len(self), 2 * self.window * len(perms))
+        cap = min(len(self), self.budget)
         out_rows = np.full((m, max(cap, 1)), -1, np.int64)
         out_dist = np.full((m, max(cap, 1)), self.n_bits + 1, np.int64)
         counts = np.zeros(m, np.int64)
         if m and len(self):
-            permutation_candidates(
-                keys,
-                rows,
-                query_keys,
-                db_words,
-                _words(q_bits),
-                self.window,
-                out_rows,
-                out_dist,
-                counts,
-            )
+            if self.scan == "charikar":
+                charikar_candidates(
+                    keys,
+                    rows,
+                    query_keys,
+                    db_words,
+                    _words(q_bits),
+                    self.budget,
+                    self.n_bits,
+                    out_rows,
+                    out_dist,
+                    counts,
+                )
+            else:
+                permutation_candidates(
+                    keys,
+                    rows,
+                    query_keys,
+                    db_words,
+                    _words(q_bits),
+                    self.window,
+                    out_rows,
+                    out_dist,
+                    counts,
+                )
         sentinel = np.iinfo(np.int64).max
         cand_ids = (
             np.where(out_rows >= 0, self._ids[np.maximum(out_rows, 0)], sentinel)
@@ -266,14 +402,19 @@ class PermutationIndex(BinaryIndex):
         order = np.lexsort((cand_ids, out_dist), axis=-1)
         take = np.arange(m)[:, None]
         cand_ids, out_dist = cand_ids[take, order], out_dist[take, order]
-        self.last_n_candidates_ = counts
         return cand_ids, out_dist, counts
 
-    def candidates(self, queries: np.ndarray) -> list[np.ndarray]:
-        """Each query's candidate ids (int64), nearest Hamming distance first, ties by id."""
+    def candidates(self, queries: np.ndarray, *, return_counts: bool = False):
+        """Each query's candidate ids (int64), nearest Hamming distance first, ties by id.
+
+        With ``return_counts=True`` returns ``(lists, counts)``: ``counts[i]`` (int64) is
+        the number of distinct items query ``i`` examined (the length of its list), so
+        ``counts / len(index)`` is the fraction of the database searched.
+        """
         queries = self._check_queries(queries)
         ids, _, counts = self._candidates(queries)
-        return [ids[i, : counts[i]].copy() for i in range(len(queries))]
+        lists = [ids[i, : counts[i]].copy() for i in range(len(queries))]
+        return (lists, counts) if return_counts else lists
 
     def search(
         self, queries: np.ndarray, k: int, *, n_threads: int | None = None
@@ -282,7 +423,7 @@ class PermutationIndex(BinaryIndex):
         with -1 where fewer than ``k`` candidates were found. ``n_threads`` is accepted for
         API compatibility (the scan over orders is single-threaded)."""
         queries = self._check_queries(queries)
-        k = self._check_k(k)
+        k = self._check_k(k, len(queries), len(self))
         m = len(queries)
         D = np.full((m, k), -1, np.int32)
         Ids = np.full((m, k), -1, np.int64)
@@ -310,6 +451,8 @@ class PermutationIndex(BinaryIndex):
             "n_bits": self.n_bits,
             "epsilon": self.epsilon,
             "n_permutations": self.n_permutations,
+            "scan": self.scan,
+            "n_examined": self.n_examined,
             "window": self.window,
             "random_state": self.random_state,
         }
@@ -317,6 +460,8 @@ class PermutationIndex(BinaryIndex):
 
     @classmethod
     def _from_state(cls, params, state, arrays):
+        params = dict(params)
+        params.setdefault("scan", "window")  # saved before the Charikar scan existed
         index = cls(**params)
         codes, ids = np.asarray(arrays["codes"]), np.asarray(arrays["ids"])
         if codes.ndim != 2 or codes.shape[1] != index.code_size or len(ids) != len(codes):
@@ -331,5 +476,5 @@ class PermutationIndex(BinaryIndex):
     def __repr__(self) -> str:
         return (
             f"PermutationIndex(n_bits={self.n_bits}, ntotal={len(self)}, "
-            f"n_orders={self.n_orders}, window={self.window})"
+            f"n_orders={self.n_orders}, scan={self.scan!r}, budget={self.budget})"
         )
