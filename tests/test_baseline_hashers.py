@@ -69,12 +69,26 @@ def test_layout_determinism_and_roundtrip(cls, kw, n_bits, data, tmp_path):
 
 
 @pytest.mark.parametrize("cls", [PCAHashing, IterativeQuantization])
-def test_more_bits_than_dimensions_is_an_error(cls, data):
-    X, _ = data
-    with pytest.raises(ValueError, match="n_bits <= min"):
-        cls(n_bits=13).fit(X)
-    with pytest.raises(ValueError, match="n_bits <= min"):
-        cls(n_bits=6).fit(X[:5])
+def test_more_bits_than_dimensions_is_clipped_with_a_warning(cls, data):
+    X, Y = data
+    d = X.shape[1]
+    with pytest.warns(UserWarning, match=r"n_bits \(13\) is greater than min\(n_samples"):
+        h = cls(n_bits=13, random_state=0).fit(X)
+    assert h.n_bits == 13 and h.n_bits_ == d
+    assert h.encode(Y).shape == (len(Y), math.ceil(d / 8))
+    # the clipped code is the code asked for at n_bits = d
+    np.testing.assert_array_equal(h.encode(Y), cls(n_bits=d, random_state=0).fit(X).encode(Y))
+    with pytest.warns(UserWarning, match="n_bits_=5"):
+        small = cls(n_bits=6).fit(X[:5])
+    assert small.n_bits_ == 5 and small.project(Y).shape == (len(Y), 5)
+
+
+def test_pca_hashing_takes_random_state():
+    from hashlearn.hashers import make_hasher
+
+    X = np.random.RandomState(0).randn(40, 8)
+    a = make_hasher("pca", n_bits=4, random_state=0).fit(X).encode(X)
+    np.testing.assert_array_equal(a, make_hasher("pca", n_bits=4, random_state=1).fit(X).encode(X))
 
 
 def test_pca_hashing_matches_sklearn_pca(data):

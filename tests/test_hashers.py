@@ -105,9 +105,12 @@ def test_sparse_input_gives_the_same_codes_as_dense(center, fmt):
 # ---------------------------------------------------------------------- collision probability
 
 
+@pytest.mark.parametrize("directions", ["orthogonal", "gaussian"])
 @pytest.mark.parametrize("theta", [np.pi / 8, np.pi / 4, np.pi / 2, 3 * np.pi / 4])
-def test_collision_probability_is_one_minus_angle_over_pi(theta):
-    """Charikar: P[h(u) = h(v)] = 1 - theta / pi for each random-hyperplane bit."""
+def test_collision_probability_is_one_minus_angle_over_pi(theta, directions):
+    """Charikar: P[h(u) = h(v)] = 1 - theta / pi for each random-hyperplane bit. Orthogonal
+    blocks keep each direction uniform on the sphere; within a block the bits are negatively
+    correlated, so the binomial tolerance is conservative for them."""
     n_bits, d = 4096, 16
     p = 1.0 - theta / np.pi
     tol = 4.5 * math.sqrt(p * (1 - p) / n_bits)
@@ -119,11 +122,53 @@ def test_collision_probability_is_one_minus_angle_over_pi(theta):
         v = math.cos(theta) * basis[:, 0] + math.sin(theta) * basis[:, 1]
         pairs.append((u, v))
     X = np.array([x for pair in pairs for x in pair])
-    h = RandomHyperplaneLSH(n_bits=n_bits, center=False, random_state=123).fit(X)
+    h = RandomHyperplaneLSH(
+        n_bits=n_bits, center=False, directions=directions, random_state=123
+    ).fit(X)
     bits = unpack_le(h.encode(X), n_bits)
     for i in range(len(pairs)):
         freq = np.mean(bits[2 * i] == bits[2 * i + 1])
         assert abs(freq - p) <= tol, (theta, freq, p, tol)
+
+
+@pytest.mark.parametrize("n_bits, d", [(5, 8), (8, 8), (20, 8), (33, 16), (3, 1)])
+def test_orthogonal_directions_are_orthonormal_per_block(n_bits, d):
+    X = np.random.RandomState(0).randn(30, d)
+    h = RandomHyperplaneLSH(n_bits=n_bits, random_state=4).fit(X)
+    R = h.components_
+    assert R.shape == (n_bits, d)
+    for start in range(0, n_bits, d):
+        block = R[start : start + d]
+        np.testing.assert_allclose(block @ block.T, np.eye(len(block)), atol=1e-12)
+    if n_bits > d > 1:  # different blocks are different rotations
+        assert not np.allclose(np.abs(R[:d] @ R[d : 2 * d].T), np.eye(min(d, n_bits - d)))
+    # same seed -> same directions and codes; another seed -> other directions
+    again = RandomHyperplaneLSH(n_bits=n_bits, random_state=4).fit(X)
+    np.testing.assert_array_equal(again.components_, R)
+    np.testing.assert_array_equal(again.encode(X), h.encode(X))
+    other = RandomHyperplaneLSH(n_bits=n_bits, random_state=5).fit(X)
+    assert not np.allclose(other.components_, R)
+
+
+def test_orthogonal_directions_are_uniform_on_the_sphere():
+    """Each orthogonal direction is marginally uniform: the first coordinate of r over many
+    seeds has mean 0 and variance 1/d (as for a normalised Gaussian)."""
+    d = 6
+    X = np.zeros((2, d))
+    first = np.array(
+        [RandomHyperplaneLSH(n_bits=3, random_state=s).fit(X).components_[:, 0] for s in range(400)]
+    ).ravel()
+    assert abs(first.mean()) < 4 * math.sqrt(1 / d / first.size)
+    assert abs(np.mean(first**2) - 1 / d) < 0.02
+
+
+def test_gaussian_directions_option(data):
+    X, _ = data
+    h = RandomHyperplaneLSH(n_bits=16, directions="gaussian", random_state=0).fit(X)
+    ref = np.random.RandomState(0).standard_normal((16, X.shape[1]))
+    np.testing.assert_array_equal(h.components_, ref)
+    with pytest.raises(ValueError, match="'directions' parameter"):
+        RandomHyperplaneLSH(n_bits=16, directions="haar").fit(X)
 
 
 def test_identical_and_opposite_vectors():
@@ -141,8 +186,9 @@ def test_identical_and_opposite_vectors():
 def test_estimator_conventions(data):
     X, Y = data
     h = RandomHyperplaneLSH(n_bits=0, center=False, random_state=7)  # invalid: not checked yet
-    assert vars(h) == {"n_bits": 0, "center": False, "random_state": 7}  # nothing computed
-    assert h.get_params() == {"n_bits": 0, "center": False, "random_state": 7}
+    params = {"n_bits": 0, "center": False, "directions": "orthogonal", "random_state": 7}
+    assert vars(h) == params  # nothing computed
+    assert h.get_params() == params
     assert h.set_params(n_bits=24) is h and h.n_bits == 24
     assert h.fit(X) is h
     assert isinstance(h, BaseHasher)

@@ -92,8 +92,11 @@ def test_callable_kernel_on_sets_and_histogram_kernels():
 
 def test_bad_input():
     X = _anisotropic(100)
-    with pytest.raises(ValueError, match="'p' parameter"):
-        KernelizedLSH(8, p=200).fit(X)
+    with pytest.warns(UserWarning, match=r"p \(200\) is greater than the total number"):
+        h = KernelizedLSH(8, p=200, t=30, random_state=0).fit(X)
+    assert (h.p_, h.t_) == (100, 15) and h.weights_.shape == (100, 8)
+    with pytest.raises(ValueError, match="n_samples=1"):
+        KernelizedLSH(8).fit(X[:1])
     with pytest.raises(ValueError, match="'t' parameter"):
         KernelizedLSH(8, p=50, t=60).fit(X)
     with pytest.raises(ValueError, match="'kernel' parameter"):

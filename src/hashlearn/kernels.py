@@ -18,10 +18,16 @@ Or a callable ``kernel(a, b) -> float`` on the user's own objects (evaluated pai
 so keep the sample small), or ``"precomputed"`` (the caller passes kernel matrices).
 Kernel matrices are checked: finite everywhere, and symmetric when a set is compared with
 itself (:func:`check_kernel_matrix`).
+
+:func:`log_message` is the progress log of the kernel and metric-learning estimators whose
+fits can take more than a few seconds (their ``verbose`` parameter): messages go to
+``logging.getLogger("hashlearn")``.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +45,27 @@ __all__ = [
     "check_kernel_matrix",
     "intersection_kernel",
     "default_gamma",
+    "log_message",
 ]
+
+LOGGER = logging.getLogger("hashlearn")
+
+
+def log_message(verbose: bool, message: str, *args: Any) -> None:
+    """Progress message of a long fit, to the ``"hashlearn"`` logger.
+
+    ``verbose=False``: logged at DEBUG level (shown only if the application asks for it).
+    ``verbose=True``: logged at INFO level; when that logger would not show INFO messages
+    (no handler configured, or a higher level), the message is written to stderr instead, so
+    ``verbose=True`` is always visible.
+    """
+    if not verbose:
+        LOGGER.debug(message, *args)
+    elif LOGGER.isEnabledFor(logging.INFO) and LOGGER.hasHandlers():
+        LOGGER.info(message, *args)
+    else:
+        print("[hashlearn] " + (message % args if args else message), file=sys.stderr)
+
 
 KERNELS = ("linear", "rbf", "chi2", "intersection", "precomputed")
 

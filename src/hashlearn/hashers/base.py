@@ -9,9 +9,17 @@ real-valued scores that are thresholded at 0, where the family has them. The sam
 
 Supervised families take labels, ``fit(X, y)``, or pairs, ``fit(X, pairs=P, similar=s)``
 (:mod:`hashlearn.supervision`); unsupervised ones ignore both.
+
+``fit`` sets ``n_bits_``, the code length actually produced. It equals ``n_bits`` except for
+families whose number of bits is bounded by the data (e.g. PCA-based codes have at most
+``min(n_samples, n_features)`` principal directions): those clip it with a ``UserWarning`` at
+fit time, as scikit-learn's own estimators do (e.g. ``QuantileTransformer.n_quantiles``), and
+their codes then have ``n_bits_`` bits.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import scipy.sparse as sp
@@ -68,7 +76,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
 
     def fit(self, X, y=None, *, pairs=None, similar=None):
         """Learn the hash functions from ``X`` (and ``y`` or ``pairs``/``similar``)."""
-        check_int(self.n_bits, "n_bits", type(self).__name__)
+        self.n_bits_ = check_int(self.n_bits, "n_bits", type(self).__name__)
         X = self._check_X(X, reset=True)
         if pairs is not None:
             if y is not None:
@@ -85,8 +93,8 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
                 )
         if self.supervised and y is None and pairs is None:
             raise ValueError(
-                f"{type(self).__name__} is supervised: call fit(X, y) with labels "
-                "or fit(X, pairs=P, similar=s)."
+                f"{type(self).__name__} requires y to be passed, but the target y is None: "
+                "it is supervised, call fit(X, y) with labels or fit(X, pairs=P, similar=s)."
             )
         self._fit(X, y, pairs, similar)
         return self
@@ -116,6 +124,21 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
 
     def _bits(self, X) -> np.ndarray:
         return self._project(X) >= 0
+
+    def _clip_n_bits(self, limit: int, what: str) -> int:
+        """Clip ``n_bits_`` to ``limit`` (the most bits the data supports, described by
+        ``what``) with a ``UserWarning``; returns the code length to use."""
+        n_bits = int(getattr(self, "n_bits_", self.n_bits))
+        if n_bits > limit:
+            warnings.warn(
+                f"n_bits ({n_bits}) is greater than {what} ({limit}) of the training data. "
+                f"{type(self).__name__} sets n_bits_={limit}: its codes have {limit} bits.",
+                UserWarning,
+                stacklevel=4,
+            )
+            n_bits = int(limit)
+        self.n_bits_ = n_bits
+        return n_bits
 
     def _check_X(self, X, *, reset: bool):
         if sp.issparse(X) and not self.accept_sparse:

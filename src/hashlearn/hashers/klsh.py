@@ -24,6 +24,8 @@ kernel centred on the sample. Two items collide on a bit with probability
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
@@ -32,7 +34,13 @@ from hashlearn._validation import check_int
 from hashlearn.codes import pack_bits
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
-from hashlearn.kernels import check_kernel, check_kernel_matrix, default_gamma, kernel_matrix
+from hashlearn.kernels import (
+    check_kernel,
+    check_kernel_matrix,
+    default_gamma,
+    kernel_matrix,
+    log_message,
+)
 
 __all__ = ["KernelizedLSH"]
 
@@ -53,7 +61,9 @@ class KernelizedLSH(BaseHasher):
         ``(n, n)`` kernel matrix of the training items and ``encode(K_q)`` the ``(m, n)``
         kernel values between queries and the training items.
     p : int, default=300
-        Number of sampled items defining the kernel sample (``p <= n``).
+        Number of sampled items defining the kernel sample. More than the training items is
+        clipped at fit time with a ``UserWarning`` (``p_ = n_samples``, and ``t`` scaled by
+        the same factor).
     t : int, default=30
         Items averaged per random vector (central limit theorem, eq. 26); ``t <= p``.
     gamma : float or None
@@ -62,10 +72,15 @@ class KernelizedLSH(BaseHasher):
         Eigenvalues of the centred sample kernel below ``eig_tol * max`` are dropped from
         :math:`K^{-1/2}` (a pseudo inverse square root; the centred K is rank deficient).
     random_state : int, RandomState or None
+    verbose : bool, default=False
+        Log the fit's steps (kernel matrix, eigendecomposition) at INFO level to the
+        ``"hashlearn"`` logger, and make sure they are shown.
 
     Attributes
     ----------
-    sample_ : ndarray (p, d)
+    p_, t_ : int
+        The sample size and items per random vector used (``p``, ``t`` unless clipped).
+    sample_ : ndarray (p_, d)
         The sampled items (vector kernels only).
     sample_indices_ : ndarray (p,)
         Their rows in the training data.
@@ -77,6 +92,17 @@ class KernelizedLSH(BaseHasher):
 
     A callable kernel cannot be saved (it is code); the other kernels round-trip through
     :mod:`hashlearn.io`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.hashers import KernelizedLSH
+    >>> X = np.random.RandomState(0).randn(40, 5)
+    >>> h = KernelizedLSH(n_bits=8, p=20, t=5, random_state=0).fit(X)
+    >>> h.encode(X[:3]).shape
+    (3, 1)
+    >>> h.weights_.shape
+    (20, 8)
     """
 
     def __init__(
@@ -88,6 +114,7 @@ class KernelizedLSH(BaseHasher):
         gamma: float | None = None,
         eig_tol: float = 1e-8,
         random_state=None,
+        verbose: bool = False,
     ):
         self.n_bits = n_bits
         self.kernel = kernel
@@ -96,6 +123,10 @@ class KernelizedLSH(BaseHasher):
         self.gamma = gamma
         self.eig_tol = eig_tol
         self.random_state = random_state
+        self.verbose = verbose
+
+    def _log(self, message: str) -> None:
+        log_message(self.verbose, "%s: %s", type(self).__name__, message)
 
     # ----------------------------------------------------------------------- validation
 
@@ -134,12 +165,27 @@ class KernelizedLSH(BaseHasher):
         check_kernel(self.kernel, owner)
         n = len(X) if isinstance(X, list) else X.shape[0]
         p = check_int(self.p, "p", owner, low=2)
-        if p > n:
+        t = check_int(self.t, "t", owner)
+        if n < 2:
             raise ValueError(
-                f"The 'p' parameter of {owner} must be <= the number of training "
-                f"items ({n}). Got {p} instead."
+                f"{owner} needs at least 2 training items to sample a kernel; got n_samples={n}."
             )
-        t = check_int(self.t, "t", owner, high=p)
+        if t > p:
+            raise ValueError(
+                f"The 't' parameter of {owner} must be <= p ({p}), the items averaged per "
+                f"random vector come from the p sampled items. Got {t} instead."
+            )
+        if p > n:
+            warnings.warn(
+                f"p ({p}) is greater than the total number of training items ({n}). "
+                f"{owner} sets p_={n}.",
+                UserWarning,
+                stacklevel=3,
+            )
+            t = max(1, round(t * n / p))
+            p = n
+        self.p_, self.t_ = int(p), int(t)
+        self._log(f"fitting: p={p} sampled items, t={t}, kernel={self.kernel!r}")
         if self.gamma is not None and not (
             isinstance(self.gamma, (int, float)) and np.isfinite(self.gamma) and self.gamma > 0
         ):
@@ -170,6 +216,7 @@ class KernelizedLSH(BaseHasher):
         self.kernel_mean_ = float(K.mean())
         Kc = K - self.kernel_col_mean_[None, :] - self.kernel_col_mean_[:, None] + self.kernel_mean_
         Kc = 0.5 * (Kc + Kc.T)
+        self._log(f"eigendecomposition of the {p} x {p} centred sample kernel")
         theta, U = np.linalg.eigh(Kc)
         if theta.max() <= 0:
             raise ValueError(

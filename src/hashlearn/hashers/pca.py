@@ -13,8 +13,9 @@ orthogonal rotation :math:`R` minimising the quantization loss
 :math:`R = \\hat U U^T` from the SVD :math:`B^T V = U S \\hat U^T`. Bits are
 :math:`[R^T V^T (x - \\mu) \\ge 0]`.
 
-Both need ``n_bits <= min(n_samples, n_features)`` (a code cannot have more principal
-directions than the data has); larger ``n_bits`` raise a ``ValueError``.
+Both have at most ``min(n_samples, n_features)`` bits (a code cannot have more principal
+directions than the data has): a larger ``n_bits`` is clipped at fit time with a
+``UserWarning`` and ``n_bits_`` gives the code length produced.
 """
 
 from __future__ import annotations
@@ -68,22 +69,41 @@ class PCAHashing(BaseHasher):
 
     Parameters
     ----------
-    n_bits : int
-        Code length; at most ``min(n_samples, n_features)`` of the training data.
+    n_bits : int, default=32
+        Code length; clipped (with a warning) to ``min(n_samples, n_features)`` of the
+        training data.
+    random_state : None
+        Unused (PCA hashing is deterministic: the sign of each direction is fixed); accepted
+        so that every baseline takes it, e.g. ``make_hasher("pca", random_state=0)``.
 
     Attributes
     ----------
+    n_bits_ : int
+        Code length produced (``n_bits`` unless clipped).
     mean_ : ndarray (n_features,)
-    components_ : ndarray (n_bits, n_features)
+    components_ : ndarray (n_bits_, n_features)
         Principal directions, by decreasing variance.
-    explained_variance_ : ndarray (n_bits,)
+    explained_variance_ : ndarray (n_bits_,)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.hashers import PCAHashing
+    >>> X = np.random.RandomState(0).randn(50, 6)
+    >>> h = PCAHashing(n_bits=4).fit(X)
+    >>> h.encode(X[:3]).shape
+    (3, 1)
+    >>> h.components_.shape
+    (4, 6)
     """
 
-    def __init__(self, n_bits: int = 32):
+    def __init__(self, n_bits: int = 32, random_state=None):
         self.n_bits = n_bits
+        self.random_state = random_state
 
     def _fit(self, X, y, pairs, similar) -> None:
-        mean, comps, var = principal_directions(X, self.n_bits, type(self).__name__)
+        n_bits = self._clip_n_bits(min(X.shape), "min(n_samples, n_features)")
+        mean, comps, var = principal_directions(X, n_bits, type(self).__name__)
         self.mean_ = mean
         self.components_ = comps.T.copy()
         self.explained_variance_ = var
@@ -99,8 +119,9 @@ class IterativeQuantization(BaseHasher):
 
     Parameters
     ----------
-    n_bits : int
-        Code length; at most ``min(n_samples, n_features)`` of the training data.
+    n_bits : int, default=32
+        Code length; clipped (with a warning) to ``min(n_samples, n_features)`` of the
+        training data.
     n_iter : int, default=50
         Alternations of the code step and the rotation step.
     random_state : int, RandomState or None
@@ -108,13 +129,26 @@ class IterativeQuantization(BaseHasher):
 
     Attributes
     ----------
+    n_bits_ : int
+        Code length produced (``n_bits`` unless clipped).
     mean_ : ndarray (n_features,)
-    components_ : ndarray (n_bits, n_features)
+    components_ : ndarray (n_bits_, n_features)
         Rotated projection :math:`(V R)^T`; bits are ``components_ @ (x - mean_) >= 0``.
-    rotation_ : ndarray (n_bits, n_bits)
+    rotation_ : ndarray (n_bits_, n_bits_)
         The learned orthogonal :math:`R`.
     quantization_loss_ : ndarray (n_iter,)
         :math:`\\|B - VR\\|_F^2 / n` after each iteration (non-increasing).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.hashers import IterativeQuantization
+    >>> X = np.random.RandomState(0).randn(60, 8)
+    >>> h = IterativeQuantization(n_bits=4, n_iter=10, random_state=0).fit(X)
+    >>> h.encode(X[:2]).shape
+    (2, 1)
+    >>> bool(np.allclose(h.rotation_ @ h.rotation_.T, np.eye(4)))
+    True
     """
 
     def __init__(self, n_bits: int = 32, n_iter: int = 50, random_state=None):
@@ -126,9 +160,10 @@ class IterativeQuantization(BaseHasher):
         owner = type(self).__name__
         n_iter = check_int(self.n_iter, "n_iter", owner, low=0)
         rng = check_random_state(self.random_state)
-        mean, comps, _ = principal_directions(X, self.n_bits, owner)
+        n_bits = self._clip_n_bits(min(X.shape), "min(n_samples, n_features)")
+        mean, comps, _ = principal_directions(X, n_bits, owner)
         V = (X - mean) @ comps
-        q, r = np.linalg.qr(rng.standard_normal((self.n_bits, self.n_bits)))
+        q, r = np.linalg.qr(rng.standard_normal((n_bits, n_bits)))
         R = q * np.sign(np.diag(r))
         losses = np.empty(n_iter)
         for it in range(n_iter):

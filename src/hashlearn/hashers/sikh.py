@@ -75,7 +75,7 @@ class ShiftInvariantKernelHashing(BaseHasher):
             if n < 2:
                 raise ValueError(
                     "ShiftInvariantKernelHashing needs at least 2 samples to set "
-                    "gamma from the data; pass gamma=... explicitly."
+                    f"gamma from the data; got n_samples={n}. Pass gamma=... explicitly."
                 )
             a = rng.randint(n, size=1000)
             b = (a + 1 + rng.randint(n - 1, size=1000)) % n
