@@ -28,6 +28,8 @@ verifies; the next append truncates them first. An append costs O(new rows), nev
 
 from __future__ import annotations
 
+import copy
+import errno
 import hashlib
 import json
 import numbers
@@ -35,6 +37,9 @@ import os
 import re
 import secrets
 import shutil
+import stat
+import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,7 @@ import numpy as np
 
 __all__ = [
     "FORMAT_VERSION",
+    "SUPPORTED_VERSIONS",
     "Persistable",
     "save",
     "load",
@@ -52,10 +58,15 @@ __all__ = [
     "append_rows",
     "require_array",
     "require_state",
+    "estimator_state",
+    "estimator_from_state",
+    "check_estimator_state",
 ]
 
 FORMAT_NAME = "hashlearn"
 FORMAT_VERSION = 1
+#: the format versions :func:`load` reads (a positive int; anything else is refused)
+SUPPORTED_VERSIONS = (1,)
 _META = "meta.json"
 _REGISTRY: dict[str, type] = {}
 
@@ -97,8 +108,24 @@ def save(obj: Any, path: str | os.PathLike) -> None:
 
 def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) -> Any:
     """Load what :func:`save` wrote. ``mmap=True`` maps the arrays read-only instead of
-    reading them; ``verify`` checks every array's sha256 (reads each file once)."""
-    meta, arrays = read_dir(path, mmap=mmap, verify=verify)
+    reading them; ``verify`` (the default) checks every array's sha256 (reads each file
+    once); ``verify=False`` is the explicit fast path that trusts the bytes on disk.
+
+    Every structural check (``meta.json`` types, ``.npy`` headers, sizes, the class's own
+    invariants in ``_from_state``) runs either way, so a damaged save raises ``ValueError``.
+    A load that races with another process's save of the same path returns the old or the
+    new state: when the files it read were superseded meanwhile, it reads again.
+    """
+    path = Path(path)
+    for attempt in range(_LOAD_RETRIES):
+        seen: list[dict[str, Any]] = []
+        try:
+            meta, arrays = _read_dir(path, mmap=mmap, verify=verify, seen=seen)
+            break
+        except (ValueError, FileNotFoundError):
+            if attempt + 1 < _LOAD_RETRIES and seen and _generation_moved(path, seen[0]):
+                continue
+            raise
     cls = _REGISTRY.get(meta["class"])
     if cls is None:
         raise ValueError(
@@ -106,8 +133,20 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) ->
         )
     try:
         return cls._from_state(meta["params"], meta["state"], arrays)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ValueError(f"{path}: the saved {meta['class']} is inconsistent: {exc}") from None
+
+
+_LOAD_RETRIES = 5
+
+
+def _generation_moved(path: Path, meta: Mapping[str, Any]) -> bool:
+    """Whether ``path``'s ``meta.json`` changed since ``meta`` was read from it."""
+    try:
+        current = _read_meta(path)
+    except (ValueError, OSError):
+        return False
+    return current != meta
 
 
 # ------------------------------------------------------------------------------------------
@@ -210,68 +249,252 @@ def require_state(
 
 
 # ------------------------------------------------------------------------------------------
+# Files: opened without following links, created exclusively, sized and checksummed.
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_ARRAY_FILE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)\.g(?P<gen>[0-9]{1,18})\.npy")
+_META_TMP = re.compile(re.escape(_META) + r"\.tmp(?:-(?P<pid>[0-9]{1,10})-[0-9a-f]{8})?")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: a temporary directory of an interrupted first save is removed by a later save of the
+#: same path once its process is gone, or after this many seconds whatever its pid says
+STALE_TEMP_AGE_S = 24 * 3600
+
+
+def _open_file(file: Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open`` that never follows a symbolic link (the last path component)."""
+    try:
+        return os.open(file, flags | _O_NOFOLLOW | _O_CLOEXEC | _O_BINARY, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.EEXIST and os.path.islink(file)):
+            raise ValueError(
+                f"{file} is a symbolic link; hashlearn never reads or writes the files of a "
+                "save through links."
+            ) from None
+        raise
+
+
+def _create_file(file: Path):
+    """A new regular file opened for writing: fails if anything (a link too) has the name."""
+    fd = _open_file(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    return os.fdopen(fd, "wb")
+
+
+def _open_regular(file: Path, mode: str = "rb"):
+    """An existing regular file, opened without following links (``rb`` or ``r+b``)."""
+    flags = os.O_RDONLY if mode == "rb" else os.O_RDWR
+    fd = _open_file(file, flags)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{file} is not a regular file.")
+    return os.fdopen(fd, mode)
+
+
+def _sha256_of(f, start: int = 0, stop: int | None = None) -> str:
+    """sha256 of the bytes ``start:stop`` of an open file (to its end by default)."""
+    h = hashlib.sha256()
+    f.seek(start)
+    left = None if stop is None else stop - start
+    while left is None or left > 0:
+        chunk = f.read(1 << 22 if left is None else min(1 << 22, left))
+        if not chunk:
+            break
+        h.update(chunk)
+        if left is not None:
+            left -= len(chunk)
+    return h.hexdigest()
 
 
 def _sha256(path: Path, start: int = 0, stop: int | None = None) -> str:
     """sha256 of the bytes ``start:stop`` of a file (the whole file by default)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(start)
-        left = None if stop is None else stop - start
-        while left is None or left > 0:
-            chunk = f.read(1 << 22 if left is None else min(1 << 22, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h.hexdigest()
+    with _open_regular(path) as f:
+        return _sha256_of(f, start, stop)
+
+
+def _read_header(f, file: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """``(shape, fortran_order, dtype, data offset)`` from an open ``.npy`` file."""
+    try:
+        f.seek(0)
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        raise ValueError(f"{file} is corrupted or truncated: {exc}") from None
+    if dtype.hasobject:
+        raise ValueError(f"{file} holds Python objects (dtype {dtype}); it is never unpickled.")
+    return tuple(int(v) for v in shape), bool(fortran), dtype, f.tell()
 
 
 def _npy_layout(file: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     """``(header shape, dtype, data offset)`` of a C-order ``.npy`` file."""
-    with open(file, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        if fortran or dtype.hasobject:
-            raise ValueError("only C-order arrays of plain dtypes can be appended to")
-        return tuple(shape), dtype, f.tell()
+    with _open_regular(file) as f:
+        shape, fortran, dtype, offset = _read_header(f, file)
+    if fortran:
+        raise ValueError("only C-order arrays of plain dtypes can be appended to")
+    return shape, dtype, offset
 
 
-def _load_appended(file: Path, entry: dict[str, Any], *, mmap: bool, verify: bool) -> np.ndarray:
-    """An array grown by :func:`append_rows`: shape from ``meta.json``, blocks verified."""
-    header_shape, dtype, offset = _npy_layout(file)
-    shape = tuple(entry["shape"])
-    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-    if header_shape[1:] != shape[1:] or dtype.str != entry["dtype"]:
-        raise ValueError(f"{file}: header {header_shape} {dtype.str} does not match meta.json")
-    end = offset + shape[0] * row_bytes
-    if file.stat().st_size < end:
-        raise ValueError(
-            f"{file} is truncated: {file.stat().st_size} bytes, expected at least {end}."
-        )
-    if verify:
-        stop = offset + header_shape[0] * row_bytes
-        ranges = [(0, stop, entry["sha256"])]
-        for block in entry["appended"]:
-            ranges.append((stop, stop + block["rows"] * row_bytes, block["sha256"]))
-            stop += block["rows"] * row_bytes
-        for start, stop, digest in ranges:
-            if _sha256(file, start, stop) != digest:
+def _read_array(
+    directory: Path, entry: Mapping[str, Any], *, mmap: bool, verify: bool
+) -> np.ndarray:
+    """One saved array, checked against its ``meta.json`` entry: the ``.npy`` header's
+    dtype and shape (plus the appended row counts), the file's size, and with ``verify``
+    the sha256 of every block. Never follows a link; never unpickles."""
+    file = directory / entry["file"]
+    try:
+        f = _open_regular(file)
+    except FileNotFoundError:
+        raise ValueError(f"{directory}: array file {entry['file']} is missing.") from None
+    with f:
+        shape = tuple(entry["shape"])
+        appended = entry.get("appended")
+        if verify and appended is None and _sha256_of(f) != entry["sha256"]:
+            raise ValueError(
+                f"{file}: checksum mismatch; the file was modified or truncated after saving."
+            )
+        header_shape, fortran, dtype, offset = _read_header(f, file)
+        if dtype.str != entry["dtype"]:
+            raise ValueError(
+                f"{file}: the file holds dtype {dtype.str}, {_META} says {entry['dtype']}."
+            )
+        if appended is None:
+            header_rows = shape[0] if shape else 0
+            if header_shape != shape:
                 raise ValueError(
-                    f"{file}: checksum mismatch in bytes {start}:{stop}; the file "
-                    "was modified or truncated after saving."
+                    f"{file}: expected shape {shape} dtype {entry['dtype']}, found shape "
+                    f"{header_shape} dtype {dtype.str}."
                 )
-    if shape[0] == 0:
-        return np.zeros(shape, dtype)
-    if mmap:
-        return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape)
-    with open(file, "rb") as f:
+        else:
+            header_rows = shape[0] - sum(block["rows"] for block in appended)
+            if fortran or header_shape[1:] != shape[1:] or header_shape[:1] != (header_rows,):
+                raise ValueError(
+                    f"{file}: its header says shape {header_shape}; {_META} says shape "
+                    f"{shape} of which {shape[0] - header_rows} appended rows, so the header "
+                    f"should hold {(header_rows, *shape[1:])}."
+                )
+        count = int(np.prod(shape, dtype=np.int64))
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        end = offset + count * dtype.itemsize
+        size = os.fstat(f.fileno()).st_size
+        if size < end or (appended is None and size != end):
+            raise ValueError(
+                f"{file} is corrupted or truncated: {size} bytes, expected "
+                f"{'at least ' if appended is not None else ''}{end} for shape {shape}."
+            )
+        if verify and appended is not None:
+            stop = offset + header_rows * row_bytes
+            ranges = [(0, stop, entry["sha256"])]
+            for block in appended:
+                ranges.append((stop, stop + block["rows"] * row_bytes, block["sha256"]))
+                stop += block["rows"] * row_bytes
+            for start, stop, digest in ranges:
+                if _sha256_of(f, start, stop) != digest:
+                    raise ValueError(
+                        f"{file}: checksum mismatch in bytes {start}:{stop}; the file was "
+                        "modified or truncated after saving."
+                    )
+        order = "F" if fortran else "C"
+        if count == 0:
+            return np.zeros(shape, dtype, order=order)
+        if mmap:
+            return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+        buf = bytearray(count * dtype.itemsize)
         f.seek(offset)
-        return np.fromfile(f, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+        if f.readinto(buf) != len(buf):
+            raise ValueError(f"{file} is truncated.")
+        return np.frombuffer(buf, dtype=dtype).reshape(shape, order=order)
+
+
+def _lock_dir(path: Path):
+    """An exclusive advisory lock on the save directory (one writer at a time), or None."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:  # pragma: no cover - a filesystem without flock
+        pass
+    return fd
+
+
+def _unlock_dir(fd) -> None:
+    if fd is not None:
+        os.close(fd)  # closing releases the flock
+
+
+def _refuse_links(path: Path) -> list[os.DirEntry]:
+    """The entries of a save directory; a ``ValueError`` if any is a symbolic link."""
+    with os.scandir(path) as it:
+        entries = list(it)
+    links = sorted(e.name for e in entries if e.is_symlink())
+    if links:
+        raise ValueError(
+            f"{path} holds symbolic links ({', '.join(links[:5])}); hashlearn refuses to "
+            "write into a save directory holding links. Remove them first."
+        )
+    return entries
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process, or we cannot tell: assume it is alive
+    return True
+
+
+def _stale(pid: int | None, mtime: float) -> bool:
+    """Whether a temporary of the process ``pid`` is abandoned."""
+    return (pid is not None and not _pid_alive(pid)) or time.time() - mtime > STALE_TEMP_AGE_S
+
+
+def _ours_only(directory: Path) -> bool:
+    """Whether ``directory`` holds only regular files named as a save's files are."""
+    with os.scandir(directory) as it:
+        for e in it:
+            if e.is_symlink() or not e.is_file(follow_symlinks=False):
+                return False
+            if not (
+                e.name == _META or _ARRAY_FILE.fullmatch(e.name) or _META_TMP.fullmatch(e.name)
+            ):
+                return False
+    return True
+
+
+def _temp_dir_pattern(name: str) -> re.Pattern:
+    return re.compile(re.escape(f".{name}.tmp-") + r"(?P<pid>[0-9]{1,10})-[0-9a-f]{8}")
+
+
+def _remove_stale_temp_dirs(path: Path) -> None:
+    """Remove the temporary siblings ``.NAME.tmp-PID-XXXXXXXX`` of interrupted first saves of
+    ``path``: only real directories holding only a save's files, whose process is gone (or
+    that are older than :data:`STALE_TEMP_AGE_S`). Anything else is left alone."""
+    pattern = _temp_dir_pattern(path.name)
+    try:
+        with os.scandir(path.parent) as it:
+            candidates = [e for e in it if pattern.fullmatch(e.name)]
+    except OSError:
+        return
+    for e in candidates:
+        try:
+            if e.is_symlink() or not e.is_dir(follow_symlinks=False):
+                continue
+            pid = int(pattern.fullmatch(e.name)["pid"])
+            if _stale(pid, e.stat(follow_symlinks=False).st_mtime) and _ours_only(Path(e.path)):
+                shutil.rmtree(e.path)
+        except OSError:
+            continue
 
 
 def append_rows(
@@ -281,9 +504,21 @@ def append_rows(
 
     Every array named must exist, with the same dtype and trailing shape. ``state`` entries
     replace those of the saved JSON state. The new ``meta.json`` is written atomically after
-    the data is on disk (see the module docstring); returns it.
+    the data is on disk (see the module docstring); returns it. Array files are opened
+    without following links, and a directory holding links is refused.
     """
     path = Path(path)
+    lock = _lock_dir(path)
+    try:
+        return _append_rows_locked(path, rows, state)
+    finally:
+        _unlock_dir(lock)
+
+
+def _append_rows_locked(
+    path: Path, rows: Mapping[str, np.ndarray], state: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    _refuse_links(path)
     meta = _read_meta(path)
     prepared = {}
     for name, new in rows.items():
@@ -296,7 +531,18 @@ def append_rows(
                 f"rows for {name!r} must have dtype {entry['dtype']} and shape "
                 f"(m, {entry['shape'][1:]}); got {new.dtype.str} {new.shape}."
             )
+        if not entry["shape"]:
+            raise ValueError(f"{path}: array {name!r} is 0-dimensional; rows cannot be appended.")
         prepared[name] = (entry, new)
+    for entry, _ in prepared.values():  # the header must describe what meta.json says
+        file = path / entry["file"]
+        header_shape, dtype, offset = _npy_layout(file)
+        header_rows = entry["shape"][0] - sum(b["rows"] for b in entry.get("appended", ()))
+        if dtype.str != entry["dtype"] or list(header_shape) != [header_rows, *entry["shape"][1:]]:
+            raise ValueError(
+                f"{file}: header {header_shape} {dtype.str} does not match {_META}; "
+                "refusing to append."
+            )
     if any("appended" not in entry for entry, _ in prepared.values()):
         # first make meta.json checksum the current bytes as a range, so bytes of a crashed
         # append past them never invalidate it
@@ -308,15 +554,16 @@ def append_rows(
         header_shape, dtype, offset = _npy_layout(file)
         row_bytes = new.itemsize * int(np.prod(new.shape[1:], dtype=np.int64))
         end = offset + entry["shape"][0] * row_bytes
-        with open(file, "r+b") as f:
+        with _open_regular(file, "r+b") as f:
+            if os.fstat(f.fileno()).st_size < end:
+                raise ValueError(f"{file} is truncated; refusing to append.")
             f.truncate(end)  # bytes of an append that crashed before its meta.json
             f.seek(end)
             f.write(new.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        entry.setdefault("appended", []).append(
-            {"rows": int(new.shape[0]), "sha256": _sha256(file, end, end + new.nbytes)}
-        )
+            digest = _sha256_of(f, end, end + new.nbytes)
+        entry["appended"].append({"rows": int(new.shape[0]), "sha256": digest})
         entry["shape"][0] += int(new.shape[0])
     if state:
         meta["state"].update(state)
@@ -325,7 +572,7 @@ def append_rows(
 
 
 def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -354,14 +601,17 @@ def _write_arrays(
 ) -> dict[str, Any]:
     entries = {}
     for name, arr in arrays.items():
-        if not name.isidentifier():
-            raise ValueError(f"array name {name!r} must be an identifier")
+        if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+            raise ValueError(f"array name {name!r} must be an ASCII identifier")
         arr = np.asarray(arr)
-        if arr.dtype == object:
+        if arr.dtype.hasobject:
             raise TypeError(f"array {name!r} has dtype object; only plain dtypes are saved")
+        arr = np.ascontiguousarray(arr)
         file = f"{name}.g{generation}.npy"
-        np.save(directory / file, arr, allow_pickle=False)
-        _fsync_file(directory / file)
+        with _create_file(directory / file) as f:
+            np.lib.format.write_array(f, arr, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
         entries[name] = {
             "file": file,
             "shape": list(arr.shape),
@@ -378,17 +628,33 @@ def write_dir(
     state: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
 ) -> None:
-    """Write a save directory (see the module docstring for the crash-safety scheme)."""
+    """Write a save directory (see the module docstring for the crash-safety scheme).
+
+    Files are created exclusively and never through links; a save directory holding a link
+    is refused. Only files this library wrote are ever deleted: those the previous
+    ``meta.json`` named (and the ones it recorded as superseded), array files of
+    generations it never committed, and its own temporaries of processes that are gone.
+    """
     path = Path(path)
-    old_meta = None
-    if path.exists():
-        if not (path / _META).is_file():
-            raise FileExistsError(
-                f"{path} exists and is not a hashlearn save (no {_META}); refusing to overwrite it."
-            )
-        old_meta = _read_meta(path)
-    generation = 1 if old_meta is None else int(old_meta.get("generation", 0)) + 1
-    meta: dict[str, Any] = {
+    if path.is_symlink() and not path.exists():
+        raise ValueError(f"{path} is a dangling symbolic link; refusing to save through it.")
+    _remove_stale_temp_dirs(path)
+    if not path.exists():
+        _write_new_dir(path, class_name, params, state, arrays)
+        return
+    if not path.is_dir() or not (path / _META).is_file():
+        raise FileExistsError(
+            f"{path} exists and is not a hashlearn save (no {_META}); refusing to overwrite it."
+        )
+    lock = _lock_dir(path)
+    try:
+        _write_over(path, class_name, params, state, arrays)
+    finally:
+        _unlock_dir(lock)
+
+
+def _new_meta(class_name, params, state, generation) -> dict[str, Any]:
+    return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "class": class_name,
@@ -396,116 +662,201 @@ def write_dir(
         "params": dict(params),
         "state": dict(state),
     }
-    if old_meta is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()  # unlike mkdtemp (0700) this honours the umask, like any directory
-        try:
-            meta["arrays"] = _write_arrays(tmp, arrays, generation)
-            _write_meta(tmp, meta)
-            os.rename(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        _fsync_dir(path.parent)
-        return
+
+
+def _write_new_dir(path, class_name, params, state, arrays) -> None:
+    meta = _new_meta(class_name, params, state, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()  # unlike mkdtemp (0700) this honours the umask, like any directory
+    try:
+        meta["arrays"] = _write_arrays(tmp, arrays, 1)
+        _write_meta(tmp, meta)
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _write_over(path, class_name, params, state, arrays) -> None:
+    entries = _refuse_links(path)
+    old_meta = _read_meta(path)
+    old_gen = old_meta["generation"]
+    # generations above the committed one belong to saves that were interrupted: skip them
+    present = {e.name: _ARRAY_FILE.fullmatch(e.name) for e in entries}
+    seen = [int(m["gen"]) for m in present.values() if m]
+    generation = max([old_gen, *seen]) + 1
+    old_files = {e["file"] for e in old_meta["arrays"].values()}
+    # files the previous meta.json named, and those it recorded as superseded that a crash
+    # left behind: the only committed files this save deletes
+    superseded = sorted(old_files | (set(old_meta.get("superseded", ())) & set(present)))
+    meta = _new_meta(class_name, params, state, generation)
     meta["arrays"] = _write_arrays(path, arrays, generation)
+    meta["superseded"] = superseded  # a later save finishes the deletion after a crash
     _write_meta(path, meta)
-    keep = {_META} | {e["file"] for e in meta["arrays"].values()}
-    for leftover in path.iterdir():
-        if leftover.name not in keep and leftover.suffix in (".npy", ".tmp"):
-            leftover.unlink(missing_ok=True)
+    doomed = set(superseded)
+    for name, match in present.items():
+        if match and old_gen < int(match["gen"]) < generation:
+            doomed.add(name)  # written by an interrupted save, never named by a meta.json
+        tmp = _META_TMP.fullmatch(name)
+        if tmp and (tmp["pid"] is None or not _pid_alive(int(tmp["pid"]))):
+            doomed.add(name)
+    doomed -= {e["file"] for e in meta["arrays"].values()}
+    for name in sorted(doomed):
+        try:
+            if stat.S_ISREG(os.lstat(path / name).st_mode):
+                os.unlink(path / name)
+        except FileNotFoundError:
+            pass
 
 
 def _write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
-    tmp = directory / (_META + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=1, sort_keys=True, default=_json_default)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / _META)
+    tmp = directory / f"{_META}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with _create_file(tmp) as f:
+            f.write(
+                json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode("utf-8")
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / _META)
+    except BaseException:
+        try:
+            if stat.S_ISREG(os.lstat(tmp).st_mode):
+                os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     _fsync_dir(directory)
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
     meta_path = path / _META
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{path} is not a hashlearn save: {_META} is missing.")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        with _open_regular(meta_path) as f:
+            raw = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"{path} is not a hashlearn save: {_META} is missing.") from None
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"{meta_path} is corrupted: {exc}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise ValueError(f"{meta_path} is not a hashlearn metadata file.")
     version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if type(version) is not int or version < 1:
+        raise ValueError(
+            f"{meta_path} is corrupted: 'format_version' must be a positive int, got {version!r}."
+        )
+    if version not in SUPPORTED_VERSIONS:
         raise ValueError(
             f"{path} was written in format version {version!r}; this hashlearn reads versions "
-            f"up to {FORMAT_VERSION}. Upgrade hashlearn to load it."
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))}. Upgrade hashlearn to load it."
         )
     _check_structure(meta, meta_path)
     return meta
 
 
-_ARRAY_FILE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.g[0-9]+\.npy")
+_TOP_KEYS = {"format", "format_version", "class", "generation", "params", "state", "arrays"}
+_ENTRY_KEYS = {"file", "shape", "dtype", "sha256", "appended"}
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
 
 
 def _check_structure(meta: dict[str, Any], meta_path: Path) -> None:
-    """Every entry :func:`read_dir` and ``_from_state`` rely on, with its type."""
+    """Every entry :func:`read_dir` and ``_from_state`` rely on, with its type and range."""
 
     def corrupted(what: str) -> ValueError:
         return ValueError(f"{meta_path} is corrupted: {what}.")
 
+    unknown = set(meta) - _TOP_KEYS - {"superseded"}
+    if unknown:
+        raise corrupted(f"unknown keys {sorted(unknown)}")
     if not isinstance(meta.get("class"), str):
         raise corrupted("'class' must be a class name")
+    generation = meta.get("generation")
+    if not _is_int(generation) or not 1 <= generation < 10**18:
+        raise corrupted(f"'generation' must be a positive int, got {generation!r}")
     for key in ("params", "state", "arrays"):
         if not isinstance(meta.get(key), dict):
             raise corrupted(f"{key!r} must be a JSON object")
+    superseded = meta.get("superseded", [])
+    if not isinstance(superseded, list) or not all(
+        isinstance(v, str) and _ARRAY_FILE.fullmatch(v) for v in superseded
+    ):
+        raise corrupted("'superseded' must be a list of array file names")
     for name, entry in meta["arrays"].items():
+        if not name.isidentifier() or not name.isascii():
+            raise corrupted(f"array name {name!r} is not an identifier")
         if not isinstance(entry, dict):
             raise corrupted(f"array entry {name!r} must be a JSON object")
+        if set(entry) - _ENTRY_KEYS:
+            raise corrupted(f"array {name!r} has unknown keys {sorted(set(entry) - _ENTRY_KEYS)}")
         file, shape = entry.get("file"), entry.get("shape")
-        if not isinstance(file, str) or not _ARRAY_FILE.fullmatch(file):
-            # a plain file name inside the save: never a path that leaves the directory
-            raise corrupted(f"array {name!r} has an invalid file name {file!r}")
-        if not (isinstance(shape, list) and all(isinstance(v, int) for v in shape)):
+        if file != f"{name}.g{generation}.npy":
+            # a plain file name inside the save, of this generation: never a path that leaves
+            # the directory, never another array's file
+            raise corrupted(
+                f"array {name!r} has file name {file!r}; expected {name}.g{generation}.npy"
+            )
+        if not (isinstance(shape, list) and all(_is_int(v) and v >= 0 for v in shape)):
             raise corrupted(f"array {name!r} has an invalid shape {shape!r}")
-        for key in ("dtype", "sha256"):
-            if not isinstance(entry.get(key), str):
-                raise corrupted(f"array {name!r} has no valid {key!r}")
+        if len(shape) > 32:
+            raise corrupted(f"array {name!r} has {len(shape)} dimensions")
+        dtype = entry.get("dtype")
+        if not isinstance(dtype, str):
+            raise corrupted(f"array {name!r} has no valid 'dtype'")
+        try:
+            parsed = np.dtype(dtype)
+        except (TypeError, ValueError, SyntaxError):
+            raise corrupted(f"array {name!r} has an invalid dtype {dtype!r}") from None
+        if parsed.hasobject or parsed.str != dtype or parsed.itemsize == 0:
+            raise corrupted(f"array {name!r} has dtype {dtype!r}; only plain dtypes load")
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.fullmatch(entry["sha256"]):
+            raise corrupted(f"array {name!r} has no valid 'sha256'")
+        if "appended" in entry:
+            blocks = entry["appended"]
+            if not isinstance(blocks, list) or not all(
+                isinstance(b, dict)
+                and set(b) == {"rows", "sha256"}
+                and _is_int(b["rows"])
+                and b["rows"] >= 0
+                and isinstance(b["sha256"], str)
+                and _SHA256.fullmatch(b["sha256"])
+                for b in blocks
+            ):
+                raise corrupted(f"array {name!r} has an invalid 'appended' list")
+            if not shape or sum(b["rows"] for b in blocks) > shape[0]:
+                raise corrupted(
+                    f"array {name!r}: the appended rows exceed its shape {tuple(shape)}"
+                )
 
 
 def read_dir(
     path: str | os.PathLike, *, mmap: bool = False, verify: bool = True
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read a save directory: ``(meta, arrays)``; every check failure is a ``ValueError``."""
-    path = Path(path)
+    """Read a save directory: ``(meta, arrays)``; every check failure is a ``ValueError``.
+
+    Files are opened without following links; every array's ``.npy`` header must agree
+    with ``meta.json`` (dtype, shape, appended row counts) and its size with the header.
+    """
+    return _read_dir(Path(path), mmap=mmap, verify=verify, seen=[])
+
+
+def _read_dir(
+    path: Path, *, mmap: bool, verify: bool, seen: list
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     meta = _read_meta(path)
+    seen.append(copy.deepcopy(meta))
     arrays = {}
     for name, entry in meta["arrays"].items():
-        file = path / entry["file"]
-        if not file.is_file():
-            raise ValueError(f"{path}: array file {entry['file']} is missing.")
-        if "appended" in entry:
-            try:
-                arrays[name] = _load_appended(file, entry, mmap=mmap, verify=verify)
-            except (OSError, EOFError, KeyError, TypeError) as exc:
-                raise ValueError(f"{file} is corrupted or truncated: {exc}") from None
-            continue
-        if verify and _sha256(file) != entry["sha256"]:
-            raise ValueError(
-                f"{file}: checksum mismatch; the file was modified or truncated after saving."
-            )
         try:
-            arr = np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise ValueError(f"{file} is corrupted or truncated: {exc}") from None
-        if list(arr.shape) != entry["shape"] or arr.dtype.str != entry["dtype"]:
-            raise ValueError(
-                f"{file}: expected shape {tuple(entry['shape'])} dtype {entry['dtype']}, "
-                f"found shape {arr.shape} dtype {arr.dtype.str}."
-            )
-        arrays[name] = arr
+            arrays[name] = _read_array(path, entry, mmap=mmap, verify=verify)
+        except OSError as exc:
+            raise ValueError(f"{path / entry['file']} cannot be read: {exc}") from None
     return meta, arrays
 
 
@@ -536,8 +887,97 @@ def estimator_state(est: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str,
 def estimator_from_state(
     cls: type, params: Mapping[str, Any], state: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
 ) -> Any:
-    """Inverse of :func:`estimator_state`: construct with ``params``, set fitted attributes."""
+    """Inverse of :func:`estimator_state`: construct with ``params``, set the fitted
+    attributes, then check them. Everything a ``meta.json`` could smuggle in is refused:
+
+    * ``params`` must be parameters of the constructor (``cls._get_param_names()``), with
+      JSON scalar values;
+    * a state or array key must be a *fitted attribute*: a name ending in ``_`` (not
+      starting with one) that the class itself does not define, so nothing shadows a method
+      or property such as ``encode``; a class listing its fitted attributes in
+      ``_fitted_attributes`` accepts only those;
+    * float values and arrays must be finite.
+
+    Then ``obj._check_state()`` runs when the class defines it (it raises ``ValueError`` on
+    parameters and arrays that do not fit together), else the generic
+    :func:`check_estimator_state`.
+    """
+    owner = cls.__name__
+    allowed = set(cls._get_param_names()) if hasattr(cls, "_get_param_names") else None
+    for key, value in params.items():
+        if allowed is not None and key not in allowed:
+            raise ValueError(f"{key!r} is not a parameter of {owner}")
+        if not (value is None or isinstance(value, str | bool | int | float)):
+            raise ValueError(f"parameter {key}={value!r} is not a JSON scalar")
+    declared = getattr(cls, "_fitted_attributes", None)
+    overlap = set(state) & set(arrays)
+    if overlap:
+        raise ValueError(f"{sorted(overlap)} are both in the state and the arrays")
+    for key, value in {**state, **arrays}.items():
+        if not (
+            isinstance(key, str)
+            and key.isidentifier()
+            and key.endswith("_")
+            and not key.startswith("_")
+        ):
+            raise ValueError(f"{key!r} is not a fitted attribute (a name ending in '_')")
+        if hasattr(cls, key):
+            raise ValueError(f"{key!r} would shadow {owner}.{key}; it is not a fitted attribute")
+        if declared is not None and key not in declared:
+            raise ValueError(f"{key!r} is not one of the fitted attributes of {owner}")
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind not in "biufc":
+                raise ValueError(f"array {key!r} has dtype {value.dtype}, not a numeric one")
+            if value.dtype.kind in "fc" and not np.isfinite(value).all():
+                raise ValueError(f"array {key!r} holds NaN or infinite values")
+        elif not (value is None or isinstance(value, str | bool | int | float)):
+            raise ValueError(f"state entry {key!r} is not a JSON scalar")
+        elif isinstance(value, float) and not np.isfinite(value):
+            raise ValueError(f"state entry {key!r} is not finite: {value!r}")
     obj = cls(**params)
     for key, value in {**state, **arrays}.items():
         setattr(obj, key, value)
+    check = getattr(obj, "_check_state", None)
+    if callable(check):
+        check()
+    else:
+        check_estimator_state(obj)
     return obj
+
+
+def check_estimator_state(obj: Any) -> None:
+    """The generic consistency check of a loaded estimator (``_check_state``'s default).
+
+    ``n_bits`` must be a positive int and ``n_bits_`` (when fitted) an int in
+    ``[1, n_bits]``; ``n_features_in_`` a positive int. A hasher (it has ``_bits`` and
+    ``_check_X``) then encodes a two-row probe of ``n_features_in_`` columns: it must run
+    and give exactly ``n_bits_`` (else ``n_bits``) bits per row, so an edited ``n_bits`` or
+    an array of the wrong shape is refused here instead of giving codes of the wrong width
+    later. Raises ``ValueError``.
+    """
+    owner = type(obj).__name__
+    n_bits = getattr(obj, "n_bits", None)
+    if n_bits is not None and not (_is_int(n_bits) and n_bits >= 1):
+        raise ValueError(f"n_bits must be a positive int, got {n_bits!r}")
+    width = n_bits
+    if "n_bits_" in vars(obj):
+        width = obj.n_bits_
+        if not (_is_int(width) and 1 <= width <= (n_bits or width)):
+            raise ValueError(f"n_bits_ must be an int in [1, n_bits={n_bits}], got {width!r}")
+    d = vars(obj).get("n_features_in_")
+    if d is not None and not (_is_int(d) and d >= 1):
+        raise ValueError(f"n_features_in_ must be a positive int, got {d!r}")
+    if width is None or d is None or not (hasattr(obj, "_bits") and hasattr(obj, "_check_X")):
+        return
+    probe = np.linspace(-1.0, 1.0, 2 * d).reshape(2, d)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            bits = np.asarray(obj._bits(obj._check_X(probe, reset=False)))
+    except (ValueError, TypeError, IndexError, ArithmeticError, np.linalg.LinAlgError) as exc:
+        raise ValueError(f"its fitted arrays do not fit its parameters: {exc}") from None
+    if bits.shape != (2, width):
+        raise ValueError(
+            f"{owner} with n_bits={n_bits} should encode {width} bits per row, but its "
+            f"fitted arrays give {bits.shape[1] if bits.ndim == 2 else bits.shape}"
+        )
