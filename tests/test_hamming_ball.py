@@ -97,9 +97,10 @@ def test_key_collisions_are_verified():
     moved = own != query_key  # file these under the query's key instead of their own
     keys = np.where(moved, query_key, own)
     positions = np.arange(n)
-    index._keys, index._offsets, index._postings = build_table(keys, positions)
-    index._make_directory()
-    assert np.diff(index._offsets).max() == n
+    table = hamming_ball._ball_table(*build_table(keys, positions))
+    snap = index.store.snapshot
+    index.store.restore(snap.ids, snap.rows, snap.next_id, {"ball": table})
+    assert np.diff(table["offsets"]).max() == n
     flat = FlatIndex(16)
     flat.add(pack_le(bits))
     for got, ref in zip(index.range_search(q, 0), flat.range_search(q, 0), strict=False):

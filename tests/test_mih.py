@@ -154,7 +154,7 @@ def test_save_load_round_trip(tmp_path, mmap):
     for got, want in zip(loaded.search(q, 10), mih.search(q, 10), strict=True):
         np.testing.assert_array_equal(got, want)
     if mmap:
-        assert isinstance(loaded._tables["postings"], np.memmap)
+        assert isinstance(loaded.store.snapshot.cached("mih")["postings"], np.memmap)
     loaded.add(db[:3] ^ 1, ids=[1, 2, 3])  # a mapped index still accepts adds (in memory)
     assert len(loaded) == 5003
 

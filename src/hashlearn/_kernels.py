@@ -22,6 +22,8 @@ Exhaustive k-NN (:func:`knn_scan`) is the core of :class:`hashlearn.index.FlatIn
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from llvmlite import ir
 from numba import njit
@@ -489,6 +491,58 @@ def _next_mask(mask):
     return (((r ^ mask) >> np.uint64(2)) // c) | r
 
 
+@njit(nogil=True, inline="always")
+def _is_set(bitmap, p):
+    return (bitmap[p >> 6] >> np.uint64(p & 63)) & _U1 != np.uint64(0)
+
+
+@njit(nogil=True, inline="always")
+def _test_and_set(bitmap, p):
+    """Whether bit ``p`` was set; sets it."""
+    word = bitmap[p >> 6]
+    bit = _U1 << np.uint64(p & 63)
+    if word & bit:
+        return True
+    bitmap[p >> 6] = word | bit
+    return False
+
+
+@njit(nogil=True, inline="always")
+def _push_touched(touched, count, p):
+    if count == touched.shape[0]:
+        grown = np.empty(2 * count, np.int64)
+        grown[:count] = touched
+        touched = grown
+    touched[count] = p
+    return touched
+
+
+@njit(nogil=True, inline="always")
+def _clear_touched(bitmap, touched, count):
+    """Zero the bitmap words of the first ``count`` touched positions (all set bits)."""
+    for t in range(count):
+        bitmap[touched[t] >> 6] = np.uint64(0)
+
+
+_SCRATCH = threading.local()
+
+
+def visited_bitmap(n: int) -> np.ndarray:
+    """This thread's all-zero visited bitmap of at least ``n`` bits, reused across calls.
+
+    Kernels taking it set the bits of the candidates they visit and clear exactly those
+    words before returning, so it is zero-filled only when it is made (or grown), never per
+    query chunk. One per thread, so concurrent searches never share one.
+    """
+    words = max(1, -(-n // 64))
+    bitmap = getattr(_SCRATCH, "bitmap", None)
+    if bitmap is None or len(bitmap) < words:
+        old = 0 if bitmap is None else len(bitmap)
+        bitmap = np.zeros(max(words, 2 * old), np.uint64)
+        _SCRATCH.bitmap = bitmap
+    return bitmap
+
+
 @njit(nogil=True, cache=True)
 def mih_knn(
     db,
@@ -509,6 +563,7 @@ def mih_knn(
     postings,
     out_d,
     out_p,
+    seen,
 ):
     """Exact k-NN of queries ``q_start:q_end`` by multi-index hashing.
 
@@ -518,9 +573,13 @@ def mih_knn(
     refinement in §4). Search stops once the k-th best distance is below that bound, so the
     result (ties by smaller position) equals the linear scan's. A query whose probes exceed
     ``n`` falls back to scanning the codes not yet seen, bounding its cost by a linear scan.
+
+    ``seen`` is an all-zero visited bitmap of at least ``ceil(n / 64)`` words (see
+    :func:`visited_bitmap`); only the words of the candidates a query touched are written,
+    and they are cleared again after the query, so the cost is O(candidates), not O(n).
     """
     m = sub_start.shape[0]
-    seen = np.zeros(n, np.int32)
+    touched = np.empty(256, np.int64)
     qkeys = np.empty(m, np.int64)
     best_d = np.empty(k, np.int64)
     best_p = np.empty(k, np.int64)
@@ -528,7 +587,6 @@ def mih_knn(
     for s in range(m):
         max_len = max(max_len, sub_len[s])
     for qi in range(q_start, q_end):
-        stamp = qi - q_start + 1
         qo = qi * n_words
         _query_substrings(queries, qo, sub_start, sub_len, qkeys)
         cnt = 0
@@ -549,8 +607,8 @@ def mih_knn(
                         work += 1 + (b1 - b0)
                         for j in range(b0, b1):
                             p = postings[j]
-                            if seen[p] != stamp:
-                                seen[p] = stamp
+                            if not _test_and_set(seen, p):
+                                touched = _push_touched(touched, n_seen, p)
                                 n_seen += 1
                                 d = _hamming(db, p * n_words, queries, qo, n_words)
                                 cnt = _insert_best(best_d, best_p, cnt, k, d, p)
@@ -562,13 +620,13 @@ def mih_knn(
                     break
                 if work > n:  # cheaper to finish by a linear scan
                     for p in range(n):
-                        if seen[p] != stamp:
-                            seen[p] = stamp
+                        if not _is_set(seen, p):
                             d = _hamming(db, p * n_words, queries, qo, n_words)
                             cnt = _insert_best(best_d, best_p, cnt, k, d, p)
                     done = True
                     break
             r += 1
+        _clear_touched(seen, touched, n_seen)
         for j in range(k):
             if j < cnt:
                 out_d[qi, j] = best_d[j]
@@ -600,6 +658,7 @@ def mih_range(
     out_d,
     out_p,
     counts,
+    seen,
 ):
     """Range search (distance ``<= radius``) by multi-index hashing.
 
@@ -607,10 +666,11 @@ def mih_range(
     (pigeonhole), so probing every table to that radius finds all of them. With
     ``counts`` given (``lims`` empty) it counts; otherwise it fills the CSR rows sorted by
     (distance, position). Falls back to a linear scan when probing would cost more.
+    ``seen`` is a visited bitmap as in :func:`mih_knn`.
     """
     m = sub_start.shape[0]
     counting = lims.shape[0] == 0
-    seen = np.zeros(n, np.int32)
+    touched = np.empty(256, np.int64)
     qkeys = np.empty(m, np.int64)
     r_max = radius // m
     probes = 0
@@ -623,9 +683,9 @@ def mih_range(
     buf_d = np.empty(64, np.int64)
     buf_p = np.empty(64, np.int64)
     for qi in range(q_start, q_end):
-        stamp = qi - q_start + 1
         qo = qi * n_words
         found = 0
+        n_touched = 0
         if probes + m > n:
             for p in range(n):
                 d = _hamming(db, p * n_words, queries, qo, n_words)
@@ -649,8 +709,9 @@ def mih_range(
                         b0, b1 = _bucket(s, key, dense, key_lo, key_hi, keys, off_lo, offsets)
                         for j in range(b0, b1):
                             p = postings[j]
-                            if seen[p] != stamp:
-                                seen[p] = stamp
+                            if not _test_and_set(seen, p):
+                                touched = _push_touched(touched, n_touched, p)
+                                n_touched += 1
                                 d = _hamming(db, p * n_words, queries, qo, n_words)
                                 if d <= radius:
                                     if found == buf_d.shape[0]:
@@ -662,6 +723,7 @@ def mih_range(
                         if r == 0:
                             break
                         mask = _next_mask(mask)
+            _clear_touched(seen, touched, n_touched)
         if counting:
             counts[qi] = found
         else:
@@ -670,3 +732,93 @@ def mih_range(
             for j in range(found):
                 out_d[start + j] = buf_d[order[j]]
                 out_p[start + j] = buf_p[order[j]]
+
+
+# ---------------------------------------------------------------------------------------
+# structural checks of loaded arrays (O(n): no kernel sees an array before it is checked)
+# ---------------------------------------------------------------------------------------
+
+
+@njit(nogil=True, cache=True)
+def strictly_increasing(a):
+    """Whether ``a[i - 1] < a[i]`` for every ``i``."""
+    for i in range(1, a.shape[0]):
+        if a[i] <= a[i - 1]:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True)
+def any_bits(values, mask):
+    """Whether some ``values[i] & mask`` is non-zero."""
+    for i in range(values.shape[0]):
+        if values[i] & mask:
+            return True
+    return False
+
+
+@njit(nogil=True, cache=True)
+def mih_check_tables(
+    words, n, n_words, sub_start, sub_len, dense, key_lo, key_hi, keys, off_lo, offsets, postings
+):
+    """0 if the substring tables of :func:`mih_knn` are exactly those of ``words``, else an
+    error code: 1 postings count, 2 key ranges, 3 offset ranges, 4 offsets not monotone or
+    not spanning the table, 5 a posting out of range, 6 a position twice in one table, 7 a
+    posting filed under another key than its code's substring, 8 trailing entries.
+
+    ``sub_start``, ``sub_len``, ``dense``, ``key_lo``, ``key_hi`` and ``off_lo`` hold one
+    entry per table, ``sub_len`` in ``[1, 63]`` (``<= 24`` for dense tables) and the
+    substrings tile the code (checked by the caller); every other index is checked here
+    before it is used.
+    """
+    m = sub_start.shape[0]
+    n_keys = keys.shape[0]
+    n_off = offsets.shape[0]
+    if postings.shape[0] != m * n:
+        return 1
+    mark = np.zeros(n, np.int64)
+    sub = np.empty(1, np.int64)
+    expected_key = 0
+    expected_off = 0
+    for s in range(m):
+        length = sub_len[s]
+        if key_lo[s] != expected_key or key_hi[s] < key_lo[s] or key_hi[s] > n_keys:
+            return 2
+        if dense[s]:
+            if key_hi[s] != key_lo[s]:
+                return 2
+            n_buckets = 1 << length
+        else:
+            n_buckets = key_hi[s] - key_lo[s]
+            for j in range(key_lo[s], key_hi[s]):
+                if keys[j] < 0 or (keys[j] >> length) != 0:
+                    return 2
+                if j > key_lo[s] and keys[j] <= keys[j - 1]:
+                    return 2
+        expected_key = key_hi[s]
+        base = off_lo[s]
+        if base != expected_off or base + n_buckets + 1 > n_off:
+            return 3
+        if offsets[base] != s * n or offsets[base + n_buckets] != (s + 1) * n:
+            return 4
+        for b in range(n_buckets):
+            if offsets[base + b + 1] < offsets[base + b]:
+                return 4
+            if not dense[s] and offsets[base + b + 1] == offsets[base + b]:
+                return 4
+        expected_off = base + n_buckets + 1
+        for b in range(n_buckets):
+            key = b if dense[s] else keys[key_lo[s] + b]
+            for j in range(offsets[base + b], offsets[base + b + 1]):
+                p = postings[j]
+                if p < 0 or p >= n:
+                    return 5
+                if mark[p] == s + 1:
+                    return 6
+                mark[p] = s + 1
+                substring_keys(words[p * n_words :], 1, n_words, sub_start[s], length, sub)
+                if sub[0] != key:
+                    return 7
+    if expected_key != n_keys or expected_off != n_off:
+        return 8
+    return 0

@@ -10,6 +10,7 @@ No Python dict, no pickle: three flat arrays that save as ``.npy`` and memory-ma
 the inverted TableIndex (boosted-search-forest.txt), the Hamming-ball index (semantic
 hashing, binary-codes-survey.txt §2.2), multi-index hashing's substring tables and the
 banded MinHash index. Lookups are a binary search (``find``), callable from other kernels.
+A table read from a file is checked by :func:`check_table` before any kernel uses it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["build_table", "find", "find_many", "merge_tables", "remove_from_table"]
+__all__ = [
+    "build_table",
+    "check_table",
+    "find",
+    "find_many",
+    "merge_tables",
+    "remove_from_table",
+]
 
 
 def build_table(keys: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -75,3 +83,62 @@ def find_many(keys: np.ndarray, query_keys: np.ndarray) -> np.ndarray:
     inside = pos < len(keys)
     found[inside] = keys[pos[inside]] == query_keys[inside]
     return np.where(found, pos, -1)
+
+
+_TABLE_ERRORS = {
+    1: "offsets do not start at 0 and end at the number of postings",
+    2: "offsets are not strictly increasing (an empty or negative posting list)",
+    3: "keys are not strictly ascending",
+    4: "the number of postings is not the number of items",
+    5: "a posting is outside [0, n)",
+    6: "an item is posted twice",
+}
+
+
+@numba.njit(cache=True, nogil=True)
+def _table_error(keys, offsets, ids, n, positions):
+    u = keys.shape[0]
+    if offsets[0] != 0 or offsets[u] != ids.shape[0]:
+        return 1
+    for j in range(u):
+        if offsets[j + 1] <= offsets[j]:
+            return 2
+        if j > 0 and keys[j] <= keys[j - 1]:
+            return 3
+    if positions:
+        if ids.shape[0] != n:
+            return 4
+        mark = np.zeros(n, np.bool_)
+        for i in range(ids.shape[0]):
+            p = ids[i]
+            if p < 0 or p >= n:
+                return 5
+            if mark[p]:
+                return 6
+            mark[p] = True
+    return 0
+
+
+def check_table(
+    keys: np.ndarray,
+    offsets: np.ndarray,
+    ids: np.ndarray,
+    n: int = 0,
+    *,
+    positions: bool = False,
+    what: str = "the table",
+) -> None:
+    """Raise ``ValueError`` unless ``(keys, offsets, ids)`` is a table as
+    :func:`build_table` makes it: keys strictly ascending, offsets from 0 to ``len(ids)``
+    and strictly increasing (no empty posting list). With ``positions`` the ids are the
+    positions ``0..n-1`` of ``n`` items, each exactly once. O(len(ids)); 1-D integer arrays
+    expected (the caller checks dtypes).
+    """
+    if keys.ndim != 1 or offsets.ndim != 1 or ids.ndim != 1 or len(offsets) != len(keys) + 1:
+        raise ValueError(
+            f"{what} is corrupted: {len(keys)} keys need {len(keys) + 1} offsets, got "
+            f"{len(offsets)}"
+        )
+    error = _table_error(keys, offsets, ids, int(n), bool(positions))
+    if error:
+        raise ValueError(f"{what} is corrupted: {_TABLE_ERRORS[error]}")

@@ -10,7 +10,12 @@ Conventions (all indexes):
   same results.
 * ``remove(ids)`` never renumbers the remaining ids (faiss's flat index does).
 * ids are distinct non-negative int64; ``add`` without ids numbers from one past the largest
-  id ever added.
+  id ever added (a ``ValueError`` once that would pass ``2**63 - 1``).
+* ids and codes live in an :class:`~hashlearn.index._storage.IdStore` (``index.store``)
+  that publishes immutable snapshots: ``search``/``range_search`` may run in any number of
+  threads while another thread calls ``add``/``remove``, and each search sees the index
+  either before or after each write. ``load`` retries when another process replaces the
+  save while it is being read.
 """
 
 from __future__ import annotations
@@ -18,9 +23,14 @@ from __future__ import annotations
 import numpy as np
 
 from hashlearn._validation import check_codes, check_int
+from hashlearn.codes import as_words
+from hashlearn.index._storage import IdStore, load_retrying
 from hashlearn.io import Persistable
 
-__all__ = ["BinaryIndex", "register_index", "make_index", "available_indexes"]
+__all__ = ["BinaryIndex", "register_index", "make_index", "available_indexes", "check_k"]
+
+MAX_RESULT_ENTRIES = 1 << 28
+"""Largest ``m * k`` result of a search whose ``k`` exceeds the index size (3 GiB of D and I)."""
 
 _INDEXES: dict[str, type[BinaryIndex]] = {}
 
@@ -50,30 +60,104 @@ def available_indexes() -> list[str]:
     return sorted(_INDEXES)
 
 
-class BinaryIndex(Persistable):
+def check_k(k, m: int, n: int, owner: str) -> int:
+    """Validate ``k`` for ``m`` queries against ``n`` items: an int >= 1.
+
+    ``k`` above ``n`` is allowed (rows pad with ``-1``) as long as the padded ``(m, k)``
+    result stays below ``MAX_RESULT_ENTRIES`` entries; beyond that it is a ``ValueError``
+    naming ``k`` rather than a ``MemoryError`` from allocating padding.
+    """
+    k = check_int(k, "k", owner)
+    if k > n and m * k > MAX_RESULT_ENTRIES:
+        raise ValueError(
+            f"The 'k' parameter of {owner} is {k}, more than the {n} items in the index, and "
+            f"the padded ({m}, {k}) result would hold {m * k} entries (at most "
+            f"{MAX_RESULT_ENTRIES}). Use k <= len(index)."
+        )
+    return k
+
+
+class IndexBase(Persistable):
+    """What every index shares: ids held in an :class:`IdStore` and a retrying ``load``."""
+
+    _store: IdStore
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    @property
+    def store(self) -> IdStore:
+        """The ids and aligned rows (:class:`~hashlearn.index._storage.IdStore`); read
+        ``store.snapshot`` for one consistent view while other threads write."""
+        return self._store
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Ids of the stored items, ascending (read-only)."""
+        return self._store.snapshot.ids
+
+    @classmethod
+    def load(cls, path, **kwargs):
+        """Load what ``save`` wrote (see :meth:`hashlearn.io.Persistable.load`), reading again
+        when another process replaced the save meanwhile; every array's structure is
+        checked before use."""
+        return load_retrying(lambda: super(IndexBase, cls).load(path, **kwargs), path)
+
+
+class BinaryIndex(IndexBase):
     """Base class of indexes over packed binary codes of ``n_bits`` bits."""
 
     registry_name = ""
 
     def __init__(self, n_bits: int):
         self.n_bits = check_int(n_bits, "n_bits", type(self).__name__)
+        self._n_words = max(1, -(-self.n_bits // 64))
+        self._store = IdStore({"words": ((self._n_words,), np.uint64)}, type(self).__name__)
 
     @property
     def code_size(self) -> int:
         """Bytes per packed code."""
         return (self.n_bits + 7) // 8
 
-    # subclasses provide: __len__, ids, add, search, range_search, remove, _get_state,
-    # _from_state.
+    # subclasses provide: add, search, range_search, remove, _get_state, _from_state, and
+    # an IdStore in self._store whose rows hold the codes as "words".
 
-    def __len__(self) -> int:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @property
+    def codes(self) -> np.ndarray:
+        """Stored codes as ``uint8 (n, code_size)``, in the order of :attr:`ids` (read-only)."""
+        return self._words.view(np.uint8)[:, : self.code_size]
+
+    @property
+    def _words(self) -> np.ndarray:
+        """Stored codes as ``uint64 (n, n_words)`` words (read-only)."""
+        return self._store.snapshot.rows["words"]
+
+    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
+        """Add packed codes ``(n, ceil(n_bits/8))`` uint8 with optional distinct int ids.
+
+        Without ``ids`` the codes are numbered from one past the largest id ever added
+        (``ValueError`` once that would pass ``2**63 - 1``). Duplicate ids, or ids already in
+        the index, raise ``ValueError``. Returns the ids of the added codes (int64, in the
+        order of ``codes``). Safe while other threads search.
+        """
+        codes = check_codes(codes, self.n_bits, "codes")
+        words = as_words(codes).reshape(codes.shape[0], self._n_words)
+        return self._store.add({"words": words}, ids)
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove the codes with these ids; the other ids stay as they are.
+
+        ``missing="raise"`` (default) refuses ids that are not in the index with a
+        ``ValueError`` and removes nothing; ``missing="ignore"`` skips them. Returns the
+        number of codes removed. Safe while other threads search.
+        """
+        return self._store.remove(ids, missing=missing)
 
     def _check_queries(self, queries) -> np.ndarray:
         return check_codes(queries, self.n_bits, "queries")
 
-    def _check_k(self, k) -> int:
-        return check_int(k, "k", f"{type(self).__name__}.search")
+    def _check_k(self, k, m: int, n: int) -> int:
+        return check_k(k, m, n, f"{type(self).__name__}.search")
 
     def _check_radius(self, radius) -> int:
         return check_int(

@@ -28,7 +28,7 @@ Fallback. When the ball is bigger than the database (``sum_{i<=r} C(b, i) > len(
 lookup per ball code costs more than comparing with every code -- in practice already when
 it is bigger than ``len(index) / probe_cost``, a probe being a random memory access and a
 scan step a streamed popcount -- so ``range_search`` scans
-(the flat index kept alongside) for that radius, and ``search(q, k)`` enumerates levels only
+(:func:`~hashlearn.index.flat.scan_range_search` over the same codes) for that radius, and ``search(q, k)`` enumerates levels only
 while the ball stays smaller than the database and scans the queries that have not found ``k``
 items by then. Results are identical either way.
 """
@@ -42,11 +42,12 @@ import numpy as np
 
 from hashlearn._kernels import popcount64
 from hashlearn._parallel import parallel_chunks
-from hashlearn._postings import build_table
+from hashlearn._postings import build_table, check_table
 from hashlearn._validation import check_real
 from hashlearn.codes import as_words
+from hashlearn.index._storage import Snapshot, check_array, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index
-from hashlearn.index.flat import FlatIndex
+from hashlearn.index.flat import scan_range_search, scan_search
 from hashlearn.io import persistable
 
 __all__ = ["HammingBallIndex", "ball_size"]
@@ -194,6 +195,41 @@ def _ball_chunk(
     return counts, pos[:total], dist[:total]
 
 
+@numba.njit(cache=True, nogil=True)
+def _keys_match(db, n_words, keys, offsets, postings):
+    """Whether every posting is filed under its code's key (bounds checked by the caller)."""
+    for b in range(keys.shape[0]):
+        for j in range(offsets[b], offsets[b + 1]):
+            if _key(db, postings[j] * n_words, n_words) != keys[b]:
+                return False
+    return True
+
+
+def _ball_table(keys: np.ndarray, offsets: np.ndarray, postings: np.ndarray) -> dict:
+    """The lookup structure over a table: the table, its directory and occupancy bitmap."""
+    p = int(min(24, max(1, math.ceil(math.log2(max(len(keys), 2))))))
+    shift = 63 - p
+    bounds = np.arange(2**p + 1, dtype=np.int64) << np.int64(shift)
+    bounds[-1] = np.iinfo(np.int64).max
+    directory = np.searchsorted(keys, bounds).astype(np.int64)
+    directory[-1] = len(keys)
+    # occupancy bitmap over the top q bits of the keys (~16 bits per key, <= 128 MiB):
+    # most probed codes are absent, and this answers them without touching the table
+    q = int(min(30, max(6, math.ceil(math.log2(max(len(keys), 2))) + 4)))
+    bitmap_shift = 63 - q
+    bitmap = np.zeros(2 ** (q - 6), np.uint64)
+    _fill_bitmap(keys, bitmap, bitmap_shift)
+    return {
+        "keys": keys,
+        "offsets": offsets,
+        "postings": postings,
+        "directory": directory,
+        "shift": shift,
+        "bitmap": bitmap,
+        "bitmap_shift": bitmap_shift,
+    }
+
+
 @persistable
 @register_index("hamming-ball")
 class HammingBallIndex(BinaryIndex):
@@ -216,90 +252,63 @@ class HammingBallIndex(BinaryIndex):
         answered by a scan instead (``probe_cost=1``: only when the ball is bigger than the
         database). Results are the same either way; only speed differs.
 
-    ``add`` rebuilds the table (``O(n log n)``): add in large batches. ``radius`` means
+    The table is rebuilt (``O(n log n)``) by the first search after an ``add`` or
+    ``remove``: add in large batches. Searches may run in several threads while another
+    thread writes; each sees the index before or after each write. ``radius`` means
     distance ``<= radius`` (faiss: ``< radius``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.index.hamming_ball import HammingBallIndex
+    >>> index = HammingBallIndex(16)
+    >>> index.add(np.array([[0, 0], [1, 0], [3, 0]], np.uint8), ids=[5, 6, 7])
+    array([5, 6, 7])
+    >>> D, I = index.search(np.array([[1, 0]], np.uint8), k=2)
+    >>> D.tolist(), I.tolist()
+    ([[0, 1]], [[6, 5]])
     """
 
     def __init__(self, n_bits: int, probe_cost: float = 32.0):
         super().__init__(n_bits)
         self.probe_cost = check_real(probe_cost, "probe_cost", "HammingBallIndex", low=1.0)
-        self._flat = FlatIndex(n_bits)
-        self._build_table()
-
-    def __len__(self) -> int:
-        return len(self._flat)
-
-    @property
-    def ids(self) -> np.ndarray:
-        """Ids of the stored codes, ascending (read-only view)."""
-        return self._flat.ids
-
-    @property
-    def codes(self) -> np.ndarray:
-        """Stored codes ``uint8 (n, code_size)`` in the order of :attr:`ids`."""
-        return self._flat.codes
 
     @property
     def n_keys(self) -> int:
         """Number of distinct codes (occupied table entries)."""
-        return len(self._keys)
+        return len(self._table_of(self._store.snapshot)["keys"])
 
     # ---------------------------------------------------------------------------- build
 
-    def _build_table(self) -> None:
-        n, n_words = len(self._flat), self._flat._n_words
-        db = self._flat._db_words()
+    def _table_of(self, snap: Snapshot) -> dict:
+        return snap.derived("ball", self._build_table)
+
+    def _build_table(self, snap: Snapshot) -> dict:
+        n, n_words = snap.n, self._n_words
+        db = snap.rows["words"].reshape(-1)
         keys = _keys_of(db, n, n_words) if n else np.zeros(0, np.int64)
-        self._keys, self._offsets, self._postings = build_table(keys, np.arange(n))
-        self._make_directory()
-
-    def _make_directory(self) -> None:
-        p = int(min(24, max(1, math.ceil(math.log2(max(len(self._keys), 2))))))
-        self._shift = 63 - p
-        bounds = np.arange(2**p + 1, dtype=np.int64) << np.int64(self._shift)
-        bounds[-1] = np.iinfo(np.int64).max
-        self._directory = np.searchsorted(self._keys, bounds).astype(np.int64)
-        self._directory[-1] = len(self._keys)
-        # occupancy bitmap over the top q bits of the keys (~16 bits per key, <= 128 MiB):
-        # most probed codes are absent, and this answers them without touching the table
-        q = int(min(30, max(6, math.ceil(math.log2(max(len(self._keys), 2))) + 4)))
-        self._bitmap_shift = 63 - q
-        self._bitmap = np.zeros(2 ** (q - 6), np.uint64)
-        _fill_bitmap(self._keys, self._bitmap, self._bitmap_shift)
-
-    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
-        """Add packed codes with optional distinct ids (see :meth:`FlatIndex.add`)."""
-        new_ids = self._flat.add(codes, ids)
-        if len(new_ids):
-            self._build_table()
-        return new_ids
-
-    def remove(self, ids, *, missing: str = "raise") -> int:
-        """Remove codes by id; the other ids are kept (see :meth:`FlatIndex.remove`)."""
-        removed = self._flat.remove(ids, missing=missing)
-        if removed:
-            self._build_table()
-        return removed
+        return _ball_table(*build_table(keys, np.arange(n)))
 
     # --------------------------------------------------------------------------- search
 
-    def _run_ball(self, queries: np.ndarray, max_level: int, k: int, n_threads: int | None):
+    def _run_ball(self, snap, queries, max_level: int, k: int, n_threads: int | None):
         m = queries.shape[0]
         q_words = as_words(queries)
-        db, n_words = self._flat._db_words(), self._flat._n_words
+        db, n_words = snap.rows["words"].reshape(-1), self._n_words
+        t = self._table_of(snap)
         chunks: dict[int, tuple] = {}
 
         def run(start: int, stop: int) -> None:
             chunks[start] = _ball_chunk(
                 db,
                 n_words,
-                self._keys,
-                self._offsets,
-                self._postings,
-                self._directory,
-                self._shift,
-                self._bitmap,
-                self._bitmap_shift,
+                t["keys"],
+                t["offsets"],
+                t["postings"],
+                t["directory"],
+                t["shift"],
+                t["bitmap"],
+                t["bitmap_shift"],
                 q_words,
                 start,
                 stop,
@@ -317,10 +326,11 @@ class HammingBallIndex(BinaryIndex):
         np.cumsum(counts, out=lims[1:])
         return lims, dist.astype(np.int32), pos
 
-    def _max_level(self) -> int:
+    def _max_level(self, n: int | None = None) -> int:
         """Largest radius whose ball, times ``probe_cost``, is not bigger than the database
-        (-1 if none): beyond it a scan is cheaper."""
-        level, n = -1, len(self)
+        of ``n`` codes (default: the current size; -1 if none): beyond it a scan is cheaper."""
+        level = -1
+        n = len(self) if n is None else n
         while level < self.n_bits and ball_size(self.n_bits, level + 1) * self.probe_cost <= n:
             level += 1
         return level
@@ -333,12 +343,13 @@ class HammingBallIndex(BinaryIndex):
         Sorted by (distance, id). Scans instead when the ball of ``radius`` is bigger than
         the database (same results).
         """
+        snap = self._store.snapshot
         queries = self._check_queries(queries)
         radius = self._check_radius(radius)
-        if radius > self._max_level():
-            return self._flat.range_search(queries, radius, n_threads=n_threads)
-        lims, dist, pos = self._run_ball(queries, radius, 0, n_threads)
-        return lims, dist, self._flat._to_ids(pos)
+        if radius > self._max_level(snap.n):
+            return scan_range_search(snap, queries, radius, self.n_bits, n_threads)
+        lims, dist, pos = self._run_ball(snap, queries, radius, 0, n_threads)
+        return lims, dist, snap.to_ids(pos)
 
     def search(
         self, queries: np.ndarray, k: int, *, n_threads: int | None = None
@@ -349,53 +360,61 @@ class HammingBallIndex(BinaryIndex):
         ball bigger than the database are answered by a scan. Sorted by (distance, id),
         padded with -1.
         """
+        snap = self._store.snapshot
         queries = self._check_queries(queries)
-        k = self._check_k(k)
-        m = queries.shape[0]
+        m, n = queries.shape[0], snap.n
+        k = self._check_k(k, m, n)
         D = np.full((m, k), -1, np.int32)
         I = np.full((m, k), -1, np.int64)  # noqa: E741 - faiss's name
-        if m == 0 or len(self) == 0:
+        if m == 0 or n == 0:
             return D, I
-        k_eff = min(k, len(self))
-        max_level = self._max_level()
+        k_eff = min(k, n)
+        max_level = self._max_level(n)
         short = np.ones(m, bool)
         if max_level >= 0:
-            lims, dist, pos = self._run_ball(queries, max_level, k_eff, n_threads)
+            lims, dist, pos = self._run_ball(snap, queries, max_level, k_eff, n_threads)
             counts = np.diff(lims)
             short = counts < k_eff
             rows = np.flatnonzero(~short)
             if rows.size:
                 take = lims[rows][:, None] + np.arange(k_eff)[None, :]
                 D[rows, :k_eff] = dist[take]
-                I[rows, :k_eff] = self._flat._to_ids(pos[take])
+                I[rows, :k_eff] = snap.to_ids(pos[take])
         if short.any():
-            D_scan, I_scan = self._flat.search(queries[short], k, n_threads=n_threads)
+            D_scan, I_scan = scan_search(snap, queries[short], k, self.n_bits, n_threads)
             D[short], I[short] = D_scan, I_scan
         return D, I
 
     # ---------------------------------------------------------------------- persistence
 
     def _get_state(self):
-        params, state, arrays = self._flat._get_state()
-        params = {**params, "probe_cost": self.probe_cost}
+        snap = self._store.snapshot
+        t = self._table_of(snap)
+        params = {"n_bits": self.n_bits, "probe_cost": self.probe_cost}
         arrays = {
-            **arrays,
-            "keys": self._keys,
-            "offsets": self._offsets,
-            "postings": self._postings,
+            "words": snap.rows["words"],
+            "ids": snap.ids,
+            "keys": t["keys"],
+            "offsets": t["offsets"],
+            "postings": t["postings"],
         }
-        return params, state, arrays
+        return params, {"next_id": snap.next_id}, arrays
 
     @classmethod
     def _from_state(cls, params, state, arrays):
-        """Table arrays load as saved (memory-mappable); directory and bitmap are rebuilt."""
+        """Table arrays load as saved (memory-mappable) once checked against the codes in
+        O(n); the directory and bitmap are rebuilt."""
         index = cls(params["n_bits"], probe_cost=params.get("probe_cost", 32.0))
-        index._flat = FlatIndex._from_state(
-            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]}
-        )
-        index._keys, index._offsets = arrays["keys"], arrays["offsets"]
-        index._postings = arrays["postings"]
-        if len(index._postings) != len(index._flat) or len(index._offsets) != len(index._keys) + 1:
-            raise ValueError("saved HammingBallIndex arrays are inconsistent with each other.")
-        index._make_directory()
+        words, ids, next_id = check_code_state(arrays, state, index.n_bits)
+        n = len(ids)
+        keys = check_array(arrays, "keys", np.int64, 1)
+        offsets = check_array(arrays, "offsets", np.int64, 1)
+        postings = check_array(arrays, "postings", np.int64, 1)
+        check_table(keys, offsets, postings, n, positions=True, what="the code table")
+        if len(keys) and keys[0] < 0:
+            raise ValueError("the code table holds negative keys")
+        if not _keys_match(words.reshape(-1), index._n_words, keys, offsets, postings):
+            raise ValueError("the code table files codes under keys that are not theirs")
+        table = _ball_table(keys, offsets, postings)
+        index._store.restore(ids, {"words": words}, next_id, {"ball": table})
         return index

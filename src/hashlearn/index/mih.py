@@ -23,8 +23,11 @@ posting lists of :mod:`hashlearn._postings`; a table whose key space ``2**len`` 
 saves the binary search. A query whose probing would cost more than a linear scan finishes
 by scanning the codes not yet seen, so the worst case is bounded by FlatIndex's cost.
 
-Tables hold database *positions* (codes are kept sorted by id in an internal FlatIndex), so
-they are rebuilt after ``add``/``remove``; build time is O(n m log n).
+Tables hold database *positions* (codes are kept sorted by id in the index's
+:class:`~hashlearn.index._storage.IdStore`), so they are rebuilt, by the first search after
+an ``add``/``remove``, for the snapshot that search reads; build time is O(n m log n). A
+search marks the candidates it has verified in a per-thread visited bitmap that it clears by
+those candidates only, so its cost is O(candidates), not O(n).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ from hashlearn._parallel import parallel_chunks
 from hashlearn._postings import build_table
 from hashlearn._validation import check_int
 from hashlearn.codes import as_words
+from hashlearn.index._storage import Snapshot, check_array, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index
-from hashlearn.index.flat import FlatIndex
+from hashlearn.index.flat import scan_range_search, scan_search
 from hashlearn.io import persistable
 
 __all__ = ["MultiIndexHashing"]
@@ -66,6 +70,8 @@ class MultiIndexHashing(BinaryIndex):
     -----
     ``search`` and ``range_search`` return exactly what :class:`FlatIndex` returns for the
     same codes and ids (same ``(distance, id)`` order, ``-1`` padding, radius ``<= r``).
+    Searches may run in several threads while another thread adds or removes codes; each
+    sees the index before or after each write.
 
     Examples
     --------
@@ -84,30 +90,17 @@ class MultiIndexHashing(BinaryIndex):
         if not (isinstance(n_substrings, str) and n_substrings == "auto"):
             check_int(n_substrings, "n_substrings", "MultiIndexHashing", low=low, high=self.n_bits)
         self.n_substrings = n_substrings
-        self._flat = FlatIndex(self.n_bits)
-        self._tables: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------------ properties
-
-    def __len__(self) -> int:
-        return len(self._flat)
-
-    @property
-    def ids(self) -> np.ndarray:
-        """Ids of the stored codes, ascending (read-only view)."""
-        return self._flat.ids
-
-    @property
-    def codes(self) -> np.ndarray:
-        """Stored codes ``uint8 (n, code_size)`` in the order of :attr:`ids`."""
-        return self._flat.codes
 
     @property
     def n_substrings_(self) -> int:
         """The number of substring tables in use (resolves ``"auto"``)."""
-        if self._tables is not None:
-            return len(self._tables["sub_start"])
-        return self._resolve_m(len(self))
+        snap = self._store.snapshot
+        tables = snap.cached("mih")
+        if tables is not None:
+            return len(tables["sub_start"])
+        return self._resolve_m(snap.n)
 
     def _resolve_m(self, n: int) -> int:
         low = -(-self.n_bits // _MAX_SUBSTRING_BITS)
@@ -118,34 +111,22 @@ class MultiIndexHashing(BinaryIndex):
 
     # -------------------------------------------------------------------------- building
 
-    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
-        """Add packed codes with optional distinct ids (see :meth:`FlatIndex.add`)."""
-        new_ids = self._flat.add(codes, ids)
-        if len(new_ids):
-            self._tables = None
-        return new_ids
-
-    def remove(self, ids, *, missing: str = "raise") -> int:
-        """Remove codes by id; the other ids stay as they are (see :meth:`FlatIndex.remove`)."""
-        removed = self._flat.remove(ids, missing=missing)
-        if removed:
-            self._tables = None
-        return removed
-
     def build(self) -> MultiIndexHashing:
         """Build the substring tables now (otherwise done by the first search after an add)."""
-        if self._tables is None:
-            self._tables = self._build_tables()
+        self._tables_of(self._store.snapshot)
         return self
 
-    def _build_tables(self) -> dict[str, np.ndarray]:
-        n = len(self)
+    def _tables_of(self, snap: Snapshot) -> dict[str, np.ndarray]:
+        return snap.derived("mih", self._build_tables)
+
+    def _build_tables(self, snap: Snapshot) -> dict[str, np.ndarray]:
+        n = snap.n
         m = self._resolve_m(n)
         bounds = [self.n_bits * s // m for s in range(m + 1)]
         sub_start = np.asarray(bounds[:-1], np.int64)
         sub_len = np.diff(bounds).astype(np.int64)
-        words = self._flat._db_words()
-        n_words = self._flat._n_words
+        words = snap.rows["words"].reshape(-1)
+        n_words = self._n_words
         positions = np.arange(n, dtype=np.int64)
         key_parts, off_parts, post_parts = [], [], []
         dense = np.zeros(m, np.bool_)
@@ -188,19 +169,9 @@ class MultiIndexHashing(BinaryIndex):
             "postings": np.concatenate(post_parts),
         }
 
-    def _table_args(self) -> tuple:
-        t = self.build()._tables
-        return (
-            t["sub_start"],
-            t["sub_len"],
-            t["dense"],
-            t["key_lo"],
-            t["key_hi"],
-            t["keys"],
-            t["off_lo"],
-            t["offsets"],
-            t["postings"],
-        )
+    def _table_args(self, snap: Snapshot) -> tuple:
+        t = self._tables_of(snap)
+        return tuple(t[name] for name in _TABLE_NAMES)
 
     # ---------------------------------------------------------------------------- search
 
@@ -211,21 +182,23 @@ class MultiIndexHashing(BinaryIndex):
 
         Exact: sorted by (distance, id) and padded with ``-1``, exactly as FlatIndex.
         """
+        snap = self._store.snapshot
         queries = self._check_queries(queries)
-        k = self._check_k(k)
-        n, m_q = len(self), queries.shape[0]
+        n, m_q = snap.n, queries.shape[0]
+        k = self._check_k(k, m_q, n)
         if m_q == 0 or n == 0 or k >= n:  # nothing to prune: the linear scan is optimal
-            return self._flat.search(queries, k, n_threads=n_threads)
+            return scan_search(snap, queries, k, self.n_bits, n_threads)
         dist = np.empty((m_q, k), np.int32)
         pos = np.empty((m_q, k), np.int64)
-        db, q_words, n_words = self._flat._db_words(), as_words(queries), self._flat._n_words
-        tables = self._table_args()
+        db, q_words, n_words = snap.rows["words"].reshape(-1), as_words(queries), self._n_words
+        tables = self._table_args(snap)
 
         def probe(start: int, stop: int) -> None:
-            _kernels.mih_knn(db, n, n_words, q_words, start, stop, k, *tables, dist, pos)
+            seen = _kernels.visited_bitmap(n)
+            _kernels.mih_knn(db, n, n_words, q_words, start, stop, k, *tables, dist, pos, seen)
 
         parallel_chunks(probe, m_q, n_threads)
-        return dist, self._flat._to_ids(pos)
+        return dist, snap.to_ids(pos)
 
     def range_search(
         self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
@@ -235,70 +208,107 @@ class MultiIndexHashing(BinaryIndex):
         Returns ``(lims int64 (m+1,), D int32, I int64)`` in CSR form, each query's results
         sorted by (distance, id); identical to :meth:`FlatIndex.range_search`.
         """
+        snap = self._store.snapshot
         queries = self._check_queries(queries)
         radius = self._check_radius(radius)
-        n, m_q = len(self), queries.shape[0]
+        n, m_q = snap.n, queries.shape[0]
         if m_q == 0 or n == 0:
-            return self._flat.range_search(queries, radius, n_threads=n_threads)
-        db, q_words, n_words = self._flat._db_words(), as_words(queries), self._flat._n_words
-        tables = self._table_args()
+            return scan_range_search(snap, queries, radius, self.n_bits, n_threads)
+        db, q_words, n_words = snap.rows["words"].reshape(-1), as_words(queries), self._n_words
+        tables = self._table_args(snap)
         counts = np.zeros(m_q, np.int64)
         no_lims = np.zeros(0, np.int64)
         no_d = np.zeros(0, np.int32)
         no_p = np.zeros(0, np.int64)
-        parallel_chunks(
-            lambda start, stop: _kernels.mih_range(
-                db, n, n_words, q_words, start, stop, radius, *tables, no_lims, no_d, no_p, counts
-            ),
-            m_q,
-            n_threads,
-        )
+
+        def run(start, stop, lims, dist, pos):
+            seen = _kernels.visited_bitmap(n)
+            _kernels.mih_range(
+                db, n, n_words, q_words, start, stop, radius, *tables, lims, dist, pos, counts, seen
+            )
+
+        parallel_chunks(lambda a, b: run(a, b, no_lims, no_d, no_p), m_q, n_threads)
         lims = np.zeros(m_q + 1, np.int64)
         np.cumsum(counts, out=lims[1:])
         dist = np.empty(lims[-1], np.int32)
         pos = np.empty(lims[-1], np.int64)
         if lims[-1]:
-            parallel_chunks(
-                lambda start, stop: _kernels.mih_range(
-                    db, n, n_words, q_words, start, stop, radius, *tables, lims, dist, pos, counts
-                ),
-                m_q,
-                n_threads,
-            )
-        return lims, dist, self._flat._to_ids(pos)
+            parallel_chunks(lambda a, b: run(a, b, lims, dist, pos), m_q, n_threads)
+        return lims, dist, snap.to_ids(pos)
 
     # ------------------------------------------------------------------------ persistence
 
     def _get_state(self):
-        params, state, arrays = self._flat._get_state()
-        self.build()
-        arrays = dict(arrays, **{f"table_{name}": value for name, value in self._tables.items()})
-        return ({"n_bits": self.n_bits, "n_substrings": self.n_substrings}, state, arrays)
+        snap = self._store.snapshot
+        tables = self._tables_of(snap)
+        arrays = {"words": snap.rows["words"], "ids": snap.ids}
+        arrays.update({f"table_{name}": value for name, value in tables.items()})
+        params = {"n_bits": self.n_bits, "n_substrings": self.n_substrings}
+        return params, {"next_id": snap.next_id}, arrays
 
     @classmethod
     def _from_state(cls, params, state, arrays):
         index = cls(params["n_bits"], params["n_substrings"])
-        index._flat = FlatIndex._from_state(
-            {"n_bits": params["n_bits"]}, state, {"words": arrays["words"], "ids": arrays["ids"]}
-        )
-        names = (
-            "sub_start",
-            "sub_len",
-            "dense",
-            "key_lo",
-            "key_hi",
-            "off_lo",
-            "keys",
-            "offsets",
-            "postings",
-        )
-        tables = {name: arrays[f"table_{name}"] for name in names}
-        m = len(tables["sub_start"])
-        if (
-            any(len(tables[name]) != m for name in names[:6])
-            or int(np.sum(tables["sub_len"])) != index.n_bits
-            or len(tables["postings"]) != m * len(index._flat)
-        ):
-            raise ValueError("the substring tables do not match the stored codes.")
-        index._tables = tables
+        words, ids, next_id = check_code_state(arrays, state, index.n_bits)
+        tables = _check_tables(index, words, arrays)
+        index._store.restore(ids, {"words": words}, next_id, {"mih": tables})
         return index
+
+
+# in the order of the kernels' arguments (hashlearn._kernels.mih_knn)
+_TABLE_NAMES = (
+    "sub_start",
+    "sub_len",
+    "dense",
+    "key_lo",
+    "key_hi",
+    "keys",
+    "off_lo",
+    "offsets",
+    "postings",
+)
+_PER_TABLE = ("sub_start", "sub_len", "dense", "key_lo", "key_hi", "off_lo")
+_TABLE_DTYPES = {"dense": np.bool_}
+
+_TABLE_ERRORS = {
+    1: "the postings are not one per code and table",
+    2: "the key ranges of the tables are out of bounds or keys are not ascending substrings",
+    3: "the offset ranges of the tables are out of bounds",
+    4: "the offsets are not monotone or do not span each table's postings",
+    5: "a posting is outside [0, n)",
+    6: "a code is posted twice in one table",
+    7: "a code is posted under another key than its substring",
+    8: "the tables have trailing keys or offsets",
+}
+
+
+def _check_tables(index: MultiIndexHashing, words: np.ndarray, arrays) -> dict[str, np.ndarray]:
+    """The saved substring tables, checked against the codes in O(n m)."""
+    tables = {
+        name: check_array(arrays, f"table_{name}", _TABLE_DTYPES.get(name, np.int64), 1)
+        for name in _TABLE_NAMES
+    }
+    m = len(tables["sub_start"])
+    low = -(-index.n_bits // _MAX_SUBSTRING_BITS)
+    if not low <= m <= index.n_bits or any(len(tables[name]) != m for name in _PER_TABLE):
+        raise ValueError(f"the substring tables do not describe {low}..{index.n_bits} tables")
+    if index.n_substrings != "auto" and m != index.n_substrings:
+        raise ValueError(f"{m} substring tables saved for n_substrings={index.n_substrings}")
+    sub_len, sub_start = tables["sub_len"], tables["sub_start"]
+    if (
+        np.any(sub_len < 1)
+        or np.any(sub_len > _MAX_SUBSTRING_BITS)
+        or int(sub_len.sum()) != index.n_bits
+        or sub_start[0] != 0
+        or np.any(sub_start[1:] != np.cumsum(sub_len)[:-1])
+        or np.any(tables["dense"] & (sub_len > _DENSE_MAX_BITS))
+    ):
+        raise ValueError(f"the substring layout does not tile the {index.n_bits}-bit codes")
+    error = _kernels.mih_check_tables(
+        words.reshape(-1), len(words), index._n_words, *(tables[name] for name in _TABLE_NAMES)
+    )
+    if error:
+        raise ValueError(
+            f"the substring tables do not match the stored codes: {_TABLE_ERRORS[error]}"
+        )
+    return tables

@@ -1,0 +1,404 @@
+"""Ids, row storage and snapshots: the layer every index is built on.
+
+Every index holds items with distinct non-negative int64 ids, kept in ascending order, and
+zero or more *row arrays* aligned with them (``words`` of packed codes for
+:class:`~hashlearn.index.flat.FlatIndex`, one word array per stage for
+:class:`~hashlearn.index.cascade.Cascade`, none for
+:class:`~hashlearn.index.table.TableIndex`, whose items live in its posting tables). An
+:class:`IdStore` owns them, assigns automatic ids, validates explicit ones, removes by id
+and publishes the result as an immutable :class:`Snapshot`.
+
+Concurrency (copy-on-write). A snapshot is never modified after it is published: a writer
+(``add``/``remove``) builds the next snapshot beside the current one while holding the
+store's write lock, then replaces it with one reference assignment. A search reads
+:attr:`IdStore.snapshot` once and works on that snapshot only, so any number of threads may
+search while one thread writes: each search sees the index either before or after each write,
+never a mixture, and never blocks. Writers are serialised by the lock. Appends whose ids are
+all larger than the stored ones write into spare capacity past the rows any snapshot can see,
+so they stay amortised O(new rows).
+
+Data derived from a snapshot (multi-index hashing's substring tables, the Hamming-ball
+table) is cached on the snapshot itself by :meth:`Snapshot.derived`, built once, on first use,
+under the snapshot's own lock.
+
+Loading. :func:`check_ids_array`, :func:`check_next_id`, :func:`check_array` and
+:func:`check_words` verify, in O(n), the structural invariants every loader relies on
+before any kernel sees an array; :func:`load_retrying` re-reads a save that another process
+replaced while it was being read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hashlearn import _kernels
+from hashlearn._validation import check_ids
+
+__all__ = [
+    "ID_MAX",
+    "IdStore",
+    "Snapshot",
+    "check_array",
+    "check_code_state",
+    "check_ids_array",
+    "check_next_id",
+    "check_words",
+    "load_retrying",
+]
+
+ID_MAX = int(np.iinfo(np.int64).max)
+"""Largest id; automatic ids are numbered up to it and no further."""
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+class Snapshot:
+    """One immutable state of an index: ids (ascending), aligned rows, the next automatic id.
+
+    ``rows[name][i]`` belongs to ``ids[i]``. Arrays are read-only views; nothing in a
+    snapshot changes after it is published.
+    """
+
+    __slots__ = ("ids", "rows", "next_id", "_derived", "_lock")
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        rows: Mapping[str, np.ndarray],
+        next_id: int,
+        derived: Mapping[str, Any] | None = None,
+    ):
+        self.ids = _frozen(ids)
+        self.rows = {name: _frozen(value) for name, value in rows.items()}
+        self.next_id = int(next_id)
+        self._derived: dict[str, Any] = dict(derived or {})
+        self._lock = threading.Lock()
+
+    @property
+    def n(self) -> int:
+        """Number of items."""
+        return len(self.ids)
+
+    def to_ids(self, pos: np.ndarray) -> np.ndarray:
+        """Ids at internal positions ``pos`` (``-1`` stays ``-1``)."""
+        pos = np.asarray(pos)
+        if self.n == 0:
+            return np.full(pos.shape, -1, np.int64)
+        return np.where(pos >= 0, self.ids[np.maximum(pos, 0)], -1)
+
+    def derived(self, name: str, build: Callable[[Snapshot], Any]) -> Any:
+        """``build(self)``, computed once per snapshot and cached (thread-safe)."""
+        value = self._derived.get(name)
+        if value is None:
+            with self._lock:
+                value = self._derived.get(name)
+                if value is None:
+                    value = build(self)
+                    self._derived[name] = value
+        return value
+
+    def cached(self, name: str) -> Any:
+        """The derived value ``name`` if it was built, else ``None``."""
+        return self._derived.get(name)
+
+
+class IdStore:
+    """Ids, aligned row arrays and the next automatic id, published as :class:`Snapshot`.
+
+    Parameters
+    ----------
+    row_shapes : mapping
+        ``name -> (trailing shape, dtype)`` of every row array.
+    owner : str
+        The index's class name, for error messages.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> store = IdStore({"keys": ((), np.int64)}, "Example")
+    >>> store.add({"keys": np.array([7, 8])}).tolist()
+    [0, 1]
+    >>> store.add({"keys": np.array([9])}, ids=[10]).tolist()
+    [10]
+    >>> store.remove([0])
+    1
+    >>> snap = store.snapshot
+    >>> snap.ids.tolist(), snap.rows["keys"].tolist(), snap.next_id
+    ([1, 10], [8, 9], 11)
+    """
+
+    def __init__(self, row_shapes: Mapping[str, tuple[tuple[int, ...], Any]], owner: str):
+        self.owner = owner
+        self.row_shapes = {name: (tuple(s), np.dtype(d)) for name, (s, d) in row_shapes.items()}
+        self._lock = threading.RLock()
+        self._buffers: dict[str, np.ndarray] | None = None  # spare capacity for appends
+        self._snapshot = Snapshot(
+            np.zeros(0, np.int64),
+            {name: np.zeros((0, *s), d) for name, (s, d) in self.row_shapes.items()},
+            0,
+        )
+
+    # ------------------------------------------------------------------------ reading
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The current state (one atomic read; hold on to it for a consistent view)."""
+        return self._snapshot
+
+    def __len__(self) -> int:
+        return self._snapshot.n
+
+    # ------------------------------------------------------------------------ writing
+
+    @contextlib.contextmanager
+    def writing(self):
+        """Hold the write lock (re-entrant): one writer at a time."""
+        with self._lock:
+            yield self._snapshot
+
+    def publish(self, snapshot: Snapshot, *, buffers: dict[str, np.ndarray] | None = None):
+        """Make ``snapshot`` the current state (callers hold :meth:`writing`)."""
+        with self._lock:
+            self._buffers = buffers
+            self._snapshot = snapshot
+
+    def new_ids(self, ids, m: int) -> np.ndarray:
+        """Ids for ``m`` new items: validated explicit ones, or the next ``m`` automatic ones.
+
+        Raises ``ValueError`` for duplicates, ids already present and an exhausted id space.
+        """
+        snap = self._snapshot
+        if ids is None:
+            if m == 0:
+                return np.zeros(0, np.int64)
+            if snap.next_id + m - 1 > ID_MAX:
+                raise ValueError(
+                    f"{self.owner}: the int64 id space is exhausted: automatic ids would run "
+                    f"from {snap.next_id} past {ID_MAX}. Pass explicit ids instead."
+                )
+            return np.arange(snap.next_id, snap.next_id + m, dtype=np.int64)
+        new_ids = check_ids(ids, m)
+        if m and snap.n:
+            present = np.isin(new_ids, snap.ids)
+            if present.any():
+                raise ValueError(
+                    f"ids already in the index: {new_ids[present][:5].tolist()}. "
+                    "Remove them first to replace their items."
+                )
+        return new_ids
+
+    def plan_add(self, rows: Mapping[str, np.ndarray], new_ids: np.ndarray):
+        """The snapshot after adding ``rows`` under ``new_ids`` (not published).
+
+        Returns ``(snapshot, buffers, old_to_new, added_to_new)``: the positions of the old
+        items and of the added ones (in the order given) in the new snapshot.
+        """
+        snap = self._snapshot
+        m, n = len(new_ids), snap.n
+        for name, (shape, dtype) in self.row_shapes.items():
+            if rows[name].shape != (m, *shape) or rows[name].dtype != dtype:
+                raise ValueError(f"row array {name!r} must be {dtype} of shape {(m, *shape)}")
+        order = np.argsort(new_ids, kind="stable")
+        sorted_ids = new_ids[order]
+        next_id = max(snap.next_id, int(sorted_ids[-1]) + 1) if m else snap.next_id
+        if m == 0:
+            return snap, self._buffers, np.arange(n), np.zeros(0, np.int64)
+        added_to_new = np.empty(m, np.int64)
+        if n == 0 or sorted_ids[0] > snap.ids[-1]:
+            # append: write past the rows every published snapshot can see
+            buffers = self._buffers
+            end = n + m
+            if buffers is None or len(buffers["ids"]) < end:
+                capacity = max(end, 2 * n, 1024)
+                grown = {"ids": np.zeros(capacity, np.int64)}
+                grown["ids"][:n] = snap.ids
+                for name, (shape, dtype) in self.row_shapes.items():
+                    grown[name] = np.zeros((capacity, *shape), dtype)
+                    grown[name][:n] = snap.rows[name]
+                buffers = grown
+            buffers["ids"][n:end] = sorted_ids
+            for name in self.row_shapes:
+                buffers[name][n:end] = rows[name][order]
+            new = Snapshot(
+                buffers["ids"][:end], {k: buffers[k][:end] for k in self.row_shapes}, next_id
+            )
+            added_to_new[order] = np.arange(n, end)
+            return new, buffers, np.arange(n), added_to_new
+        all_ids = np.concatenate([snap.ids, new_ids])
+        merged = np.argsort(all_ids, kind="stable")
+        rank = np.empty(n + m, np.int64)
+        rank[merged] = np.arange(n + m)
+        new_rows = {
+            name: np.concatenate([snap.rows[name], rows[name]])[merged] for name in self.row_shapes
+        }
+        new = Snapshot(all_ids[merged], new_rows, next_id)
+        return new, None, rank[:n], rank[n:]
+
+    def add(self, rows: Mapping[str, np.ndarray], ids=None) -> np.ndarray:
+        """Add items (``rows[name]`` aligned with them); returns their ids (input order)."""
+        with self.writing():
+            m = len(next(iter(rows.values()))) if rows else 0
+            new_ids = self.new_ids(ids, m)
+            snap, buffers, _, _ = self.plan_add(rows, new_ids)
+            self.publish(snap, buffers=buffers)
+            return new_ids
+
+    def plan_remove(self, ids, missing: str = "raise"):
+        """The snapshot without ``ids`` (not published): ``(snapshot, keep, removed)``.
+
+        ``missing="raise"`` refuses ids not present with a ``ValueError``; ``"ignore"`` skips
+        them. ``keep`` is the boolean mask of the old items that stay.
+        """
+        if missing not in ("raise", "ignore"):
+            raise ValueError(f"missing must be 'raise' or 'ignore'. Got {missing!r}.")
+        if isinstance(ids, np.ma.MaskedArray):
+            raise TypeError("ids must be a plain array of integers, not a masked array.")
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise ValueError(
+                f"ids must be a 1-D array of integers. Got shape {ids.shape}, dtype {ids.dtype}."
+            )
+        snap = self._snapshot
+        drop = np.isin(snap.ids, ids)
+        if missing == "raise":
+            unknown = ~np.isin(ids, snap.ids)
+            if unknown.any():
+                raise ValueError(f"ids not in the index: {ids[unknown][:5].tolist()}.")
+        removed = int(drop.sum())
+        keep = ~drop
+        if not removed:
+            return snap, keep, 0
+        new = Snapshot(
+            snap.ids[keep], {name: snap.rows[name][keep] for name in self.row_shapes}, snap.next_id
+        )
+        return new, keep, removed
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove items by id (the others keep theirs); returns how many were removed."""
+        with self.writing():
+            snap, _, removed = self.plan_remove(ids, missing)
+            if removed:
+                self.publish(snap)
+            return removed
+
+    def restore(
+        self,
+        ids: np.ndarray,
+        rows: Mapping[str, np.ndarray],
+        next_id: int,
+        derived: Mapping[str, Any] | None = None,
+    ) -> Snapshot:
+        """Publish a loaded state (callers validate it first, see :func:`check_ids_array`)."""
+        snap = Snapshot(ids, rows, next_id, derived)
+        self.publish(snap)
+        return snap
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def check_array(arrays: Mapping[str, np.ndarray], name: str, dtype, ndim: int) -> np.ndarray:
+    """``arrays[name]``, required to be a plain ``dtype`` array of ``ndim`` dimensions."""
+    if name not in arrays:
+        raise ValueError(f"array {name!r} is missing")
+    arr = arrays[name]
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
+        got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise ValueError(
+            f"array {name!r} must be {np.dtype(dtype)} with {ndim} dimension(s); got {got}"
+        )
+    return arr
+
+
+def check_ids_array(arrays: Mapping[str, np.ndarray], name: str = "ids") -> np.ndarray:
+    """Saved ids: int64, 1-D, non-negative and strictly ascending (so distinct)."""
+    ids = check_array(arrays, name, np.int64, 1)
+    if len(ids) and ids[0] < 0:
+        raise ValueError(f"array {name!r} holds negative ids")
+    if not _kernels.strictly_increasing(ids):
+        raise ValueError(f"array {name!r} is not strictly ascending (ids sorted and distinct)")
+    return ids
+
+
+def check_next_id(state: Mapping[str, Any], ids: np.ndarray) -> int:
+    """``state["next_id"]``: an int above every stored id, at most ``2**63``."""
+    value = state.get("next_id")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"state 'next_id' must be an integer; got {value!r}")
+    low = int(ids[-1]) + 1 if len(ids) else 0
+    if not low <= value <= ID_MAX + 1:
+        raise ValueError(
+            f"state 'next_id' = {value} must be in [{low}, 2**63] (above every stored id)"
+        )
+    return value
+
+
+def check_words(words: np.ndarray, n_bits: int, name: str) -> None:
+    """Packed codes as ``uint64 (n, n_words)`` words: the bits past ``n_bits`` must be 0."""
+    n_words = words.shape[1]
+    if n_words != max(1, -(-n_bits // 64)):
+        raise ValueError(f"array {name!r} has {n_words} words per code for {n_bits}-bit codes")
+    spare = n_words * 64 - n_bits
+    if spare and len(words):
+        mask = np.uint64(((1 << spare) - 1) << (64 - spare))
+        if _kernels.any_bits(words[:, n_words - 1], mask):
+            raise ValueError(
+                f"array {name!r} has non-zero padding bits above bit {n_bits} of its codes"
+            )
+
+
+def check_code_state(
+    arrays: Mapping[str, np.ndarray], state: Mapping[str, Any], n_bits: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(words, ids, next_id)`` of a saved index of packed codes, every invariant checked:
+    ``words`` uint64 ``(n, n_words)`` with zero padding bits, ``ids`` as
+    :func:`check_ids_array`, ``next_id`` as :func:`check_next_id`."""
+    ids = check_ids_array(arrays)
+    words = check_array(arrays, "words", np.uint64, 2)
+    n_words = max(1, -(-n_bits // 64))
+    if words.shape != (len(ids), n_words):
+        raise ValueError(
+            f"arrays 'words' {words.shape} and 'ids' {ids.shape} do not fit together for "
+            f"{n_bits}-bit codes (expected words of shape ({len(ids)}, {n_words}))"
+        )
+    check_words(words, n_bits, "words")
+    return words, ids, check_next_id(state, ids)
+
+
+def _meta_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256((path / "meta.json").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def load_retrying(load: Callable[[], Any], path: str | os.PathLike, attempts: int = 20) -> Any:
+    """``load()``, retried while ``path/meta.json`` changes under it.
+
+    Another process saving over ``path`` replaces ``meta.json`` and then deletes the previous
+    generation's array files; a load that read the old ``meta.json`` can then miss a file or
+    see appended bytes. When a load fails and ``meta.json`` is no longer what it was when the
+    attempt started, the save switched generations meanwhile: read again. A failure with an
+    unchanged ``meta.json`` is a real error and is raised.
+    """
+    path = Path(path)
+    for attempt in range(attempts):
+        before = _meta_digest(path)
+        try:
+            return load()
+        except (ValueError, OSError):
+            if attempt == attempts - 1 or before is None or _meta_digest(path) == before:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
