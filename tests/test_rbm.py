@@ -137,3 +137,26 @@ def test_beats_lsh_at_32_bits_fashion_mnist():
         h.fit(db, ydb)
         scores[name] = recall_at_m(hamming_cdist(h.encode(q), h.encode(db), 32), truth, [500])[0]
     assert scores["rbm"] > scores["lsh"] + 0.02, scores
+
+
+def test_pretraining_settings_are_parameters(tmp_path, capsys):
+    """The CD-1 mini-batch and weight decay are parameters (no hidden constants): changing
+    either changes the pre-trained weights; the saved hasher keeps them and its layer sizes."""
+    X = np.random.RandomState(0).randn(120, 6)
+    kw = dict(n_bits=8, hidden_layers=(12,), pretrain_epochs=2, finetune_epochs=0, random_state=0)
+    base = RBMHashing(**kw).fit(X)
+    assert base.get_params()["pretrain_batch_size"] == 100
+    assert base.get_params()["weight_decay"] == 2e-4
+    for change in ({"pretrain_batch_size": 10}, {"weight_decay": 0.1}):
+        other = RBMHashing(**kw, **change).fit(X)
+        assert not np.allclose(other.coef0_, base.coef0_), change
+    h = RBMHashing(**kw, pretrain_batch_size=10, weight_decay=0.1, verbose=True).fit(X)
+    assert "pre-trained layer 1" in capsys.readouterr().err
+    h.save(tmp_path / "rbm")
+    back = load(tmp_path / "rbm")
+    assert back.get_params() == h.get_params() and back.hidden_layers == (12,)
+    np.testing.assert_array_equal(back.encode(X), h.encode(X))
+    with pytest.raises(ValueError, match="'pretrain_batch_size' parameter"):
+        RBMHashing(**{**kw, "pretrain_batch_size": 0}).fit(X)
+    with pytest.raises(ValueError, match="'weight_decay' parameter"):
+        RBMHashing(**{**kw, "weight_decay": -1.0}).fit(X)

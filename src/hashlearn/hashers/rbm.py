@@ -36,8 +36,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._validation import check_int, check_real
-from hashlearn.hashers.base import BaseHasher, register_hasher
+from hashlearn.hashers.base import BaseHasher, estimator_state, register_hasher
 from hashlearn.io import persistable
+from hashlearn.kernels import log_message
 
 __all__ = ["RBMHashing"]
 
@@ -111,7 +112,14 @@ class RBMHashing(BaseHasher):
         CD-1 learning rate (the Gaussian layer uses a tenth) and Adam step size.
     n_neighbors : int, default=10
         Neighbours per item within a batch for the unsupervised (Euclidean) target.
+    pretrain_batch_size : int, default=100
+        CD-1 mini-batch of the pre-training (Hinton's practical guide uses 10-100).
+    weight_decay : float, default=2e-4
+        L2 weight decay of the CD-1 updates (Hinton's guide: 1e-2 to 1e-5).
     random_state : int, RandomState or None
+    verbose : bool, default=False
+        Log each layer and each fine-tuning epoch (NCA objective) at INFO level to the
+        ``"hashlearn"`` logger, and make sure they are shown.
 
     Attributes
     ----------
@@ -122,6 +130,18 @@ class RBMHashing(BaseHasher):
         Weights ``(in, out)`` and biases of layer ``i`` after fine-tuning.
     nca_objective_ : ndarray (finetune_epochs,)
         Mean NCA objective per item (probability mass on same-class items) per epoch.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.hashers import RBMHashing
+    >>> X = np.random.RandomState(0).randn(64, 5)
+    >>> h = RBMHashing(n_bits=8, hidden_layers=(16,), pretrain_epochs=1, finetune_epochs=2,
+    ...                random_state=0).fit(X)
+    >>> h.encode(X[:3]).shape
+    (3, 1)
+    >>> h.n_layers_, h.coef0_.shape, h.coef1_.shape
+    (2, (5, 16), (16, 8))
     """
 
     def __init__(
@@ -134,7 +154,10 @@ class RBMHashing(BaseHasher):
         pretrain_lr: float = 0.05,
         finetune_lr: float = 0.01,
         n_neighbors: int = 10,
+        pretrain_batch_size: int = 100,
+        weight_decay: float = 2e-4,
         random_state=None,
+        verbose: bool = False,
     ):
         self.n_bits = n_bits
         self.hidden_layers = hidden_layers
@@ -144,7 +167,10 @@ class RBMHashing(BaseHasher):
         self.pretrain_lr = pretrain_lr
         self.finetune_lr = finetune_lr
         self.n_neighbors = n_neighbors
+        self.pretrain_batch_size = pretrain_batch_size
+        self.weight_decay = weight_decay
         self.random_state = random_state
+        self.verbose = verbose
 
     # --------------------------------------------------------------------------- network
 
@@ -184,6 +210,8 @@ class RBMHashing(BaseHasher):
             check_int(getattr(self, name), name, owner, low=0)
         check_int(self.batch_size, "batch_size", owner, low=2)
         check_int(self.n_neighbors, "n_neighbors", owner)
+        check_int(self.pretrain_batch_size, "pretrain_batch_size", owner)
+        check_real(self.weight_decay, "weight_decay", owner, low=0)
         check_real(self.pretrain_lr, "pretrain_lr", owner, low=0, low_open=True)
         check_real(self.finetune_lr, "finetune_lr", owner, low=0, low_open=True)
         return hidden
@@ -209,11 +237,19 @@ class RBMHashing(BaseHasher):
                 gaussian=gaussian,
                 epochs=self.pretrain_epochs,
                 lr=self.pretrain_lr * (0.1 if gaussian else 1.0),
-                batch_size=100,
-                weight_decay=2e-4,
+                batch_size=self.pretrain_batch_size,
+                weight_decay=self.weight_decay,
                 rng=rng,
             )
             layers.append((W, b))
+            log_message(
+                self.verbose,
+                "RBMHashing: pre-trained layer %d (%d -> %d units, CD-1, %d epochs)",
+                i + 1,
+                data.shape[1],
+                size,
+                self.pretrain_epochs,
+            )
             data = expit(data @ W + b)
         # 2. NCA fine-tuning
         similar_matrix = None
@@ -258,6 +294,13 @@ class RBMHashing(BaseHasher):
                     v_hat = adam_v[j] / (1 - 0.999**step)
                     p += self.finetune_lr * m_hat / (np.sqrt(v_hat) + 1e-8)  # ascent on O_NCA
             objective[epoch] = total / max(count, 1)
+            log_message(
+                self.verbose,
+                "RBMHashing: fine-tuning epoch %d/%d, NCA objective %.4f",
+                epoch + 1,
+                self.finetune_epochs,
+                objective[epoch],
+            )
         self.n_layers_ = len(layers)
         for i, (W, b) in enumerate(layers):
             setattr(self, f"coef{i}_", W)
@@ -310,13 +353,8 @@ class RBMHashing(BaseHasher):
     def _get_state(self):
         check_is_fitted(self)
         hidden = list(self._check_params())
-        original = self.hidden_layers
-        self.hidden_layers = None  # the base class stores only scalar parameters
-        try:
-            params, state, arrays = super()._get_state()
-        finally:
-            self.hidden_layers = original
-        params["hidden_layers"] = hidden
+        params, state, arrays = estimator_state(self, skip_params=("hidden_layers",))
+        params["hidden_layers"] = hidden  # a JSON list of ints
         return params, state, arrays
 
     @classmethod
