@@ -368,6 +368,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--min-words", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--chunks-dir",
+        type=Path,
+        default=None,
+        help="where finished chunks are kept (default <out>/chunks-<fingerprint>); pass "
+        "another run's to reuse its chunks, e.g. for a smaller data set while it runs",
+    )
     parser.add_argument("--corpus-only", action="store_true", help="count the corpus and exit")
     args = parser.parse_args(argv)
     out = args.out.expanduser()
@@ -406,8 +413,13 @@ def main(argv: list[str] | None = None) -> None:
     if out.is_symlink():
         sys.exit(f"make_embeddings: {out} is a symbolic link; refusing to write through it.")
     out.mkdir(parents=True, exist_ok=True)
-    work = out / f"chunks-{fp}"
-    work.mkdir(exist_ok=True)
+    work = (args.chunks_dir or out / f"chunks-{fp}").expanduser()
+    work.mkdir(parents=True, exist_ok=True)
+    stamp = work / "FINGERPRINT"
+    if stamp.is_file() and stamp.read_text().strip() != fp:
+        sys.exit(f"make_embeddings: {work} holds chunks of another corpus or parameters.")
+    if not stamp.is_file():
+        _save_text(stamp, fp + "\n")
     model = MiniLM(model_dir(), args.max_tokens)
     n_chunks = (len(texts) + CHUNK - 1) // CHUNK
     t_embed = time.time()
