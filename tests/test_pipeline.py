@@ -1,0 +1,126 @@
+"""The reproductions' shared evaluation loop: specs x bits x seeds -> tidy records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hashlearn import load_digits
+from hashlearn.codes import hamming_cdist
+from hashlearn.evaluate import knn_classification_error, precision_recall_at_radius, recall_at_m
+from hashlearn.experiments.pipeline import (
+    MethodSpec,
+    Split,
+    knn_error,
+    pr_curve_auc,
+    precision_at_radius,
+    recall_at_m_curve,
+    run_specs,
+    summarize,
+)
+from hashlearn.hashers import make_hasher
+
+
+@pytest.fixture(scope="module")
+def digits_split():
+    X, y = load_digits()
+    X = X[:600] / 16.0
+    split = Split.holdout(X, y[:600], n_queries=100, random_state=0)
+    return split.with_euclidean_truth(20).with_label_relevance()
+
+
+def test_holdout_partitions_the_rows():
+    X = np.arange(40, dtype=np.float64).reshape(20, 2)
+    y = np.arange(20)
+    s = Split.holdout(X, y, n_queries=5, random_state=1)
+    assert s.X_q.shape == (5, 2) and s.X_db.shape == (15, 2)
+    assert sorted(np.r_[s.y_q, s.y_db].tolist()) == list(range(20))
+    np.testing.assert_array_equal(s.X_q[:, 0] / 2, s.y_q)  # rows keep their labels
+    with pytest.raises(ValueError, match="n_queries"):
+        Split.holdout(X, n_queries=20)
+
+
+def test_records_equal_direct_measurement(digits_split):
+    """Every column equals the measure computed by hand from the same hasher (oracle)."""
+    s = digits_split
+    specs = [MethodSpec("LSH", "lsh"), MethodSpec("PCAH", "pca")]
+    measures = [
+        recall_at_m_curve([10, 100]),
+        precision_at_radius(2, "label"),
+        knn_error(n_bins=2),
+        pr_curve_auc("label"),
+    ]
+    records = run_specs(specs, s, bits=[16], seeds=[3], measures=measures)
+    assert [r["method"] for r in records] == ["LSH", "PCAH"]
+    for rec, name in zip(records, ["lsh", "pca"], strict=True):
+        h = make_hasher(name, n_bits=16)
+        if "random_state" in h.get_params():
+            h.set_params(random_state=3)
+        h.fit(s.X_db)
+        d = hamming_cdist(h.encode(s.X_q), h.encode(s.X_db), 16)
+        want = recall_at_m(d, s.truth["euclidean"], [10, 100], random_state=0)
+        assert rec["recall@10"] == pytest.approx(want[0])
+        assert rec["recall@100"] == pytest.approx(want[1])
+        p, r = precision_recall_at_radius(d, s.relevant("label"), 2, aggregate="per_query")
+        assert rec["precision@r2"] == pytest.approx(p) and rec["recall@r2"] == pytest.approx(r)
+        err = knn_classification_error(d, s.y_db.astype(np.int64), s.y_q.astype(np.int64), k=2)
+        assert rec["knn_error@2bins"] == pytest.approx(err)
+        assert 0.0 <= rec["pr_auc"] <= 1.0
+        assert rec["fit_cpu_s"] >= 0 and rec["encode_cpu_s"] >= 0
+
+
+def test_same_seed_same_records_and_summary(digits_split):
+    specs = [MethodSpec("LSH", "lsh")]
+    kw = dict(bits=[8, 16], seeds=[0, 1], measures=[recall_at_m_curve([50])])
+    a = run_specs(specs, digits_split, **kw)
+    b = run_specs(specs, digits_split, **kw)
+    assert [r["recall@50"] for r in a] == [r["recall@50"] for r in b]
+    summary = summarize(a, "recall@50")
+    assert set(summary) == {("LSH", 8), ("LSH", 16)}
+    mean, std, n = summary[("LSH", 16)]
+    vals = [r["recall@50"] for r in a if r["bits"] == 16]
+    assert n == 2 and mean == pytest.approx(np.mean(vals)) and std == pytest.approx(np.std(vals))
+    # more bits rank the Euclidean neighbours better (LSH converges to the angle)
+    assert summary[("LSH", 16)][0] > summary[("LSH", 8)][0]
+
+
+def test_supervision_kinds_and_progress(digits_split):
+    calls = []
+
+    class Bar:
+        def __init__(self, total, desc):
+            calls.append(("new", total, desc))
+
+        def update(self, n):
+            calls.append(("update", n))
+
+        def close(self):
+            calls.append(("close",))
+
+    specs = [
+        MethodSpec("BoostSSC", "boosted-ssc", {"n_pairs": 2000}, supervision="labels"),
+        MethodSpec(
+            "MLH",
+            "mlh",
+            {"rho": 3, "lam": 0.5, "epsilon": 0.1, "n_epochs": 2},
+            supervision="neighbors",
+            n_neighbors=20,
+            n_pairs=5000,
+        ),
+    ]
+    records = run_specs(
+        specs, digits_split, bits=[8], seeds=[0], measures=[knn_error(radius=1)], progress=Bar
+    )
+    assert len(records) == 2
+    assert calls[0] == ("new", 2, "methods") and calls[-1] == ("close",)
+    assert sum(1 for c in calls if c[0] == "update") == 2
+    unlabeled = Split(X_db=digits_split.X_db, X_q=digits_split.X_q)
+    with pytest.raises(ValueError, match="labels"):
+        run_specs(specs[:1], unlabeled, bits=[8], seeds=[0], measures=[])
+
+
+def test_bad_spec_is_refused():
+    with pytest.raises(ValueError, match="supervision"):
+        MethodSpec("x", "lsh", supervision="pairs")
+    with pytest.raises(ValueError, match="Unknown hasher"):
+        MethodSpec("x", "no-such-hasher").build(8, 0)
