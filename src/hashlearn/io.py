@@ -900,7 +900,8 @@ def estimator_from_state(
 
     Then ``obj._check_state()`` runs when the class defines it (it raises ``ValueError`` on
     parameters and arrays that do not fit together), else the generic
-    :func:`check_estimator_state`.
+    :func:`check_estimator_state`, which also honours a class's declared
+    ``_state_shapes``, e.g. ``{"components_": ("n_bits_", "n_features_in_")}``.
     """
     owner = cls.__name__
     allowed = set(cls._get_param_names()) if hasattr(cls, "_get_param_names") else None
@@ -949,7 +950,10 @@ def check_estimator_state(obj: Any) -> None:
     """The generic consistency check of a loaded estimator (``_check_state``'s default).
 
     ``n_bits`` must be a positive int and ``n_bits_`` (when fitted) an int in
-    ``[1, n_bits]``; ``n_features_in_`` a positive int. A hasher (it has ``_bits`` and
+    ``[1, n_bits]``; ``n_features_in_`` a positive int. Every fitted attribute named in the
+    class's ``_state_shapes`` (a mapping ``name -> shape``, each dimension an int, ``None``
+    for any, or the name of an int attribute or parameter such as ``"n_bits_"``) must have
+    that shape. A hasher (it has ``_bits`` and
     ``_check_X``) then encodes a two-row probe of ``n_features_in_`` columns: it must run
     and give exactly ``n_bits_`` (else ``n_bits``) bits per row, so an edited ``n_bits`` or
     an array of the wrong shape is refused here instead of giving codes of the wrong width
@@ -967,6 +971,17 @@ def check_estimator_state(obj: Any) -> None:
     d = vars(obj).get("n_features_in_")
     if d is not None and not (_is_int(d) and d >= 1):
         raise ValueError(f"n_features_in_ must be a positive int, got {d!r}")
+    for attr, spec in getattr(type(obj), "_state_shapes", {}).items():
+        value = vars(obj).get(attr)
+        if value is None:
+            continue
+        want = tuple(_resolve_dim(obj, dim) for dim in spec)
+        got = np.shape(value)
+        if len(got) != len(want) or any(
+            w is not None and g != w for g, w in zip(got, want, strict=False)
+        ):
+            shown = tuple("*" if w is None else w for w in want)
+            raise ValueError(f"{attr} has shape {got}, expected {shown} ({spec})")
     if width is None or d is None or not (hasattr(obj, "_bits") and hasattr(obj, "_check_X")):
         return
     probe = np.linspace(-1.0, 1.0, 2 * d).reshape(2, d)
@@ -981,3 +996,12 @@ def check_estimator_state(obj: Any) -> None:
             f"{owner} with n_bits={n_bits} should encode {width} bits per row, but its "
             f"fitted arrays give {bits.shape[1] if bits.ndim == 2 else bits.shape}"
         )
+
+
+def _resolve_dim(obj: Any, dim: Any) -> int | None:
+    if dim is None or _is_int(dim):
+        return dim
+    value = getattr(obj, dim, None)
+    if not _is_int(value):
+        raise ValueError(f"{dim} must be an int to check the shapes, got {value!r}")
+    return value

@@ -1,0 +1,393 @@
+"""Adversarial files, inputs and command lines (issue 13): one regression test per defect.
+
+Each test here failed on the code before the fix: crafted ``meta.json`` accepted, writes
+through planted symbolic links, unchecked hasher state, an unverified ``open``, deletion of
+files the library did not write, leftover temporary directories, ``np.matrix`` queries giving
+wrong results, huge ``k`` as a bare ``MemoryError``, tracebacks from the command line, a
+crash at import without a writable numba cache, and corrupted datasets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hashlearn
+from hashlearn import io
+from hashlearn.hashers import RandomHyperplaneLSH
+from hashlearn.index import FlatIndex
+
+needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+
+
+def _codes(seed: int, n: int, n_bits: int = 64) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, (n_bits + 7) // 8), dtype=np.uint8)
+
+
+@pytest.fixture
+def saved(tmp_path) -> Path:
+    index = FlatIndex(64)
+    index.add(_codes(0, 50))
+    path = tmp_path / "idx"
+    index.save(path)
+    return path
+
+
+def _edit_meta(path: Path, fn) -> None:
+    meta = json.loads((path / "meta.json").read_text())
+    fn(meta)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def _rehash(path: Path, name: str) -> None:
+    """Make meta.json's checksum of array ``name`` match the file again (a crafted save)."""
+
+    def fix(meta):
+        entry = meta["arrays"][name]
+        entry["sha256"] = hashlib.sha256((path / entry["file"]).read_bytes()).hexdigest()
+
+    _edit_meta(path, fix)
+
+
+# ------------------------------------------------------------------ Files 3: format_version
+
+
+@pytest.mark.parametrize("version", [0, -1, True, 1.0, "1", None, [1]])
+def test_format_version_must_be_a_supported_positive_int(saved, version):
+    _edit_meta(saved, lambda m: m.update(format_version=version))
+    with pytest.raises(ValueError, match="format_version|format version"):
+        io.load(saved)
+
+
+def _set(path_in_meta, value):
+    def fn(meta):
+        node = meta
+        for key in path_in_meta[:-1]:
+            node = node[key]
+        node[path_in_meta[-1]] = value
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _set(["generation"], "1"),
+        _set(["generation"], 0),
+        _set(["generation"], True),
+        _set(["arrays", "words", "shape"], [True, 1]),
+        _set(["arrays", "words", "shape"], [-50, 1]),
+        _set(["arrays", "words", "dtype"], "|O"),
+        _set(["arrays", "words", "dtype"], "not a dtype"),
+        _set(["arrays", "words", "dtype"], "uint64"),  # not the canonical '<u8'
+        _set(["arrays", "words", "sha256"], "xyz"),
+        _set(["arrays", "words", "file"], "ids.g1.npy"),  # another array's file
+        _set(["arrays", "words", "file"], "words.g7.npy"),  # not this generation's
+        _set(["arrays", "words", "extra"], 1),
+        _set(["arrays", "words", "appended"], [{"rows": -1, "sha256": "0" * 64}]),
+        _set(["arrays", "words", "appended"], [{"rows": 10**6, "sha256": "0" * 64}]),
+        _set(["arrays", "words", "appended"], "none"),
+        _set(["surprise"], {}),
+    ],
+)
+def test_every_meta_field_is_type_checked(saved, damage):
+    _edit_meta(saved, damage)
+    for verify in (True, False):
+        with pytest.raises(ValueError, match="meta.json is corrupted"):
+            io.load(saved, verify=verify)
+
+
+def test_appended_row_counts_must_equal_the_header(tmp_path):
+    """A meta.json whose appended rows disagree with the .npy header is refused unverified."""
+    path = tmp_path / "idx"
+    index = FlatIndex(64)
+    index.add(_codes(0, 20))
+    index.save(path)
+    opened = FlatIndex.open(path)
+    opened.add(_codes(1, 5))
+    opened.add(_codes(2, 5))
+
+    def shift(meta):  # move one row from the header's count to the first appended block
+        for entry in meta["arrays"].values():
+            entry["appended"][0]["rows"] += 1
+
+    _edit_meta(path, shift)
+    with pytest.raises(ValueError, match="header"):
+        io.load(path, verify=False)
+
+
+def test_npy_header_dtype_must_match_meta(saved):
+    words = np.load(saved / "words.g1.npy")
+    np.save(saved / "words.g1.npy", words.view(np.int64))  # same bytes, other header
+    _rehash(saved, "words")
+    with pytest.raises(ValueError, match="dtype"):
+        io.load(saved)
+
+
+def test_trailing_bytes_after_a_plain_array_are_refused(saved):
+    with open(saved / "ids.g1.npy", "ab") as f:
+        f.write(b"\0" * 8)
+    _rehash(saved, "ids")
+    with pytest.raises(ValueError, match="ids.g1.npy"):
+        io.load(saved)
+
+
+# ------------------------------------------------------------- io.require_array / state
+
+
+def test_require_array_checks_presence_dtype_shape_and_bounds():
+    arrays = {"postings": np.array([0, 3, 1], np.int32), "words": np.zeros((4, 2), np.uint64)}
+    assert io.require_array(arrays, "postings", np.int32, 1, low=0, high=4) is arrays["postings"]
+    io.require_array(arrays, "words", np.uint64, shape=(None, 2))
+    cases = [
+        (("missing", np.int32), "missing"),
+        (("postings", np.int64), "dtype"),
+        (("postings", np.int32, 2), "dimension"),
+        (("words", np.uint64), None),
+    ]
+    for args, match in cases:
+        if match is None:
+            io.require_array(arrays, *args)
+            continue
+        with pytest.raises(ValueError, match=match):
+            io.require_array(arrays, *args)
+    with pytest.raises(ValueError, match="shape"):
+        io.require_array(arrays, "words", np.uint64, shape=(4, 3))
+    with pytest.raises(ValueError, match=r"values in \[0, 3\]"):
+        io.require_array(arrays, "postings", np.int32, low=0, high=3)
+    with pytest.raises(ValueError, match="state entry 'next_id'"):
+        io.require_state({"next_id": True}, "next_id", int)
+    assert io.require_state({"next_id": 4}, "next_id", int, low=0) == 4
+    assert io.require_state({}, "tau", float, optional=True) is None
+
+
+# ------------------------------------------------------------------ Files 2: no symlinks
+
+
+@needs_symlinks
+@pytest.mark.parametrize("planted", ["words.g2.npy", "ids.g2.npy", "meta.json.tmp"])
+def test_save_never_writes_through_a_planted_symlink(saved, tmp_path, planted):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.symlink(victim, saved / planted)
+    index = FlatIndex.load(saved)
+    index.add(_codes(3, 2))
+    with pytest.raises(ValueError, match="symbolic link"):
+        index.save(saved)
+    assert victim.read_bytes() == b"precious"
+    assert len(FlatIndex.load(saved)) == 50  # the save is untouched and still loads
+
+
+@needs_symlinks
+def test_append_in_place_never_writes_through_a_symlink(saved, tmp_path):
+    victim = tmp_path / "victim.npy"
+    (saved / "words.g1.npy").rename(victim)
+    os.symlink(victim, saved / "words.g1.npy")
+    before = victim.read_bytes()
+    for verify in (True, False):
+        with pytest.raises(ValueError, match="symbolic link"):
+            FlatIndex.open(saved, verify=verify).add(_codes(4, 3))
+    with pytest.raises(ValueError, match="symbolic link"):
+        io.append_rows(saved, {"words": np.zeros((1, 1), np.uint64)})
+    assert victim.read_bytes() == before
+
+
+@needs_symlinks
+def test_first_save_never_writes_through_a_dangling_link(tmp_path):
+    victim = tmp_path / "victim"
+    os.symlink(victim, tmp_path / "idx")
+    index = FlatIndex(64)
+    index.add(_codes(0, 3))
+    with pytest.raises(ValueError, match="symbolic link"):
+        index.save(tmp_path / "idx")
+    assert not victim.exists()
+
+
+# ------------------------------------------------------------ Files 4: open verifies
+
+
+def test_open_verifies_the_checksums_by_default(saved):
+    raw = bytearray((saved / "words.g1.npy").read_bytes())
+    raw[-3] ^= 0x40
+    (saved / "words.g1.npy").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="checksum"):
+        FlatIndex.open(saved)
+    assert len(FlatIndex.open(saved, verify=False)) == 50  # the explicit fast path
+
+
+# --------------------------------------------------- Files 5: delete only our own files
+
+
+def test_save_keeps_files_it_did_not_write(saved):
+    mine = {
+        "notes.npy": b"user data",
+        "draft.tmp": b"user draft",
+        "embeddings.g1.npy.bak": b"backup",
+    }
+    for name, content in mine.items():
+        (saved / name).write_bytes(content)
+    index = FlatIndex.load(saved)
+    index.add(_codes(5, 2))
+    index.save(saved)
+    index.save(saved)
+    for name, content in mine.items():
+        assert (saved / name).read_bytes() == content
+    names = {p.name for p in saved.iterdir()}
+    assert names == {"meta.json", "words.g3.npy", "ids.g3.npy", *mine}
+
+
+def test_save_removes_leftovers_of_an_interrupted_save(saved):
+    """Array files of a generation never committed, and a dead writer's meta tmp, go."""
+    (saved / "words.g2.npy").write_bytes(b"half written")
+    (saved / "meta.json.tmp").write_bytes(b"{")
+    index = FlatIndex.load(saved)
+    index.save(saved)
+    assert sorted(p.name for p in saved.iterdir()) == ["ids.g3.npy", "meta.json", "words.g3.npy"]
+    assert len(FlatIndex.load(saved)) == 50
+
+
+def test_files_of_a_crash_after_the_commit_are_removed_by_the_next_save(saved):
+    """A kill between meta.json's replace and the deletion leaves superseded files; the
+    next save deletes them because the committed meta.json named them."""
+    index = FlatIndex.load(saved)
+    old = {p.name: p.read_bytes() for p in saved.glob("*.npy")}
+    index.save(saved)  # generation 2; now put generation 1's files back, as a crash would
+    for name, content in old.items():
+        (saved / name).write_bytes(content)
+    index.save(saved)
+    assert sorted(p.name for p in saved.iterdir()) == ["ids.g3.npy", "meta.json", "words.g3.npy"]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temp_dirs_of_a_killed_first_save_are_removed(tmp_path):
+    index = FlatIndex(64)
+    index.add(_codes(0, 5))
+    dead = tmp_path / f".idx.tmp-{_dead_pid()}-0123abcd"
+    dead.mkdir()
+    (dead / "words.g1.npy").write_bytes(b"x" * 100)
+    (dead / "ids.g1.npy").write_bytes(b"x" * 10)
+    alive = tmp_path / f".idx.tmp-{os.getpid()}-89abcdef"  # a save in progress: kept
+    alive.mkdir()
+    foreign = tmp_path / f".idx.tmp-{_dead_pid()}-fedcba98"  # not only our files: kept
+    foreign.mkdir()
+    (foreign / "thesis.pdf").write_bytes(b"%PDF")
+    old = tmp_path / f".idx.tmp-{os.getpid()}-00000000"  # older than the age limit
+    old.mkdir()
+    a_day_ago = time.time() - io.STALE_TEMP_AGE_S - 60
+    os.utime(old, (a_day_ago, a_day_ago))
+    index.save(tmp_path / "idx")
+    assert not dead.exists() and not old.exists()
+    assert alive.is_dir() and (foreign / "thesis.pdf").exists()
+    index.save(tmp_path / "idx")  # saves over an existing save clean up too
+    assert len(FlatIndex.load(tmp_path / "idx")) == 5
+
+
+# ----------------------------------------------------------- Files 3: hasher state
+
+
+@pytest.fixture
+def saved_hasher(tmp_path) -> Path:
+    X = np.random.default_rng(0).standard_normal((40, 6))
+    path = tmp_path / "lsh"
+    RandomHyperplaneLSH(16, random_state=0).fit(X).save(path)
+    return path
+
+
+@pytest.mark.parametrize("key", ["encode", "transform", "__class__", "_bits", "n_bits", "x y_"])
+def test_hasher_state_cannot_set_arbitrary_attributes(saved_hasher, key):
+    _edit_meta(saved_hasher, lambda m: m["state"].update({key: 1}))
+    with pytest.raises(ValueError, match=key):
+        io.load(saved_hasher)
+
+
+@io.persistable
+class _DeclaredLSH(RandomHyperplaneLSH):
+    """A hasher declaring its fitted attributes and their shapes (the class-level hooks)."""
+
+    _fitted_attributes = frozenset({"n_bits_", "n_features_in_", "components_", "mean_", "offset_"})
+    _state_shapes = {
+        "components_": ("n_bits_", "n_features_in_"),
+        "mean_": ("n_features_in_",),
+        "offset_": ("n_bits_",),
+    }
+
+
+def test_declared_fitted_attributes_and_shapes_are_enforced(tmp_path):
+    X = np.random.default_rng(0).standard_normal((40, 6))
+    hasher = _DeclaredLSH(16, random_state=0).fit(X)
+    hasher.save(tmp_path / "h")
+    assert isinstance(io.load(tmp_path / "h"), _DeclaredLSH)
+    _edit_meta(tmp_path / "h", lambda m: m["state"].update(extra_=1))
+    with pytest.raises(ValueError, match="extra_"):
+        io.load(tmp_path / "h")
+    hasher.mean_ = np.zeros(7)  # encode never reads it: only the declaration catches it
+    hasher.save(tmp_path / "h2")
+    with pytest.raises(ValueError, match="mean_ has shape"):
+        io.load(tmp_path / "h2")
+
+
+def test_hasher_params_must_be_constructor_parameters(saved_hasher):
+    _edit_meta(saved_hasher, lambda m: m["params"].update(encode=1))
+    with pytest.raises(ValueError, match="encode"):
+        io.load(saved_hasher)
+
+
+@pytest.mark.parametrize("n_bits", [32, 12, 8])
+def test_edited_n_bits_is_refused(saved_hasher, n_bits):
+    def edit(meta):
+        meta["params"]["n_bits"] = n_bits
+        if "n_bits_" in meta["state"]:
+            meta["state"]["n_bits_"] = n_bits
+
+    _edit_meta(saved_hasher, edit)
+    with pytest.raises(ValueError, match="n_bits|bits"):
+        io.load(saved_hasher)
+
+
+@pytest.mark.parametrize("name", ["components_", "offset_"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_hasher_arrays_of_the_wrong_shape_are_refused(saved_hasher, name, axis):
+    meta = json.loads((saved_hasher / "meta.json").read_text())
+    entry = meta["arrays"][name]
+    arr = np.load(saved_hasher / entry["file"])
+    bad = np.concatenate([arr, arr.take([0], axis=axis)], axis=axis)  # one row/column more
+    np.save(saved_hasher / entry["file"], bad)
+    entry["shape"] = list(bad.shape)
+    (saved_hasher / "meta.json").write_text(json.dumps(meta))
+    _rehash(saved_hasher, name)
+    with pytest.raises(ValueError, match="inconsistent"):
+        io.load(saved_hasher)
+
+
+def test_hasher_arrays_must_be_finite(saved_hasher):
+    meta = json.loads((saved_hasher / "meta.json").read_text())
+    name, entry = next((k, v) for k, v in meta["arrays"].items() if v["dtype"][1] == "f")
+    arr = np.load(saved_hasher / entry["file"])
+    arr.flat[0] = np.nan
+    np.save(saved_hasher / entry["file"], arr)
+    _rehash(saved_hasher, name)
+    with pytest.raises(ValueError, match="NaN"):
+        io.load(saved_hasher)
+
+
+def test_a_valid_hasher_save_still_round_trips(saved_hasher):
+    X = np.random.default_rng(1).standard_normal((10, 6))
+    loaded = hashlearn.load(saved_hasher)
+    expected = RandomHyperplaneLSH(16, random_state=0).fit(
+        np.random.default_rng(0).standard_normal((40, 6))
+    )
+    np.testing.assert_array_equal(loaded.encode(X), expected.encode(X))
