@@ -109,6 +109,10 @@ class Snapshot:
                     self._derived[name] = value
         return value
 
+    def attach(self, name: str, value: Any) -> None:
+        """Store derived data built with the snapshot, before it is published."""
+        self._derived[name] = value
+
     def cached(self, name: str) -> Any:
         """The derived value ``name`` if it was built, else ``None``."""
         return self._derived.get(name)

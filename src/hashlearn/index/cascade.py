@@ -24,23 +24,45 @@ import numba
 import numpy as np
 
 from hashlearn._kernels import popcount64
-from hashlearn._validation import check_codes, check_ids, check_int
+from hashlearn._validation import check_codes, check_int
 from hashlearn.codes import as_words
-from hashlearn.io import Persistable, persistable
+from hashlearn.index._storage import (
+    IdStore,
+    check_array,
+    check_ids_array,
+    check_next_id,
+    check_words,
+)
+from hashlearn.index.base import IndexBase, check_k
+from hashlearn.io import persistable
+
+_CHUNK_PAIRS = 1 << 20  # queries x items compared per chunk: bounds the memory of a search
 
 __all__ = ["Cascade"]
 
 
 @numba.njit(cache=True, nogil=True)
 def _select_stage(
-    db, n_words, n_bits, queries, use_all, n_items, cand_lims, cand_pos, n_bins, radius, by_distance
+    db,
+    n_words,
+    n_bits,
+    queries,
+    use_all,
+    n_items,
+    cand_lims,
+    cand_pos,
+    n_bins,
+    radius,
+    by_distance,
+    max_keep,
 ):
     """One stage for every query: distances to its candidates, then a bin threshold.
 
     Candidates are all ``n_items`` positions (``use_all``) or ``cand_pos[cand_lims[i]:
     cand_lims[i+1]]`` (ascending). Keeps distance ``<= radius`` (``radius >= 0``) or the
     ``n_bins`` nearest non-empty bins. Returns ``(lims, pos, dist)`` sorted per query by
-    (distance, position) if ``by_distance`` else by position (the next stage's input).
+    (distance, position) if ``by_distance`` else by position (the next stage's input);
+    with ``by_distance`` and ``max_keep >= 0`` only the first ``max_keep`` of each query.
     """
     m = queries.shape[0] // n_words
     lims = np.zeros(m + 1, np.int64)
@@ -79,6 +101,8 @@ def _select_stage(
         kept = 0
         for d in range(min(threshold, n_bits) + 1):
             kept += hist[d]
+        if by_distance and max_keep >= 0:
+            kept = min(kept, max_keep)
         while total + kept > cap:
             cap *= 2
             new_pos = np.empty(cap, np.int64)
@@ -106,8 +130,9 @@ def _select_stage(
             d = buf_d[j]
             if d <= threshold:
                 slot = hist[d]
-                out_pos[slot] = buf_p[j]
-                out_dist[slot] = d
+                if slot < total + kept:
+                    out_pos[slot] = buf_p[j]
+                    out_dist[slot] = d
                 hist[d] = slot + 1
         total += kept
         lims[q + 1] = total
@@ -115,7 +140,7 @@ def _select_stage(
 
 
 @persistable
-class Cascade(Persistable):
+class Cascade(IndexBase):
     """Multi-stage Hamming search: each stage searches the previous stage's neighbours.
 
     lambdarank-bit-vectors.txt, Sec. 6 (8-bit -> 256-bit cascade).
@@ -163,9 +188,10 @@ class Cascade(Persistable):
                     f"The 'radius' parameter of {owner} must be at most the "
                     f"stage's code length {b}. Got {r} instead."
                 )
-        self._words = [np.zeros(0, np.uint64) for _ in self.n_bits]
-        self._ids = np.zeros(0, np.int64)
-        self._next_id = 0
+        self._store = IdStore(
+            {f"stage{s}": ((self._n_words(s),), np.uint64) for s in range(len(self.n_bits))},
+            "Cascade",
+        )
 
     @staticmethod
     def _per_stage(value, n, name, low):
@@ -176,13 +202,6 @@ class Cascade(Persistable):
                 f"filtering stage ({n}). Got {value!r} instead."
             )
         return tuple(None if v is None else check_int(v, name, "Cascade", low=low) for v in values)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self._ids
 
     def _n_words(self, stage: int) -> int:
         return max(1, (self.n_bits[stage] + 63) // 64)
@@ -205,54 +224,72 @@ class Cascade(Persistable):
         return checked
 
     def add(self, codes: Sequence[np.ndarray], ids=None) -> np.ndarray:
-        """Add the items' codes (one array per stage, same rows) with optional distinct ids."""
-        codes = self._check_stage_codes(codes, "codes")
-        m = len(codes[0])
-        if ids is None:
-            new_ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
-        else:
-            new_ids = check_ids(ids, m)
-            if np.isin(new_ids, self._ids).any():
-                raise ValueError("ids already in the cascade.")
-        if m == 0:
-            return new_ids
-        all_ids = np.concatenate([self._ids, new_ids])
-        order = np.argsort(all_ids, kind="stable")
-        for s, c in enumerate(codes):
-            words = np.concatenate([self._words[s], as_words(c)])
-            self._words[s] = words.reshape(len(all_ids), -1)[order].reshape(-1)
-        self._ids = all_ids[order]
-        self._next_id = max(self._next_id, int(new_ids.max()) + 1)
-        return new_ids
+        """Add the items' codes (one array per stage, same rows) with optional distinct ids.
 
-    def _run(self, queries, final_n_bins, final_radius):
+        Returns the ids (int64, in the order of the rows); automatic ids number from one past
+        the largest id ever added (``ValueError`` past ``2**63 - 1``). Safe while other
+        threads search.
+        """
+        codes = self._check_stage_codes(codes, "codes")
+        rows = {
+            f"stage{s}": as_words(c).reshape(len(c), self._n_words(s)) for s, c in enumerate(codes)
+        }
+        return self._store.add(rows, ids)
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove items by id (the others keep theirs); returns how many were removed.
+
+        ``missing="raise"`` refuses ids not in the cascade; ``"ignore"`` skips them.
+        """
+        return self._store.remove(ids, missing=missing)
+
+    def _run(self, queries, final_n_bins, final_radius, max_keep=-1):
+        """Every stage for chunks of queries; each chunk compares at most about
+        ``_CHUNK_PAIRS`` query-item pairs, so memory is O(results + one chunk's
+        candidates), not O(queries x items)."""
+        snap = self._store.snapshot
         queries = self._check_stage_codes(queries, "queries")
-        m, n = len(queries[0]), len(self)
+        m, n = len(queries[0]), snap.n
+        n_stages = len(self.n_bits)
+        sizes = np.zeros((m, n_stages), np.int64)
+        sizes[:, 0] = n
+        if n == 0 or m == 0:
+            return np.zeros(m + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), sizes
+        q_words = [as_words(q).reshape(m, -1) for q in queries]
+        chunk = max(1, _CHUNK_PAIRS // n)
+        counts = np.zeros(m, np.int64)
+        parts_d, parts_p = [], []
+        for q0 in range(0, m, chunk):
+            q1 = min(m, q0 + chunk)
+            lims = np.zeros(q1 - q0 + 1, np.int64)
+            pos = np.zeros(0, np.int64)
+            dist = np.zeros(0, np.int32)
+            for s, b in enumerate(self.n_bits):
+                last = s == n_stages - 1
+                n_bins = final_n_bins if last else self.n_bins[s]
+                radius = final_radius if last else self.radius[s]
+                if s:
+                    sizes[q0:q1, s] = np.diff(lims)
+                lims, pos, dist = _select_stage(
+                    snap.rows[f"stage{s}"].reshape(-1),
+                    self._n_words(s),
+                    b,
+                    q_words[s][q0:q1].reshape(-1),
+                    s == 0,
+                    n,
+                    lims,
+                    pos,
+                    0 if n_bins is None else n_bins,
+                    -1 if radius is None else radius,
+                    last,
+                    max_keep,
+                )
+            counts[q0:q1] = np.diff(lims)
+            parts_d.append(dist)
+            parts_p.append(pos)
         lims = np.zeros(m + 1, np.int64)
-        pos = np.zeros(0, np.int64)
-        dist = np.zeros(0, np.int32)
-        sizes = np.zeros((m, len(self.n_bits)), np.int64)
-        for s, b in enumerate(self.n_bits):
-            last = s == len(self.n_bits) - 1
-            n_bins = final_n_bins if last else self.n_bins[s]
-            radius = final_radius if last else self.radius[s]
-            sizes[:, s] = n if s == 0 else np.diff(lims)
-            if n == 0 or m == 0:
-                break
-            lims, pos, dist = _select_stage(
-                self._words[s],
-                self._n_words(s),
-                b,
-                as_words(queries[s]),
-                s == 0,
-                n,
-                lims,
-                pos,
-                0 if n_bins is None else n_bins,
-                -1 if radius is None else radius,
-                last,
-            )
-        return lims, dist, pos, sizes
+        np.cumsum(counts, out=lims[1:])
+        return lims, np.concatenate(parts_d), snap.ids[np.concatenate(parts_p)], sizes
 
     def neighbors(
         self,
@@ -274,8 +311,8 @@ class Cascade(Persistable):
             n_bins = None
         else:
             n_bins = check_int(n_bins, "n_bins", "Cascade.neighbors")
-        lims, dist, pos, sizes = self._run(queries, n_bins, radius)
-        result = (lims, dist, self._ids[pos])
+        lims, dist, ids, sizes = self._run(queries, n_bins, radius)
+        result = (lims, dist, ids)
         return (*result, sizes) if return_search_sets else result
 
     def search(self, queries: Sequence[np.ndarray], k: int):
@@ -283,20 +320,17 @@ class Cascade(Persistable):
 
         Sorted by (distance, id), padded with -1 (also when fewer than ``k`` survive).
         """
-        k = check_int(k, "k", "Cascade.search")
         queries = self._check_stage_codes(queries, "queries")
         m = len(queries[0])
+        k = check_k(k, m, len(self), "Cascade.search")
         D = np.full((m, k), -1, np.int32)
         I = np.full((m, k), -1, np.int64)  # noqa: E741 - faiss's name
-        if m == 0 or len(self) == 0:
-            return D, I
-        lims, dist, pos, _ = self._run(queries, None, self.n_bits[-1])
-        counts = np.minimum(np.diff(lims), k)
+        lims, dist, ids, _ = self._run(queries, None, self.n_bits[-1], max_keep=k)
+        counts = np.diff(lims)
         rows = np.repeat(np.arange(m), counts)
-        cols = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        src = lims[:-1][rows] + cols
-        D[rows, cols] = dist[src]
-        I[rows, cols] = self._ids[pos[src]]
+        cols = np.arange(lims[-1]) - np.repeat(lims[:-1], counts)
+        D[rows, cols] = dist
+        I[rows, cols] = ids
         return D, I
 
     def search_set_sizes(self, queries: Sequence[np.ndarray]) -> np.ndarray:
@@ -306,24 +340,29 @@ class Cascade(Persistable):
     # ---------------------------------------------------------------------- persistence
 
     def _get_state(self):
+        snap = self._store.snapshot
         params = {
             "n_bits": list(self.n_bits),
             "n_bins": list(self.n_bins),
             "radius": list(self.radius),
         }
-        arrays = {f"stage{s}": w for s, w in enumerate(self._words)}
-        arrays["ids"] = self._ids
-        return params, {"next_id": self._next_id}, arrays
+        arrays = {f"stage{s}": snap.rows[f"stage{s}"].reshape(-1) for s in range(len(self.n_bits))}
+        arrays["ids"] = snap.ids
+        return params, {"next_id": snap.next_id}, arrays
 
     @classmethod
     def _from_state(cls, params, state, arrays):
+        """Ids, next id and every stage's words (shape, zero padding bits) checked in O(n)."""
         cascade = cls(params["n_bits"], n_bins=params["n_bins"], radius=params["radius"])
-        n = len(arrays["ids"])
-        for s in range(len(cascade.n_bits)):
-            words = arrays[f"stage{s}"]
+        ids = check_ids_array(arrays)
+        next_id = check_next_id(state, ids)
+        n = len(ids)
+        rows = {}
+        for s, b in enumerate(cascade.n_bits):
+            words = check_array(arrays, f"stage{s}", np.uint64, 1)
             if words.shape != (n * cascade._n_words(s),):
                 raise ValueError(f"saved Cascade stage {s} has {words.shape} words for {n} ids.")
-            cascade._words[s] = words
-        cascade._ids = arrays["ids"]
-        cascade._next_id = int(state["next_id"])
+            rows[f"stage{s}"] = words.reshape(n, cascade._n_words(s))
+            check_words(rows[f"stage{s}"], b, f"stage{s}")
+        cascade._store.restore(ids, rows, next_id)
         return cascade

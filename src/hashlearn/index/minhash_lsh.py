@@ -25,8 +25,10 @@ import numba
 import numpy as np
 
 from hashlearn._validation import check_int
+from hashlearn.index._storage import IdStore
+from hashlearn.index.base import IndexBase
 from hashlearn.index.table import TableIndex
-from hashlearn.io import Persistable, persistable
+from hashlearn.io import persistable
 
 __all__ = ["MinHashLSHIndex", "band_collision_probability"]
 
@@ -52,7 +54,7 @@ def _band_keys(signatures, bands, rows, out):
 
 
 @persistable
-class MinHashLSHIndex(Persistable):
+class MinHashLSHIndex(IndexBase):
     """Banded LSH tables over Min-Hash signatures; reports candidates by band collisions.
 
     Parameters
@@ -86,19 +88,17 @@ class MinHashLSHIndex(Persistable):
         """Signature length ``bands * rows`` the index expects."""
         return self.bands * self.rows
 
-    def __len__(self) -> int:
-        return len(self._tables)
+    @property
+    def _store(self) -> IdStore:
+        return self._tables.store
 
     def __repr__(self) -> str:
         return f"MinHashLSHIndex(bands={self.bands}, rows={self.rows}, ntotal={len(self)})"
 
-    @property
-    def ids(self) -> np.ndarray:
-        """The ids held, ascending."""
-        return self._tables.ids
-
     def band_keys(self, signatures) -> np.ndarray:
         """``int64 (n, bands)``: the hash-table key of every band of every signature."""
+        if isinstance(signatures, np.ma.MaskedArray):
+            raise TypeError("signatures must be a plain integer array, not a masked array.")
         sig = np.asarray(signatures)
         if sig.ndim != 2 or sig.shape[1] != self.n_hashes:
             raise ValueError(
@@ -134,6 +134,6 @@ class MinHashLSHIndex(Persistable):
 
     @classmethod
     def _from_state(cls, params, state, arrays):
-        obj = cls(int(params["bands"]), int(params["rows"]))
+        obj = cls(params["bands"], params["rows"])
         obj._tables = TableIndex._from_state({"n_tables": obj.bands}, state, arrays)
         return obj

@@ -31,9 +31,11 @@ import numba
 import numpy as np
 
 from hashlearn._parallel import parallel_chunks
-from hashlearn._postings import build_table
-from hashlearn._validation import check_ids, check_int
-from hashlearn.io import Persistable, persistable
+from hashlearn._postings import build_table, check_table
+from hashlearn._validation import check_int
+from hashlearn.index._storage import IdStore, check_array, check_ids_array, check_next_id
+from hashlearn.index.base import IndexBase
+from hashlearn.io import persistable
 
 __all__ = ["TableIndex", "KEY_TAG_SHIFT", "KEY_LOCAL_MASK"]
 
@@ -148,7 +150,7 @@ def _gathered_sizes(query_keys, table_keys, table_ptr, offsets, sizes):
 
 
 @persistable
-class TableIndex(Persistable):
+class TableIndex(IndexBase):
     """Inverted index of L hash tables over integer keys; returns candidates, not distances.
 
     The candidate-selection stage of boosted-search-forest.txt (§2 and §3.4): an item is a
@@ -171,6 +173,9 @@ class TableIndex(Persistable):
     Not in the ``make_index`` registry: it holds integer keys, not ``n_bits``-bit codes.
     Ids follow the other indexes: ``add`` numbers from one past the largest id ever added,
     ``remove`` never renumbers. Internal positions are int32, so at most 2**31 - 1 items.
+    The ids and tables live in an :class:`~hashlearn.index._storage.IdStore` snapshot:
+    ``candidates`` may run in several threads while another thread adds or removes items,
+    each call seeing the index before or after each write.
 
     Examples
     --------
@@ -199,29 +204,17 @@ class TableIndex(Persistable):
                     f"bucketer makes {n_b} keys per item but n_tables={self.n_tables}."
                 )
             self.key_tag = int(tag)
-        self._ids = np.zeros(0, np.int64)
-        self._next_id = 0
-        self._table_keys = np.zeros(0, np.int64)
-        self._table_ptr = np.zeros(self.n_tables + 1, np.int64)
-        self._offsets = np.zeros(1, np.int64)
-        self._postings = np.zeros(0, np.int32)
-
-    def __len__(self) -> int:
-        return len(self._ids)
+        self._store = IdStore({}, type(self).__name__)
+        self._store.snapshot.attach("tables", self._pack([]))
 
     def __repr__(self) -> str:
         return f"TableIndex(n_tables={self.n_tables}, ntotal={len(self)})"
 
-    @property
-    def ids(self) -> np.ndarray:
-        """Ids of the stored items, ascending (read-only view)."""
-        view = self._ids.view()
-        view.flags.writeable = False
-        return view
-
     # ------------------------------------------------------------------------ validation
 
     def _check_keys(self, keys, name: str) -> np.ndarray:
+        if isinstance(keys, np.ma.MaskedArray):
+            raise TypeError(f"{name} must be a plain integer array, not a masked array.")
         if not isinstance(keys, np.ndarray):
             keys = np.asarray(keys)
             if keys.dtype == object:
@@ -252,68 +245,60 @@ class TableIndex(Persistable):
 
     # ------------------------------------------------------------------------ building
 
-    def _tables(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _split(self, t: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The packed tables ``t`` as one ``(keys, offsets, postings)`` per table."""
         out = []
-        for t in range(self.n_tables):
-            lo, hi = int(self._table_ptr[t]), int(self._table_ptr[t + 1])
-            offs = np.asarray(self._offsets[lo : hi + 1]) - self._offsets[lo]
-            post = np.asarray(self._postings[self._offsets[lo] : self._offsets[hi]])
-            out.append((np.asarray(self._table_keys[lo:hi]), offs, post))
+        offsets, postings = t["offsets"], t["postings"]
+        for i in range(self.n_tables):
+            lo, hi = int(t["table_ptr"][i]), int(t["table_ptr"][i + 1])
+            offs = np.asarray(offsets[lo : hi + 1]) - offsets[lo]
+            post = np.asarray(postings[offsets[lo] : offsets[hi]])
+            out.append((np.asarray(t["table_keys"][lo:hi]), offs, post))
         return out
 
-    def _set_tables(self, tables) -> None:
+    def _pack(self, tables) -> dict[str, np.ndarray]:
+        """One table per key position packed into four flat arrays."""
+        if not tables:
+            tables = [(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32))]
+            tables *= self.n_tables
         sizes = [len(k) for k, _, _ in tables]
-        self._table_ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self._table_keys = (
-            np.concatenate([k for k, _, _ in tables]) if tables else np.zeros(0, np.int64)
-        ).astype(np.int64)
         offs, shift = [np.zeros(1, np.int64)], 0
         for _, o, p in tables:
             offs.append(o[1:] + shift)
             shift += len(p)
-        self._offsets = np.concatenate(offs).astype(np.int64)
-        self._postings = (
-            np.concatenate([p for _, _, p in tables]) if tables else np.zeros(0, np.int64)
-        ).astype(np.int32)
+        return {
+            "table_keys": np.concatenate([k for k, _, _ in tables]).astype(np.int64),
+            "table_ptr": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+            "offsets": np.concatenate(offs).astype(np.int64),
+            "postings": np.concatenate([p for _, _, p in tables]).astype(np.int32),
+        }
 
     def add(self, keys, ids=None) -> np.ndarray:
         """Add items with their keys ``(n, n_tables)`` (one per table) and optional ids.
 
         Returns the ids of the added items (int64, in the order of ``keys``). Duplicate ids,
-        or ids already present, raise ``ValueError``.
+        or ids already present, raise ``ValueError``; so do automatic ids past ``2**63 - 1``.
         """
         keys = self._check_keys(keys, "keys")
         m = keys.shape[0]
-        if ids is None:
-            new_ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
-        else:
-            new_ids = check_ids(ids, m)
-            present = np.isin(new_ids, self._ids)
-            if present.any():
-                raise ValueError(
-                    f"ids already in the index: {new_ids[present][:5].tolist()}. "
-                    "Remove them first to replace their keys."
+        with self._store.writing() as old:
+            new_ids = self._store.new_ids(ids, m)
+            if m == 0:
+                return new_ids
+            if old.n + m >= 2**31:
+                raise ValueError("TableIndex holds at most 2**31 - 1 items.")
+            snap, buffers, old_to_new, added_to_new = self._store.plan_add({}, new_ids)
+            tables = []
+            for t, (tk, to, tp) in enumerate(self._split(old.cached("tables"))):
+                old_keys = np.repeat(tk, np.diff(to))
+                tables.append(
+                    build_table(
+                        np.concatenate([old_keys, keys[:, t]]),
+                        np.concatenate([old_to_new[tp], added_to_new]),
+                    )
                 )
-        if m == 0:
-            return new_ids
-        if len(self._ids) + m >= 2**31:
-            raise ValueError("TableIndex holds at most 2**31 - 1 items.")
-        all_ids = np.concatenate([self._ids, new_ids])
-        order = np.argsort(all_ids, kind="stable")
-        rank = np.empty(len(all_ids), np.int64)
-        rank[order] = np.arange(len(all_ids))
-        old_rank, new_rank = rank[: len(self._ids)], rank[len(self._ids) :]
-        tables = []
-        for t, (tk, to, tp) in enumerate(self._tables()):
-            old_keys = np.repeat(tk, np.diff(to))
-            tables.append(
-                build_table(
-                    np.concatenate([old_keys, keys[:, t]]), np.concatenate([old_rank[tp], new_rank])
-                )
-            )
-        self._ids = all_ids[order]
-        self._next_id = max(self._next_id, int(new_ids.max()) + 1)
-        self._set_tables(tables)
+            snap.attach("tables", self._pack(tables))
+            self._store.publish(snap, buffers=buffers)
         return new_ids
 
     def remove(self, ids, *, missing: str = "raise") -> int:
@@ -322,30 +307,18 @@ class TableIndex(Persistable):
         ``missing="raise"`` refuses ids not in the index (removing nothing);
         ``missing="ignore"`` skips them.
         """
-        if missing not in ("raise", "ignore"):
-            raise ValueError(f"missing must be 'raise' or 'ignore'. Got {missing!r}.")
-        ids = np.asarray(ids)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ValueError(
-                f"ids must be a 1-D array of integers. Got shape {ids.shape}, dtype {ids.dtype}."
-            )
-        drop = np.isin(self._ids, ids)
-        if missing == "raise":
-            unknown = ~np.isin(ids, self._ids)
-            if unknown.any():
-                raise ValueError(f"ids not in the index: {ids[unknown][:5].tolist()}.")
-        removed = int(drop.sum())
-        if not removed:
-            return 0
-        keep = ~drop
-        new_pos = np.cumsum(keep) - 1
-        tables = []
-        for tk, to, tp in self._tables():
-            tp = tp.astype(np.int64)
-            alive = keep[tp]
-            tables.append(build_table(np.repeat(tk, np.diff(to))[alive], new_pos[tp[alive]]))
-        self._ids = self._ids[keep]
-        self._set_tables(tables)
+        with self._store.writing() as old:
+            snap, keep, removed = self._store.plan_remove(ids, missing)
+            if not removed:
+                return 0
+            new_pos = np.cumsum(keep) - 1
+            tables = []
+            for tk, to, tp in self._split(old.cached("tables")):
+                tp = tp.astype(np.int64)
+                alive = keep[tp]
+                tables.append(build_table(np.repeat(tk, np.diff(to))[alive], new_pos[tp[alive]]))
+            snap.attach("tables", self._pack(tables))
+            self._store.publish(snap)
         return removed
 
     # ------------------------------------------------------------------------ querying
@@ -359,11 +332,13 @@ class TableIndex(Persistable):
         counts (number of tables where the query's key equals the item's), ordered by count
         descending, then id ascending; only items colliding in ``>= min_count`` tables.
         """
+        snap = self._store.snapshot
+        t = snap.cached("tables")
         query_keys = self._check_keys(query_keys, "query_keys")
         min_count = check_int(min_count, "min_count", "TableIndex.candidates", high=self.n_tables)
         m = query_keys.shape[0]
         sizes = np.zeros(m, np.int64)
-        _gathered_sizes(query_keys, self._table_keys, self._table_ptr, self._offsets, sizes)
+        _gathered_sizes(query_keys, t["table_keys"], t["table_ptr"], t["offsets"], sizes)
         bound = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         out_pos = np.empty(bound[-1], np.int32)
         out_cnt = np.empty(bound[-1], np.int32)
@@ -373,10 +348,10 @@ class TableIndex(Persistable):
                 start,
                 stop,
                 query_keys,
-                self._table_keys,
-                self._table_ptr,
-                self._offsets,
-                self._postings,
+                t["table_keys"],
+                t["table_ptr"],
+                t["offsets"],
+                t["postings"],
                 min_count,
                 bound,
                 out_pos,
@@ -390,7 +365,7 @@ class TableIndex(Persistable):
         keep = np.zeros(bound[-1], bool)
         starts = np.repeat(bound[:-1], lengths)
         keep[starts + (np.arange(lims[-1]) - np.repeat(lims[:-1], lengths))] = True
-        ids = self._ids[out_pos[keep]]
+        ids = snap.ids[out_pos[keep]]
         return lims, ids, out_cnt[keep].astype(np.int32)
 
     def candidates(
@@ -405,37 +380,66 @@ class TableIndex(Persistable):
 
     def bucket_sizes(self) -> np.ndarray:
         """Posting-list lengths of every key of every table, concatenated."""
-        return np.diff(self._offsets)
+        return np.diff(self._store.snapshot.cached("tables")["offsets"])
 
     # ------------------------------------------------------------------------ persistence
 
     def _get_state(self):
+        snap = self._store.snapshot
         params = {"n_tables": self.n_tables}
-        state = {"key_tag": self.key_tag, "next_id": self._next_id}
-        arrays = {
-            "ids": self._ids,
-            "table_keys": self._table_keys,
-            "table_ptr": self._table_ptr,
-            "offsets": self._offsets,
-            "postings": self._postings,
-        }
-        return params, state, arrays
+        state = {"key_tag": self.key_tag, "next_id": snap.next_id}
+        return params, state, {"ids": snap.ids, **snap.cached("tables")}
 
     @classmethod
     def _from_state(cls, params, state, arrays):
+        """Every array is checked in O(n L) before use: ids, table layout, offsets, and
+        each table holding every item's position exactly once."""
         obj = cls(int(params["n_tables"]))
-        obj.key_tag = None if state["key_tag"] is None else int(state["key_tag"])
-        obj._next_id = int(state["next_id"])
-        obj._ids = arrays["ids"]
-        obj._table_keys = arrays["table_keys"]
-        obj._table_ptr = arrays["table_ptr"]
-        obj._offsets = arrays["offsets"]
-        obj._postings = arrays["postings"]
-        if (
-            obj._table_ptr.shape != (obj.n_tables + 1,)
-            or obj._postings.dtype != np.int32
-            or len(obj._offsets) != len(obj._table_keys) + 1
-            or obj._offsets[-1] != len(obj._postings)
+        tag = state.get("key_tag")
+        if tag is not None and (
+            not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag <= _TAG_MASK
         ):
-            raise ValueError("table arrays do not fit together")
+            raise ValueError(f"state 'key_tag' must be null or an int in [0, 2**23); got {tag!r}")
+        obj.key_tag = tag
+        ids = check_ids_array(arrays)
+        next_id = check_next_id(state, ids)
+        n, L = len(ids), obj.n_tables
+        if n >= 2**31:
+            raise ValueError("a TableIndex holds at most 2**31 - 1 items")
+        t = {
+            "table_keys": check_array(arrays, "table_keys", np.int64, 1),
+            "table_ptr": check_array(arrays, "table_ptr", np.int64, 1),
+            "offsets": check_array(arrays, "offsets", np.int64, 1),
+            "postings": check_array(arrays, "postings", np.int32, 1),
+        }
+        ptr, offsets = t["table_ptr"], t["offsets"]
+        if (
+            ptr.shape != (L + 1,)
+            or ptr[0] != 0
+            or ptr[-1] != len(t["table_keys"])
+            or np.any(np.diff(ptr) < 0)
+        ):
+            raise ValueError(f"table_ptr does not split the keys into {L} tables")
+        if len(offsets) != len(t["table_keys"]) + 1 or len(t["postings"]) != n * L:
+            raise ValueError(
+                f"{len(t['table_keys'])} keys, {len(offsets)} offsets and "
+                f"{len(t['postings'])} postings do not fit {n} items in {L} tables"
+            )
+        if offsets[0] != 0 or offsets[-1] != len(t["postings"]) or np.any(np.diff(offsets) <= 0):
+            raise ValueError("the tables are corrupted: offsets not strictly increasing")
+        for i in range(L):
+            lo, hi = int(ptr[i]), int(ptr[i + 1])
+            check_table(
+                t["table_keys"][lo:hi],
+                offsets[lo : hi + 1] - offsets[lo],
+                t["postings"][offsets[lo] : offsets[hi]],
+                n,
+                positions=True,
+                what=f"table {i}",
+            )
+        if tag is not None and len(t["table_keys"]):
+            tags = (t["table_keys"] >> KEY_TAG_SHIFT) & _TAG_MASK
+            if np.any(tags != tag):
+                raise ValueError(f"the tables hold keys without the key tag {tag}")
+        obj._store.restore(ids, {}, next_id, {"tables": t})
         return obj
