@@ -10,6 +10,7 @@ from hashlearn._parallel import get_num_threads, set_num_threads
 from hashlearn.codes import hamming_cdist, hamming_distance, pack_bits, unpack_bits
 from hashlearn.datasets import load_digits, load_fashion_mnist, load_stdlib_docstrings
 from hashlearn.distributed import ShardedIndex
+from hashlearn.embeddings import EmbeddingIndex, load_embeddings
 from hashlearn.evaluate import hamming_neighbors, knn_regress
 from hashlearn.forest import BoostedSearchForest, KMeansTree, LSHTables
 from hashlearn.hashers import (
@@ -27,6 +28,7 @@ from hashlearn.hashers import (
     RankHashing,
     RBMHashing,
     ShiftInvariantKernelHashing,
+    SignHashing,
     SpectralHashing,
     make_hasher,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "BoostedSearchForest",
     "BoostedSimilarityHashing",
     "Cascade",
+    "EmbeddingIndex",
     "FlatIndex",
     "HammingBallIndex",
     "ITML",
@@ -74,6 +77,7 @@ __all__ = [
     "Searcher",
     "ShardedIndex",
     "ShiftInvariantKernelHashing",
+    "SignHashing",
     "SpectralHashing",
     "TableIndex",
     "codes",
@@ -88,6 +92,7 @@ __all__ = [
     "knn_regress",
     "load",
     "load_digits",
+    "load_embeddings",
     "load_fashion_mnist",
     "load_stdlib_docstrings",
     "make_hasher",

@@ -102,13 +102,13 @@ class SignHashing(BaseHasher):
                 stacklevel=3,
             )
             n_bits = d
-        mean = np.asarray(X.mean(axis=0), dtype=np.float64)
+        mean = X.mean(axis=0, dtype=np.float64)
         if n_bits == d:
             dims = np.arange(d, dtype=np.int64)
         elif self.select == "first":
             dims = np.arange(n_bits, dtype=np.int64)
         else:
-            var = np.asarray(((X - mean) ** 2).mean(axis=0), dtype=np.float64)
+            var = ((X - mean) ** 2).mean(axis=0)
             dims = np.sort(np.argsort(-var, kind="stable")[:n_bits]).astype(np.int64)
         self.n_bits_ = n_bits
         self.dims_ = dims

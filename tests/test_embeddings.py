@@ -1,0 +1,276 @@
+"""EmbeddingIndex (codes + over-fetch + exact rescoring), the sign hasher and the data-set
+loader, each checked against brute force in float64."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from hashlearn import io as hio
+from hashlearn.embeddings import EmbeddingIndex, load_embeddings, rescore
+from hashlearn.hashers import SignHashing, make_hasher
+from hashlearn.index import FlatIndex
+
+D = 24
+
+
+def _data(n=600, m=20, d=D, seed=0):
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((8, d))
+    X = centers[rng.integers(0, 8, n)] + 0.6 * rng.standard_normal((n, d))
+    Q = centers[rng.integers(0, 8, m)] + 0.6 * rng.standard_normal((m, d))
+    return X.astype(np.float32), Q.astype(np.float32)
+
+
+def _unit(A):
+    A = np.asarray(A, np.float64)
+    return A / np.linalg.norm(A, axis=1, keepdims=True)
+
+
+def _check_topk(S, scores, ids, k):
+    """``ids`` are a true top-k of the similarity matrix ``S`` (robust to ties), and
+    ``scores`` are their similarities, best first."""
+    true_top = -np.sort(-S, axis=1)[:, :k]
+    got = np.take_along_axis(S, ids, axis=1)
+    np.testing.assert_allclose(got, true_top, atol=1e-5)
+    np.testing.assert_allclose(scores, got, atol=1e-5)
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)
+    assert all(len(set(row)) == k for row in ids.tolist())
+
+
+# ------------------------------------------------------------------------------ sign bits
+
+
+def test_sign_bits_match_brute_force():
+    X, _ = _data()
+    bits = np.unpackbits(SignHashing(n_bits=D).fit(X).encode(X), axis=1, bitorder="little")
+    np.testing.assert_array_equal(bits[:, :D], (X >= 0).astype(np.uint8))
+    h = SignHashing(n_bits=D, center=True).fit(X)
+    bits = np.unpackbits(h.encode(X), axis=1, bitorder="little")[:, :D]
+    mean = X.astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(h.mean_, mean, rtol=1e-9)
+    far = np.abs(X - mean) > 1e-4  # away from the threshold, float32 vs float64 agree
+    np.testing.assert_array_equal(bits[far], (X - mean >= 0)[far])
+    assert isinstance(make_hasher("sign", n_bits=4), SignHashing)
+
+
+def test_sign_bit_selection_and_clipping():
+    rng = np.random.default_rng(1)
+    scale = np.array([1.0, 5.0, 0.1, 3.0, 2.0, 0.5])
+    X = rng.standard_normal((300, 6)) * scale
+    assert SignHashing(n_bits=3).fit(X).dims_.tolist() == [1, 3, 4]
+    assert SignHashing(n_bits=3, select="first").fit(X).dims_.tolist() == [0, 1, 2]
+    h = SignHashing(n_bits=3).fit(X)
+    bits = np.unpackbits(h.encode(X), axis=1, bitorder="little")[:, :3]
+    np.testing.assert_array_equal(bits, (X[:, [1, 3, 4]] >= 0).astype(np.uint8))
+    with pytest.warns(UserWarning, match="n_bits_=6"):
+        h = SignHashing(n_bits=10).fit(X)
+    assert h.n_bits_ == 6 and h.encode(X).shape == (300, 1)
+    with pytest.raises(ValueError, match="'select'"):
+        SignHashing(n_bits=3, select="random").fit(X)
+    with pytest.raises(ValueError, match="'center'"):
+        SignHashing(n_bits=3, center="yes").fit(X)
+
+
+# ------------------------------------------------------------------------------ rescoring
+
+
+def test_rescore_matches_brute_force_with_padding():
+    rng = np.random.default_rng(2)
+    V = rng.standard_normal((300, 16)).astype(np.float32)
+    Q = rng.standard_normal((40, 16)).astype(np.float32)
+    cand = np.stack([rng.choice(300, 50, replace=False) for _ in range(40)])
+    cand[::3, -7:] = -1  # padding
+    cand[5, :] = -1  # no candidates at all
+    scores, ids = rescore(Q, V, cand, 10)
+    S = Q.astype(np.float64) @ V.T.astype(np.float64)
+    for i in range(40):
+        c = cand[i][cand[i] >= 0]
+        if len(c) == 0:
+            assert ids[i].tolist() == [-1] * 10 and np.all(np.isneginf(scores[i]))
+            continue
+        order = np.lexsort((c, -S[i, c]))[:10]
+        np.testing.assert_allclose(scores[i], S[i, c[order]], atol=1e-5)
+        assert set(ids[i].tolist()) == set(c[order].tolist())
+
+
+def test_rescore_breaks_ties_by_smaller_id():
+    V = np.ones((6, 4), np.float32)
+    cand = np.array([[5, 3, 4, 0, 2, 1]])
+    _, ids = rescore(np.ones((1, 4), np.float32), V, cand, 4)
+    assert ids.tolist() == [[0, 1, 2, 3]]
+
+
+# --------------------------------------------------------------------------- the index
+
+
+@pytest.mark.parametrize("hasher,n_bits", [("itq", 16), ("sign", D), ("lsh", 48)])
+def test_search_with_all_candidates_is_exact_cosine(hasher, n_bits):
+    X, Q = _data()
+    index = EmbeddingIndex(hasher, n_bits=n_bits).fit(X).add(X)
+    scores, ids = index.search(Q, 10, overfetch=len(X))  # every vector rescored
+    _check_topk(_unit(Q) @ _unit(X).T, scores, ids, 10)
+
+
+def test_inner_product_metric_keeps_norms():
+    X, Q = _data()
+    X[::2] *= 3.0
+    index = EmbeddingIndex("itq", n_bits=16, metric="ip").fit(X).add(X)
+    np.testing.assert_array_equal(index.vectors, X)
+    scores, ids = index.search(Q, 5, overfetch=len(X))
+    _check_topk(Q.astype(np.float64) @ X.T.astype(np.float64), scores, ids, 5)
+
+
+def test_recall_grows_with_overfetch_and_candidates_come_from_hamming_order():
+    X, Q = _data(n=800)
+    index = EmbeddingIndex("itq", n_bits=16).fit(X).add(X)
+    S = _unit(Q) @ _unit(X).T
+    quality = []
+    for overfetch in (1, 2, 4, 16):
+        scores, ids = index.search(Q, 10, overfetch=overfetch)
+        # the result is the exact top-10 of the k * overfetch nearest codes
+        _, cand = index.codes_.search(index.hasher_.encode(_unit(Q)), 10 * overfetch)
+        sub = np.take_along_axis(S, cand, axis=1)
+        np.testing.assert_allclose(scores, -np.sort(-sub, axis=1)[:, :10], atol=1e-5)
+        quality.append(np.take_along_axis(S, ids, axis=1).sum())
+    assert all(b >= a - 1e-9 for a, b in zip(quality[:-1], quality[1:], strict=True))
+    assert quality[-1] > quality[0]
+
+
+def test_chunked_add_equals_one_add_and_pads_when_k_exceeds_n():
+    X, Q = _data(n=300)
+    one = EmbeddingIndex("itq", n_bits=16).fit(X).add(X)
+    chunked = EmbeddingIndex("itq", n_bits=16).fit(X).add(X, chunk_size=37)
+    np.testing.assert_array_equal(one.codes_.codes, chunked.codes_.codes)
+    np.testing.assert_array_equal(one.vectors, chunked.vectors)
+    small = EmbeddingIndex("itq", n_bits=16).fit(X).add(X[:3])
+    scores, ids = small.search(Q[:2], 5)
+    assert (ids[:, 3:] == -1).all() and np.isneginf(scores[:, 3:]).all()
+    assert sorted(ids[0, :3].tolist()) == [0, 1, 2]
+
+
+def test_hasher_instance_and_memory_accounting():
+    X, Q = _data()
+    index = EmbeddingIndex(make_hasher("lsh", n_bits=100, random_state=3), n_bits=None)
+    index.fit(X).add(X)
+    assert index.hasher_name == "lsh" and index.n_bits == 100
+    assert index.memory_per_vector() == {"code": 13, "scan": 2 * 8 + 8, "float": 4 * D}
+    with pytest.raises(ValueError, match="n_bits"):
+        EmbeddingIndex(make_hasher("lsh", n_bits=100), n_bits=64)
+
+
+def test_save_load_roundtrip_is_memory_mapped(tmp_path):
+    X, Q = _data()
+    index = EmbeddingIndex("itq", n_bits=16, overfetch=3).fit(X).add(X)
+    index.save(tmp_path / "idx")
+    loaded = EmbeddingIndex.load(tmp_path / "idx")
+    assert isinstance(loaded.vectors, np.memmap)
+    assert (loaded.overfetch, loaded.n_bits, loaded.metric) == (3, 16, "cosine")
+    for a, b in zip(index.search(Q, 7), loaded.search(Q, 7), strict=True):
+        np.testing.assert_array_equal(a, b)
+    index.save(tmp_path / "idx")  # over an existing save: old components go
+    assert len([p for p in (tmp_path / "idx").iterdir() if p.is_dir()]) == 2
+    assert len(EmbeddingIndex.load(tmp_path / "idx")) == len(X)
+
+
+def test_open_appends_in_place_like_an_in_memory_build(tmp_path):
+    X, Q = _data()
+    EmbeddingIndex("itq", n_bits=16).fit(X[:200]).save(tmp_path / "idx")
+    opened = EmbeddingIndex.open(tmp_path / "idx")
+    opened.add(X[:250], chunk_size=100)
+    opened.add(X[250:])
+    memory = EmbeddingIndex("itq", n_bits=16).fit(X[:200]).add(X)
+    loaded = EmbeddingIndex.load(tmp_path / "idx", verify=True)
+    assert len(loaded) == len(X)
+    for a, b in zip(memory.search(Q, 5), loaded.search(Q, 5), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_damaged_or_interrupted_saves_are_clear_errors(tmp_path):
+    X, _ = _data(n=100)
+    with pytest.raises(FileNotFoundError, match="No embedding index"):
+        EmbeddingIndex.load(tmp_path / "nothing")
+    index = EmbeddingIndex("itq", n_bits=16).fit(X).add(X)
+    index.save(tmp_path / "a")
+    next((tmp_path / "a").glob("vectors.*.npy")).write_bytes(b"garbage")
+    for verify in (True, False):
+        with pytest.raises(ValueError, match="damaged index.*vectors"):
+            EmbeddingIndex.load(tmp_path / "a", verify=verify)
+    index.save(tmp_path / "b")
+    # a build killed between appending the vectors and the codes
+    hio.append_rows(tmp_path / "b", {"vectors": X[:5]})
+    with pytest.raises(ValueError, match="105 vectors"):
+        EmbeddingIndex.load(tmp_path / "b")
+    index.save(tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    meta["state"]["codes_dir"] = "../../etc"
+    (tmp_path / "c" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="damaged"):
+        EmbeddingIndex.load(tmp_path / "c", verify=False)
+
+
+def test_bad_input_names_the_argument():
+    X, Q = _data(n=100)
+    with pytest.raises(ValueError, match="'metric'"):
+        EmbeddingIndex(metric="l2")
+    with pytest.raises(ValueError, match="'hasher'"):
+        EmbeddingIndex("nope")
+    with pytest.raises(ValueError, match="'overfetch'"):
+        EmbeddingIndex(overfetch=0)
+    with pytest.raises(ValueError, match="n_bits <= min"):
+        EmbeddingIndex("itq", n_bits=D + 1).fit(X)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        EmbeddingIndex().search(Q, 3)
+    index = EmbeddingIndex("itq", n_bits=8).fit(X)
+    with pytest.raises(ValueError, match="dimension 5"):
+        index.add(X[:, :5])
+    with pytest.raises(TypeError, match="float array"):
+        index.add(X.astype(np.int64))
+    bad = Q.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="row 3"):
+        index.search(bad, 3)
+    with pytest.raises(ValueError, match="2-D"):
+        index.search(Q[0], 3)
+    with pytest.raises(ValueError, match="'k'"):
+        index.add(X).search(Q, 0)
+
+
+def test_codes_are_a_flat_index_with_ids_in_add_order():
+    X, _ = _data(n=50)
+    index = EmbeddingIndex("sign", n_bits=D).fit(X).add(X)
+    assert isinstance(index.codes_, FlatIndex)
+    np.testing.assert_array_equal(index.codes_.ids, np.arange(50))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(index.codes_.codes, index.hasher_.encode(_unit(X)))
+
+
+# ------------------------------------------------------------------------------ data set
+
+
+def test_load_embeddings_missing_and_inconsistent(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make_embeddings.py"):
+        load_embeddings(tmp_path / "none")
+    rng = np.random.default_rng(0)
+    base = _unit(rng.standard_normal((50, 8))).astype(np.float32)
+    queries = _unit(rng.standard_normal((4, 8))).astype(np.float32)
+    S = queries @ base.T
+    nn = np.argsort(-S, axis=1)[:, :10]
+    for name, arr in {
+        "base": base,
+        "queries": queries,
+        "neighbors": nn,
+        "scores": np.take_along_axis(S, nn, 1),
+    }.items():
+        np.save(tmp_path / f"{name}.npy", arr)
+    (tmp_path / "info.json").write_text('{"n_base": 50}')
+    ds = load_embeddings(tmp_path)
+    assert ds.base.shape == (50, 8) and ds.neighbors.dtype == np.int64
+    assert ds.info["n_base"] == 50
+    np.save(tmp_path / "neighbors.npy", nn + 100)
+    with pytest.raises(ValueError, match="inconsistent"):
+        load_embeddings(tmp_path)
