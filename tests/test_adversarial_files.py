@@ -391,3 +391,76 @@ def test_a_valid_hasher_save_still_round_trips(saved_hasher):
         np.random.default_rng(0).standard_normal((40, 6))
     )
     np.testing.assert_array_equal(loaded.encode(X), expected.encode(X))
+
+
+# ------------------------------------------------------------------------------ Inputs
+
+
+@pytest.fixture(scope="module")
+def flat64():
+    index = FlatIndex(64)
+    index.add(_codes(0, 200))
+    return index
+
+
+def test_matrix_queries_give_the_ndarray_results(flat64):
+    queries = _codes(1, 7)
+    expected = flat64.search(queries, 5)
+    for got, want in zip(flat64.search(np.asmatrix(queries), 5), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(
+        flat64.range_search(np.asmatrix(queries), 28), flat64.range_search(queries, 28), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_matrix_codes_are_added_like_an_ndarray():
+    a, b = FlatIndex(64), FlatIndex(64)
+    a.add(_codes(0, 30))
+    b.add(np.asmatrix(_codes(0, 30)))
+    np.testing.assert_array_equal(a.codes, b.codes)
+
+
+def test_masked_queries_are_refused_when_anything_is_masked(flat64):
+    queries = _codes(1, 4)
+    unmasked = np.ma.masked_array(queries, mask=np.zeros(queries.shape, bool))
+    for got, want in zip(flat64.search(unmasked, 3), flat64.search(queries, 3), strict=True):
+        np.testing.assert_array_equal(got, want)
+    masked = np.ma.masked_array(queries, mask=np.zeros(queries.shape, bool))
+    masked[1, 2] = np.ma.masked
+    with pytest.raises(ValueError, match="queries.*masked"):
+        flat64.search(masked, 3)
+    with pytest.raises(ValueError, match="codes.*masked"):
+        FlatIndex(64).add(masked)
+
+
+def test_hasher_input_matrix_is_converted_and_masked_values_refused():
+    pytest.importorskip("hashlearn.hashers.base")
+    from hashlearn.hashers import base
+
+    if "as_plain_array" not in vars(base):
+        pytest.xfail("hashers/base.py _check_X does not call _validation.as_plain_array yet")
+    X = np.random.default_rng(0).standard_normal((30, 5))
+    hasher = RandomHyperplaneLSH(16, random_state=0).fit(X)
+    np.testing.assert_array_equal(hasher.encode(np.asmatrix(X)), hasher.encode(X))
+    masked = np.ma.masked_array(X, mask=np.zeros(X.shape, bool))
+    masked[0, 0] = np.ma.masked
+    with pytest.raises(ValueError, match="X.*masked"):
+        hasher.encode(masked)
+
+
+@pytest.mark.parametrize("k", [2**31, 2**40, 2**62])
+def test_huge_k_is_a_value_error_naming_k(flat64, k):
+    with pytest.raises(ValueError, match="'k'"):
+        flat64.search(_codes(1, 3), k)
+
+
+def test_check_k_bounds_k_by_int32_and_by_memory():
+    from hashlearn._validation import K_MAX, check_k
+
+    assert check_k(10, 5) == 10 and check_k(2**20, 1) == 2**20
+    for bad in (0, -1, K_MAX + 1, True, 2.0, "3", None):
+        with pytest.raises(ValueError, match="'k'"):
+            check_k(bad, 5)
+    with pytest.raises(ValueError, match="'k'.*memory"):
+        check_k(K_MAX, 10**9)  # 12 bytes * 2**31 * 10**9 fits no machine
