@@ -248,10 +248,10 @@ def test_boosting_reweights_and_tree_weights_follow_eq15(blobs):
 
 def test_labels_similarity(blobs):
     y = (blobs[:, 0] > 0).astype(int)
-    bsf = small_forest(similar="labels").fit(blobs, y)
+    bsf = small_forest(similarity="labels").fit(blobs, y)
     assert bsf.keys(blobs).shape == (600, 3)
     with pytest.raises(ValueError, match="needs labels"):
-        small_forest(similar="labels").fit(blobs)
+        small_forest(similarity="labels").fit(blobs)
 
 
 @pytest.mark.parametrize(
@@ -263,7 +263,7 @@ def test_labels_similarity(blobs):
         ({"lam": -0.1}, "lam"),
         ({"split": "oblique"}, "split"),
         ({"n_trees": 0}, "n_trees"),
-        ({"similar": "cosine"}, "similar"),
+        ({"similarity": "cosine"}, "similarity"),
         ({"max_depth": 0}, "max_depth"),
         ({"similar_fraction": 1.0}, "similar_fraction"),
     ],
@@ -275,8 +275,11 @@ def test_bad_parameters(kw, match, blobs):
 
 def test_empty_tree_is_an_error(blobs):
     # a tiny lam makes every candidate nearly free: no split raises J at the root
-    with pytest.raises(ValueError, match="empty"):
-        small_forest(lam=1e-9).fit(blobs)
+    with pytest.warns(UserWarning, match="empty"):
+        bsf = small_forest(lam=1e-9, n_trees=1).fit(blobs)
+    assert bsf.n_leaves_.tolist() == [1]
+    with pytest.warns(UserWarning, match="k_similar"):
+        assert small_forest(k_similar=50).fit(blobs[:20]).keys(blobs[:3]).shape == (3, 3)
     with pytest.raises(ValueError, match="single leaf"):
         KMeansTree(n_trees=1, max_depth=3).fit(np.ones((10, 3)))
     with pytest.raises(ValueError, match="n_tables"):

@@ -406,9 +406,13 @@ def weighted_candidates_csr(
         )
     if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
         raise ValueError("weights must be positive and finite.")
+    # TableIndex's packed tables (a consistent snapshot, as its own candidates_csr reads
+    # them); TableIndex has no public per-table view yet
+    snap = index._store.snapshot
+    tables = snap.cached("tables")
     query_keys = index._check_keys(query_keys, "query_keys")
-    table_keys, table_ptr = index._table_keys, index._table_ptr
-    offsets, postings = index._offsets, index._postings
+    table_keys, table_ptr = tables["table_keys"], tables["table_ptr"]
+    offsets, postings = tables["offsets"], tables["postings"]
     m = query_keys.shape[0]
     sizes = np.zeros(m, np.int64)
     _gathered_volume(query_keys, table_keys, table_ptr, offsets, sizes)
@@ -438,4 +442,4 @@ def weighted_candidates_csr(
     lims = np.zeros(m + 1, np.int64)
     np.cumsum(lengths, out=lims[1:])
     keep = np.repeat(bound[:-1], lengths) + (np.arange(lims[-1]) - np.repeat(lims[:-1], lengths))
-    return lims, index._ids[out_pos[keep]], out_score[keep]
+    return lims, np.asarray(snap.ids)[out_pos[keep]], out_score[keep]

@@ -59,6 +59,9 @@ the unweighted collision count.)
 
 from __future__ import annotations
 
+import time
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
 from sklearn.neighbors import NearestNeighbors
@@ -69,6 +72,7 @@ from threadpoolctl import threadpool_limits
 from hashlearn._validation import check_int, check_real
 from hashlearn.forest.base import BaseBucketer, TreeBuilder, node_scores, tree_leaves
 from hashlearn.io import persistable
+from hashlearn.kernels import log_message
 
 __all__ = ["BoostedSearchForest"]
 
@@ -157,12 +161,15 @@ class BoostedSearchForest(BaseBucketer):
         ``stump_above`` items and hyperplanes below (the paper's suggestion).
     n_pairs : int
         Pairs sampled per tree.
-    similar : {"knn", "labels"}
+    similarity : {"knn", "labels"}
         Pair similarity: ``j`` among the ``k_similar`` nearest neighbours of ``i`` in the
-        training set (the paper's protocol), or equal labels ``y``.
+        training set (the paper's protocol), or equal labels ``y``. (Not ``similar``:
+        elsewhere in hashlearn ``similar`` is the boolean array of
+        ``fit(X, pairs=P, similar=s)``.)
     k_similar : int
         K of the K-NN similarity (the paper uses 100 in its database; when fitting on a
-        sample, scale it by sample size / database size).
+        sample, scale it by sample size / database size). Clipped to ``n_samples - 1``
+        with a warning.
     similar_fraction : float in (0, 1)
         Fraction of the sampled pairs drawn among similar pairs (importance-weighted).
     min_samples_leaf : int
@@ -172,7 +179,9 @@ class BoostedSearchForest(BaseBucketer):
     stump_above : int
         With ``split="hybrid"``, nodes holding more training items use stumps.
     random_state : int, RandomState or None
-    verbose : bool
+    verbose : int, default=0
+        ``> 0``: log each tree (leaves, weight, CPU time) to
+        ``logging.getLogger("hashlearn")`` (to stderr when that logger shows no INFO).
 
     Attributes
     ----------
@@ -207,14 +216,14 @@ class BoostedSearchForest(BaseBucketer):
         lam: float = 0.1,
         split: str = "projection",
         n_pairs: int = 100_000,
-        similar: str = "knn",
+        similarity: str = "knn",
         k_similar: int = 100,
         similar_fraction: float = 0.5,
         min_samples_leaf: int = 1,
         n_thresholds: int = 32,
         stump_above: int = 2000,
         random_state=None,
-        verbose: bool = False,
+        verbose: int = 0,
     ):
         self.n_trees = n_trees
         self.max_depth = max_depth
@@ -222,7 +231,7 @@ class BoostedSearchForest(BaseBucketer):
         self.lam = lam
         self.split = split
         self.n_pairs = n_pairs
-        self.similar = similar
+        self.similarity = similarity
         self.k_similar = k_similar
         self.similar_fraction = similar_fraction
         self.min_samples_leaf = min_samples_leaf
@@ -254,13 +263,14 @@ class BoostedSearchForest(BaseBucketer):
                 f"The 'split' parameter of {owner} must be 'projection', 'stump' "
                 f"or 'hybrid'. Got {self.split!r} instead."
             )
-        if self.similar not in ("knn", "labels"):
+        if self.similarity not in ("knn", "labels"):
             raise ValueError(
-                f"The 'similar' parameter of {owner} must be 'knn' or 'labels'. "
-                f"Got {self.similar!r} instead."
+                f"The 'similarity' parameter of {owner} must be 'knn' or 'labels'. "
+                f"Got {self.similarity!r} instead."
             )
         check_int(self.n_pairs, "n_pairs", owner, low=2)
-        check_int(self.k_similar, "k_similar", owner, high=max(1, n - 1))
+        check_int(self.k_similar, "k_similar", owner)
+        check_int(self.verbose, "verbose", owner, low=0)
         frac = check_real(
             self.similar_fraction, "similar_fraction", owner, low=0.0, high=1.0, low_open=True
         )
@@ -280,9 +290,12 @@ class BoostedSearchForest(BaseBucketer):
         self._check_params(n)
         rng = check_random_state(self.random_state)
         lam = float(self.lam)
-        if self.similar == "labels":
+        if self.similarity == "labels":
             if y is None:
-                raise ValueError("BoostedSearchForest(similar='labels') needs labels: fit(X, y).")
+                raise ValueError(
+                    "BoostedSearchForest requires y to be passed, but the target y is None: "
+                    "similarity='labels' needs labels, call fit(X, y)."
+                )
             _, y_codes = np.unique(y, return_inverse=True)
             class_rows = [np.flatnonzero(y_codes == c) for c in range(y_codes.max() + 1)]
             if all(len(r) < 2 for r in class_rows):
@@ -290,8 +303,17 @@ class BoostedSearchForest(BaseBucketer):
             neighbors = None
         else:
             y_codes, class_rows = None, None
+            k_similar = int(self.k_similar)
+            if k_similar > n - 1:
+                warnings.warn(
+                    f"k_similar ({k_similar}) is greater than the number of other training "
+                    f"rows ({n - 1}). BoostedSearchForest uses k_similar={n - 1}.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                k_similar = n - 1
             neighbors = (
-                NearestNeighbors(n_neighbors=self.k_similar)
+                NearestNeighbors(n_neighbors=k_similar)
                 .fit(X)
                 .kneighbors(return_distance=False)
                 .astype(np.int64)
@@ -310,6 +332,7 @@ class BoostedSearchForest(BaseBucketer):
         builder = TreeBuilder(X.shape[1])
         train_leaves = np.zeros((n, 0), np.int64)
         weights = []
+        start = time.process_time()
         for m in range(self.n_trees):
             # --- pairs for this tree, with importance weights (sums estimate all pairs)
             if neighbors is None:
@@ -350,9 +373,12 @@ class BoostedSearchForest(BaseBucketer):
                     X, builder, sa, sb, alpha_sim * w_sim, ra, rb, w_rand, lam, rng
                 )
             if len(leaf_nodes) < 2:
-                raise ValueError(
+                warnings.warn(
                     f"BoostedSearchForest: tree {m} is empty (no split raises the objective "
-                    f"J of eq. 17 at the root) with lam={self.lam}; raise lam or k_similar."
+                    f"J of eq. 17 at the root) with lam={self.lam}: every item shares its "
+                    "single leaf. Raise lam or k_similar.",
+                    UserWarning,
+                    stacklevel=3,
                 )
             builder.finish_tree(root)
             # --- eq. 15: the tree's weight c
@@ -367,12 +393,17 @@ class BoostedSearchForest(BaseBucketer):
             weights.append(c_m)
             # leaf numbers as finish_tree assigned them
             train_leaves = np.concatenate([train_leaves, leaves_m[:, None]], axis=1)
-            if self.verbose:
-                print(
-                    f"[BoostedSearchForest] tree {m + 1}/{self.n_trees}: "
-                    f"{len(leaf_nodes)} leaves, c={c_m:.3f}, similar pairs colliding "
-                    f"{collide_sim.mean():.3f}"
-                )
+            log_message(
+                bool(self.verbose),
+                "BoostedSearchForest tree %d/%d: %d leaves, c=%.3f, similar pairs colliding "
+                "%.3f, %.1f s CPU",
+                m + 1,
+                self.n_trees,
+                len(leaf_nodes),
+                c_m,
+                float(collide_sim.mean()),
+                time.process_time() - start,
+            )
         for key, value in builder.arrays().items():
             setattr(self, key, value)
         self.tree_weights_ = np.asarray(weights, np.float64)
