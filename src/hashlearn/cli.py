@@ -1,15 +1,25 @@
-"""The ``hashlearn`` command line: ``hashlearn demo`` and ``hashlearn info``.
+"""The ``hashlearn`` command line: ``demo``, ``info``, ``reproduce`` and ``bench``.
 
-A thin wrapper: the work is :func:`hashlearn.demo.run_demo`; this module parses options,
-shows a progress bar on stderr and prints the results table on stdout.
+A thin wrapper: the work is :func:`hashlearn.demo.run_demo` and the experiments; this module
+parses options, shows a progress bar on stderr and prints the results on stdout.
+
+Errors. Every error, whether click's own (a bad option) or the library's (a ``ValueError``
+or ``OSError`` naming a file or argument), is printed as **one line** ``Error: ...`` on
+stderr with exit status 2, never a traceback (set ``HASHLEARN_TRACEBACK=1`` to see one).
+Outputs (``--out``, ``--results``) are checked for writability before any work starts.
+:class:`OneLineErrorGroup`, :class:`CLIError`, :func:`check_output_dir` and
+:func:`check_output_file` are the pieces other command modules reuse: a command added with
+``main.add_command(...)`` gets the same error handling.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -22,7 +32,7 @@ from hashlearn.experiments import EXPERIMENTS, get_experiment
 from hashlearn.hashers import available_hashers
 from hashlearn.index import available_indexes
 
-__all__ = ["main"]
+__all__ = ["main", "CLIError", "OneLineErrorGroup", "check_output_dir", "check_output_file"]
 
 _QUICK = {"bits": (16, 32), "n_queries": 100, "n_train": 1000}
 
@@ -49,7 +59,123 @@ class BitsParam(click.ParamType):
         return tuple(dict.fromkeys(bits))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class CLIError(click.ClickException):
+    """A command-line error: printed as one line ``Error: message``, exit status 2."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {_one_line(self.format_message())}", err=True)
+
+
+#: exceptions of the library and of the operating system that are the user's to fix (a
+#: bad file, a bad argument, a missing optional package): one line, never a traceback
+USER_ERRORS = (ValueError, OSError, ImportError, MemoryError)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for an exception: ``OSError`` as ``file: reason``, others as their message."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        reason = exc.strerror or str(exc)
+        return _one_line(f"{exc.filename}: {reason}")
+    if isinstance(exc, MemoryError):
+        return _one_line(f"out of memory: {exc}" if str(exc) else "out of memory")
+    return _one_line(str(exc) or type(exc).__name__)
+
+
+class OneLineErrorGroup(click.Group):
+    """A click group whose every error is one line on stderr and exit status 2.
+
+    Click's usage errors lose their usage block (``-h`` shows it), ``ValueError``,
+    ``OSError``, ``ImportError`` and ``MemoryError`` raised by any command of the group (or
+    of a group added to it) become ``Error: ...`` lines. ``HASHLEARN_TRACEBACK=1`` re-raises
+    them instead, for debugging.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except click.ClickException as exc:
+            _exit_with(exc.format_message())
+        except USER_ERRORS as exc:
+            if os.environ.get("HASHLEARN_TRACEBACK"):
+                raise
+            _exit_with(describe_error(exc))
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _exit_with(message: str) -> None:
+    click.echo(f"Error: {_one_line(message)}", err=True)
+    sys.exit(2)
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    return probe
+
+
+def _check_can_create_in(directory: Path, option: str, target: Path) -> None:
+    """``target`` (not existing yet) can be created under its nearest existing ancestor."""
+    ancestor = _nearest_existing(directory)
+    if not ancestor.is_dir():
+        raise CLIError(f"{option}: cannot create {target}: {ancestor} is not a directory.")
+    _check_writable_dir(ancestor, option, target)
+
+
+def _check_writable_dir(directory: Path, option: str, target: Path) -> None:
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise CLIError(f"{option}: cannot write to {target}: {directory} is not writable.")
+    try:  # os.access misses read-only mounts and some ACLs: try it
+        with tempfile.TemporaryFile(dir=directory, prefix=".hashlearn-write-test-"):
+            pass
+    except OSError as exc:
+        raise CLIError(
+            f"{option}: cannot write to {target}: {exc.strerror or exc} ({directory})."
+        ) from None
+
+
+def check_output_dir(path: Path, option: str = "--out") -> Path:
+    """Check, before any work, that the output directory ``path`` is (or can be created as)
+    a writable directory; a :class:`CLIError` naming ``option`` otherwise. Creates nothing."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise CLIError(f"{option}: {path} exists and is not a directory.")
+        _check_writable_dir(path, option, path)
+    else:
+        _check_can_create_in(path.parent, option, path)
+    return path
+
+
+def check_output_file(path: Path, option: str = "--results") -> Path:
+    """Check, before any work, that the file ``path`` can be written (replaced atomically
+    in its directory); a :class:`CLIError` naming ``option`` otherwise. Creates nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise CLIError(f"{option}: {path} is a directory, not a file.")
+    if os.path.lexists(path) and not path.is_file():
+        raise CLIError(f"{option}: {path} is not a regular file.")
+    if path.parent.exists():
+        if not path.parent.is_dir():
+            raise CLIError(f"{option}: cannot create {path}: {path.parent} is not a directory.")
+        _check_writable_dir(path.parent, option, path)
+    else:
+        _check_can_create_in(path.parent, option, path)
+    return path
+
+
+@click.group(cls=OneLineErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hashlearn")
 def main() -> None:
     """hashlearn: learned hashing and fast similarity search."""
@@ -136,10 +262,11 @@ def demo(
     from tqdm import tqdm
 
     if dataset == "fashion-mnist" and not fashion_mnist_available(data_dir):
-        raise click.ClickException(
-            f"Fashion-MNIST is not installed (no IDX files in {data_dir or FASHION_MNIST_DIR})."
-            f" Install it with: {FASHION_MNIST_INSTALL}"
+        raise CLIError(
+            f"--dataset fashion-mnist: Fashion-MNIST is not installed (no IDX files in "
+            f"{data_dir or FASHION_MNIST_DIR}). Install it with: {FASHION_MNIST_INSTALL}"
         )
+    check_output_dir(out_dir, "--out")
     if quick:
         bits = bits or _QUICK["bits"]
         n_queries = _QUICK["n_queries"] if n_queries is None else n_queries
@@ -161,7 +288,7 @@ def demo(
             else [name.strip() for name in hasher_names.split(",")],
         )
     except DemoParameterError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise CLIError(str(exc)) from None
     click.echo(format_table(rows))
     click.echo()
     for name in OUTPUT_FILES:
@@ -251,7 +378,9 @@ def reproduce(
 
     from hashlearn.experiments._common import write_section
 
-    out_dir = out_dir or Path("reproduce-out") / name
+    out_dir = check_output_dir(out_dir or Path("reproduce-out") / name, "--out")
+    if results_file is not None:
+        check_output_file(results_file, "--results")
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
     report = get_experiment(name).run(
@@ -315,9 +444,14 @@ def bench_ann(
     """The ann-benchmarks recall-QPS sweep of FILE.hdf5, run locally; writes a plot."""
     from tqdm import tqdm
 
+    from hashlearn.datasets import check_ann_benchmarks
     from hashlearn.experiments import ann_bench
     from hashlearn.experiments._common import write_section
 
+    check_output_dir(out_dir, "--out")
+    if results_file is not None:
+        check_output_file(results_file, "--results")
+    check_ann_benchmarks(file)  # FILE is an ann-benchmarks file, before any work
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
     report = ann_bench.run_file(
         file, out_dir, index=index, n_bits=n_bits, k=k, n_queries=n_queries, progress=progress
@@ -326,3 +460,6 @@ def bench_ann(
         write_section(results_file, f"bench-ann-{file.stem}", report)
     click.echo(report)
     click.echo(f"\nwrote {out_dir}")
+
+
+main.add_command(importlib.import_module("hashlearn.cli_index").index)  # hashlearn index ...

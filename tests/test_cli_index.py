@@ -1,0 +1,102 @@
+"""``hashlearn index build / search / info``: results equal the library's, errors are one
+line with exit status 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from hashlearn.cli import main
+from hashlearn.datasets import write_fvecs
+from hashlearn.embeddings import EmbeddingIndex
+
+D = 16
+
+
+@pytest.fixture()
+def files(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((900, D)).astype(np.float32)
+    Q = rng.standard_normal((7, D)).astype(np.float32)
+    np.save(tmp_path / "emb.npy", X)
+    np.save(tmp_path / "q.npy", Q)
+    return tmp_path, X, Q
+
+
+def _run(*args):
+    result = CliRunner().invoke(main, ["index", *map(str, args)])
+    return result
+
+
+def _assert_one_line_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr
+
+
+def test_build_search_info_match_the_library(files):
+    tmp, X, Q = files
+    out = tmp / "idx"
+    r = _run("build", tmp / "emb.npy", "--hasher", "itq", "--bits", 16, "--out", out,
+             "--chunk-size", 250, "--fit-size", 900)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    loaded = EmbeddingIndex.load(out)
+    assert len(loaded) == 900 and loaded.n_bits == 16
+    direct = EmbeddingIndex("itq", n_bits=16).fit(X).add(X)
+    np.testing.assert_array_equal(loaded.codes_.codes, direct.codes_.codes)
+    r = _run("search", out, tmp / "q.npy", "-k", 5, "--overfetch", 4, "--out", tmp / "res.npy")
+    assert r.exit_code == 0, r.output
+    scores, ids = direct.search(Q, 5, overfetch=4)
+    np.testing.assert_array_equal(np.load(tmp / "res.npy"), ids)
+    np.testing.assert_array_equal(np.load(tmp / "res.scores.npy"), scores)
+    r = _run("search", out, tmp / "q.npy", "-k", 2)
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert len(rows) == 14 and [int(x) for x in rows[1][:3]] == [0, 1, ids[0, 1]]
+    r = _run("info", out)
+    assert r.exit_code == 0 and "vectors                900" in r.stdout.replace("\t", " ")
+
+
+def test_fvecs_input_equals_npy(files):
+    tmp, X, _ = files
+    write_fvecs(tmp / "emb.fvecs", X)
+    assert _run("build", tmp / "emb.fvecs", "--hasher", "sign", "--bits", D, "--out",
+                tmp / "a").exit_code == 0  # fmt: skip
+    assert _run("build", tmp / "emb.npy", "--hasher", "sign", "--bits", D, "--out",
+                tmp / "b", "--chunk-size", 100).exit_code == 0  # fmt: skip
+    a, b = EmbeddingIndex.load(tmp / "a"), EmbeddingIndex.load(tmp / "b")
+    np.testing.assert_array_equal(a.codes_.codes, b.codes_.codes)
+    np.testing.assert_array_equal(a.vectors, b.vectors)
+
+
+def test_hdf5_input_reads_train_and_test(files):
+    h5py = pytest.importorskip("h5py")
+    tmp, X, Q = files
+    with h5py.File(tmp / "ann.hdf5", "w") as f:
+        f["train"], f["test"] = X, Q
+    assert _run("build", tmp / "ann.hdf5", "--bits", 8, "--out", tmp / "h").exit_code == 0
+    r = _run("search", tmp / "h", tmp / "ann.hdf5", "-k", 3, "--out", tmp / "r.npy")
+    assert r.exit_code == 0, r.output
+    assert np.load(tmp / "r.npy").shape == (len(Q), 3)
+
+
+def test_errors_are_one_line_with_exit_status_2(files):
+    tmp, X, Q = files
+    assert _run("build", tmp / "emb.npy", "--bits", 8, "--out", tmp / "idx").exit_code == 0
+    np.save(tmp / "q_wrong_dim.npy", Q[:, :5])
+    _assert_one_line_error(_run("search", tmp / "idx", tmp / "q_wrong_dim.npy"), "dimension 5")
+    np.save(tmp / "q_int.npy", np.ones((3, D), np.int64))
+    _assert_one_line_error(_run("search", tmp / "idx", tmp / "q_int.npy"), "dtype int64")
+    bad = X.copy()
+    bad[500, 3] = np.nan
+    np.save(tmp / "nan.npy", bad)
+    r = _run("build", tmp / "nan.npy", "--bits", 8, "--out", tmp / "n", "--chunk-size", 300)
+    _assert_one_line_error(r, "NaN", "row")
+    assert not (tmp / "n").exists() and not list(tmp.glob(".n.building*"))
+    _assert_one_line_error(_run("search", tmp / "nothing", tmp / "q.npy"), "No embedding index")
+    _assert_one_line_error(_run("build", tmp / "emb.npy", "--out", tmp / "idx"), "--force")
+    next((tmp / "idx").glob("vectors.*.npy")).write_bytes(b"\x93NUMPY garbage")
+    _assert_one_line_error(_run("search", tmp / "idx", tmp / "q.npy"), "damaged index")
+    _assert_one_line_error(_run("info", tmp / "idx"), "damaged index")
+    (tmp / "x.txt").write_text("1 2 3")
+    _assert_one_line_error(_run("build", tmp / "x.txt", "--out", tmp / "t"), "unknown")
