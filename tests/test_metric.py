@@ -164,3 +164,82 @@ def test_symmetric_factor_coefficients_reproduce_learned_metric(blobs):
     G = np.eye(X.shape[1]) + Phi.T @ S @ Phi
     np.testing.assert_allclose(G, G.T, atol=1e-8)
     np.testing.assert_allclose(G @ G, itml.A_, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["linear", "rbf"])
+def test_factored_projections_equal_the_papers_c_by_c_updates(blobs, kernel):
+    """The O(r^2) factored solver gives the K (eq. 4) and the factor G = I + Phi S Phi^T
+    (Lemma 2) of the paper's O(c^2) updates, written out in kernel_itml_projections."""
+    from hashlearn.metric.kernel_itml import kernel_itml_projections
+
+    X, y = blobs
+    pairs, similar = pairs_from_labels(y, 120, random_state=2)
+    kit = KernelITML(kernel=kernel, rbf_gamma=0.2, gamma=1.0, tol=1e-6).fit(
+        X, pairs=pairs, similar=similar
+    )
+    index, inverse = np.unique(pairs.ravel(), return_inverse=True)
+    local = inverse.reshape(-1, 2)
+    K0 = kit.K0_.copy()
+    K, S = K0.copy(), np.zeros_like(K0)
+    u, ell = kit.bounds_
+    passes, _ = kernel_itml_projections(
+        K,
+        S,
+        K0,
+        local[:, 0].copy(),
+        local[:, 1].copy(),
+        np.where(similar, 1.0, -1.0),
+        np.where(similar, u, ell).astype(float),
+        np.zeros(len(pairs)),
+        1.0,
+        kit.n_iter_,
+        1e-6,
+    )
+    assert passes == kit.n_iter_
+    scale = np.abs(K).max()
+    np.testing.assert_allclose(kit.K_, (K + K.T) / 2, atol=1e-7 * scale)
+    # same G restricted to the constrained points: K0 S K0 is Phi^T (G - I) Phi
+    np.testing.assert_allclose(K0 @ kit.S_ @ K0, K0 @ S @ K0, atol=1e-6 * scale)
+    if kernel == "linear":
+        assert kit.rank_ == X.shape[1]
+    else:
+        assert kit.rank_ > X.shape[1]
+
+
+def test_kernel_itml_costs_within_10x_of_itml():
+    """Issue 12: 26 classes, 200 rows, the default 20 c^2 constraints. The paper's O(c^2)
+    update cost ~500x ITML's CPU time here; the factored solver must stay within 10x (CPU
+    time, same constraints, same process; measured ratio ~3)."""
+    import time
+
+    rng = np.random.RandomState(0)
+    n, d, k = 200, 16, 26
+    y = rng.randint(0, k, n)
+    X = rng.randn(k, d)[y] * 2 + rng.randn(n, d)
+    pairs, similar = pairs_from_labels(y, 20 * k * k, random_state=0)
+    for est in (ITML(gamma=1.0, max_iter=2), KernelITML(gamma=1.0, max_iter=2)):
+        est.fit(X, pairs=pairs, similar=similar)  # compile / warm up
+    times = {}
+    for est in (ITML(gamma=1.0, max_iter=150), KernelITML(gamma=1.0, max_iter=150)):
+        start = time.process_time()
+        est.fit(X, pairs=pairs, similar=similar)
+        times[type(est).__name__] = time.process_time() - start
+        assert est.n_iter_ == 150 or est.converged_
+    assert times["KernelITML"] <= 10 * times["ITML"], times
+
+
+def test_kernel_itml_caps_and_warns_on_long_fits(blobs, capsys):
+    X, y = blobs
+    with pytest.warns(UserWarning, match="among max_points=40 random rows"):
+        kit = KernelITML(max_points=40, random_state=0).fit(X, y)
+    assert len(kit.constrained_index_) <= 40
+    with pytest.warns(UserWarning, match="flops"):
+        KernelITML(warn_flops_per_pass=1.0, max_iter=2).fit(X, y)
+    pairs, similar = pairs_from_labels(y, 100, random_state=0)
+    with pytest.warns(UserWarning, match="more than max_points=10"):
+        KernelITML(max_points=10, max_iter=2).fit(X, pairs=pairs, similar=similar)
+    KernelITML(max_iter=3, verbose=True).fit(X, y)
+    err = capsys.readouterr().err
+    assert "eigendecomposition" in err and "3 passes, converged=False" in err
+    with pytest.raises(ValueError, match="'max_points' parameter"):
+        KernelITML(max_points=1).fit(X, y)

@@ -284,7 +284,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
             raise ValueError(f"{owner}.fit got similar=... without pairs=...")
         if pairs is None and y is None:
             raise ValueError(
-                f"{owner} is supervised: pass labels, fit(X, y), or pairs, "
+                f"{owner} requires y to be passed, but the target y is None: pass labels, fit(X, y), or pairs, "
                 "fit(X, pairs=P, similar=s)."
             )
         if pairs is not None:
