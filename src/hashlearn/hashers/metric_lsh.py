@@ -15,8 +15,18 @@ kernelized ITML (:class:`hashlearn.metric.KernelITML`, linear kernel) gives
 
 computed once after learning. ``r`` is never materialised: its entry for (bit, coordinate)
 is a Gaussian drawn from a seeded hash of the pair, generated on demand for each
-non-zero of the input, so hashing an item costs O(nnz * n_bits).
-:class:`KernelMetricLSH`. On dense data the two forms give the same bits for the same ``r``.
+non-zero of the input, and the second term is read from the stored non-zeros of
+:math:`\\sum_i \\gamma^r_i \\phi(x_i)` by binary search, so hashing an item costs
+O(nnz(x) * (n_bits + log z)) for ``z`` stored columns, independent of the dimension.
+:class:`KernelMetricLSH`.
+
+Bits depend on the factor ``G``, not only on ``A = G^T G``: any factor gives the collision
+probability of eq. 7, but two forms give the *same bits* only for the same ``r`` and the same
+``G``. :class:`MetricLSH` uses the Cholesky factor of ``A``; :class:`KernelMetricLSH` uses
+Lemma 2's :math:`G = I + \\Phi S \\Phi^T`, which differs in general. The explicit form
+reproduces the implicit bits with ``MetricLSH.from_metric(G=k.metric_factor(),
+components=k.hyperplanes())`` (dense, small ``d`` only); the mean is not subtracted by the
+implicit form (``center`` does not apply to it).
 
 Both expose ``metric_distances`` so ``Searcher(hasher, index, rerank="metric")`` ranks the
 hashed candidates by the learned distance (Sec. 3.3).
@@ -61,6 +71,31 @@ def hashed_normal(seed, bit, coord):
     u1 = (float(key >> np.uint64(11)) + 1.0) * 1.1102230246251565e-16  # (0, 1]
     u2 = float(key2 >> np.uint64(11)) * 1.1102230246251565e-16
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+@numba.njit(cache=True, nogil=True)
+def _implicit_projection_csr(data, indices, indptr, n_bits, seed, support, weights, out):
+    """``out[row] = R x + W x`` over the non-zeros of CSR ``x``: the hashed hyperplanes plus
+    the learned term, whose non-zero columns ``support`` (sorted) are found by binary search
+    (``weights`` (n_bits, len(support)))."""
+    z = support.shape[0]
+    for row in range(len(indptr) - 1):
+        for p in range(indptr[row], indptr[row + 1]):
+            col = indices[p]
+            v = data[p]
+            for b in range(n_bits):
+                out[row, b] += v * hashed_normal(seed, b, col)
+            lo = 0
+            hi = z
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if support[mid] < col:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < z and support[lo] == col:
+                for b in range(n_bits):
+                    out[row, b] += v * weights[b, lo]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -276,7 +311,8 @@ class KernelMetricLSH(BaseHasher):
 
     ``fit`` learns kernelized ITML (linear kernel, ``A0 = I``) over the constrained points,
     then computes ``gamma^r = S^T Phi^T r`` for every bit and stores the non-zeros of
-    ``sum_i gamma^r_i phi(x_i)``; ``encode`` costs O(nnz(x) * n_bits).
+    ``sum_i gamma^r_i phi(x_i)``; ``encode`` costs O(nnz(x) * (n_bits + log z)) per row,
+    whatever the dimension (no dense row and no column slicing of ``X``).
 
     Parameters
     ----------
@@ -291,6 +327,8 @@ class KernelMetricLSH(BaseHasher):
 
     Attributes
     ----------
+    n_iter_ : int
+        Passes of the kernelized ITML fit.
     seed_ : int
         Seed of the hashed hyperplanes (:func:`hashed_hyperplanes` materialises them).
     support_ : ndarray (z,)
@@ -331,6 +369,7 @@ class KernelMetricLSH(BaseHasher):
         )
         kitml.fit(X, y, pairs=pairs, similar=similar)
         self.metric_ = kitml
+        self.n_iter_ = kitml.n_iter_
         Phi = sp.csr_matrix(kitml.constrained_, dtype=np.float64)
         self.seed_ = int(rng.randint(2**31 - 1))
         self.S_, self.K0_ = kitml.S_, kitml.K0_
@@ -351,9 +390,18 @@ class KernelMetricLSH(BaseHasher):
         )
 
     def _project(self, X) -> np.ndarray:
-        out = hashed_projection(X, self.n_bits, self.seed_)
-        if len(self.support_):
-            out += np.asarray(X[:, self.support_] @ self.weights_.T)
+        X = sp.csr_matrix(X)
+        out = np.zeros((X.shape[0], self.n_bits))
+        _implicit_projection_csr(
+            X.data.astype(np.float64, copy=False),
+            X.indices.astype(np.int64, copy=False),
+            X.indptr.astype(np.int64, copy=False),
+            self.n_bits,
+            np.uint64(self.seed_),
+            np.ascontiguousarray(self.support_, dtype=np.int64),
+            np.ascontiguousarray(self.weights_, dtype=np.float64),
+            out,
+        )
         return out
 
     def hyperplanes(self) -> np.ndarray:
