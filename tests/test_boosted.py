@@ -71,6 +71,96 @@ def test_loss_decreases_and_hamming_constraint(weighted):
     np.testing.assert_allclose(mq, wh[:3, :5])
 
 
+def _pairs_and_grid(X, y, n_pairs, n_thr):
+    from sklearn.utils import check_random_state
+
+    from hashlearn.supervision import resolve_pairs
+
+    pairs, sim = resolve_pairs(
+        X, y, None, None, n_pairs=n_pairs, owner="o", random_state=check_random_state(0)
+    )
+    grid = np.quantile(X, np.linspace(0, 1, n_thr + 2)[1:-1], axis=0).T
+    return pairs, np.where(sim, 1.0, -1.0), grid
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0])
+def test_constant_alpha_weak_learner_fixes_alpha(alpha):
+    """Torralba's constraint: every round's (stump, beta) minimises eq. 15 with alpha held
+    at the given constant, checked by brute force over the grid for the first 3 rounds."""
+    rng = np.random.RandomState(1)
+    X = rng.standard_normal((80, 3))
+    y = (X[:, 0] + 0.5 * X[:, 1] > 0).astype(int)
+    h = BoostedSimilarityHashing(3, alpha=alpha, n_pairs=300, n_thresholds=6, random_state=0)
+    h.fit(X, y)
+    np.testing.assert_array_equal(h.alphas_, alpha)
+    assert h.alpha_ == alpha
+    pairs, z, grid = _pairs_and_grid(X, y, 300, 6)
+    score = np.zeros(len(z))
+    for bit in range(3):
+        w = np.exp(-z * score)
+        w /= w.sum()
+        best = (np.inf, None)
+        for k in range(3):
+            for thr in grid[k]:
+                s = ((X[pairs[:, 0], k] > thr) == (X[pairs[:, 1], k] > thr)).astype(float)
+                beta = (w * (z - alpha * s)).sum()
+                loss = (w * (z - alpha * s - beta) ** 2).sum()
+                if loss < best[0] - 1e-12:
+                    best = (loss, (k, thr, beta, s))
+        k, thr, beta, s = best[1]
+        assert h.features_[bit] == k and h.thresholds_[bit] == pytest.approx(thr)
+        assert h.betas_[bit] == pytest.approx(beta)
+        score += alpha * s + beta
+
+
+def test_auto_alpha_is_chosen_on_held_out_pairs():
+    """alpha="auto" picks a grid value by held-out exponential loss, then boosts all pairs
+    with it: the same codes as passing that alpha explicitly."""
+    X, y = load_digits()
+    auto = BoostedSimilarityHashing(8, n_pairs=2000, random_state=0).fit(X, y)
+    assert auto.alpha_ in BoostedSimilarityHashing.ALPHA_GRID
+    np.testing.assert_array_equal(auto.alphas_, auto.alpha_)
+    fixed = BoostedSimilarityHashing(8, alpha=auto.alpha_, n_pairs=2000, random_state=0)
+    np.testing.assert_array_equal(fixed.fit(X, y).encode(X), auto.encode(X))
+    free = BoostedSimilarityHashing(2, weighted=True, n_pairs=2000, random_state=0).fit(X, y)
+    assert np.isnan(free.alpha_)
+    for bad, err in (("big", TypeError), (0.0, ValueError), (-1.0, ValueError)):
+        with pytest.raises(err, match="alpha"):
+            BoostedSimilarityHashing(4, alpha=bad).fit(X[:50], y[:50])
+
+
+def test_weighted_hamming_ranks_like_the_learned_similarity():
+    """With signed alphas the weighted Hamming distance is sum(alpha + beta) - F (eq. 14),
+    so it orders pairs as F does, also when some alpha is negative."""
+    X, y = load_digits()
+    h = BoostedSimilarityHashing(12, weighted=True, n_pairs=3000, random_state=0).fit(X, y)
+    h.alphas_ = h.alphas_.copy()
+    h.alphas_[::3] *= -1.0  # make sure negative alphas occur
+    a, b = X[:15], X[100:130]
+    same = (a[:, None, h.features_] > h.thresholds_) == (b[None, :, h.features_] > h.thresholds_)
+    F = (h.alphas_ * same + h.betas_).sum(axis=2)
+    wh = h.weighted_hamming(h.encode(a), h.encode(b))
+    np.testing.assert_allclose(wh, (h.alphas_ + h.betas_).sum() - F, atol=1e-9)
+    assert (wh < 0).any() or (h.alphas_ < 0).any()
+    mq = h.metric_distances(a[:3], np.stack([b[:7]] * 3))
+    np.testing.assert_allclose(mq, wh[:3, :7], atol=1e-9)
+
+
+def test_small_and_constant_inputs():
+    """No singular systems: constant features, two rows, one feature."""
+    X = np.ones((10, 3))
+    y = np.arange(10) % 2
+    for weighted in (False, True):
+        h = BoostedSimilarityHashing(4, weighted=weighted, n_pairs=50, random_state=0)
+        assert h.fit(X, y).encode(X).shape == (10, 1)
+        assert np.isfinite(h.train_loss_).all()
+        h.fit(np.array([[0.0], [1.0], [0.5], [2.0]]), [0, 1, 0, 1])
+    with pytest.raises(ValueError, match="one class"):
+        BoostedSimilarityHashing(4).fit(X, np.zeros(10, int))
+    with pytest.raises(ValueError, match="n_samples = 1"):
+        BoostedSimilarityHashing(4).fit(X[:1], [0])
+
+
 def test_pairs_interface_and_determinism(tmp_path):
     X, y = load_digits()
     rng = np.random.RandomState(0)

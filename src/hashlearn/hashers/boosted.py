@@ -13,14 +13,20 @@ and its dimension, threshold and coefficients minimise the weighted square loss
 :math:`\\sum_n w^n (z_n - f_l(x_i^n, x_j^n))^2` (eq. 15) with GentleBoost's weights
 :math:`w^n \\propto \\exp(-z_n \\sum_{k<l} f_k(x_i^n, x_j^n))`.
 
-Torralba's constraint (the default, ``weighted=False``) makes all :math:`\\alpha_l` equal,
-so the learned similarity is an affine function of the Hamming distance between the codes,
-:math:`F = \\alpha\\,n_{same} + \\beta`: each round picks its stump with the weak learner of
-eq. 15, then the common :math:`(\\alpha, \\beta)` are refitted on the exponential loss (a
-two-parameter Newton step), so the loss decreases round by round. With ``weighted=True``
-each round keeps its own :math:`\\alpha_l` (Shakhnarovich's PSH): the similarity is a weighted Hamming distance
-:math:`\\sum_l \\alpha_l |h_l(x_i) - h_l(x_j)|`, available as :meth:`weighted_hamming` and as
-``metric_distances`` for ``Searcher(rerank="metric")``.
+Torralba's constraint (the default, ``weighted=False``) restricts the class of weak
+learners so that every :math:`\\alpha_l` equals one constant :math:`\\alpha` (Torralba,
+Fergus & Weiss, "Small codes and large image databases for recognition", CVPR 2008, as the
+survey describes after eq. 15): each round's stump and :math:`\\beta_l` minimise eq. 15 with
+:math:`\\alpha` fixed, and the learned similarity
+:math:`F = \\alpha\\,n_{same} + \\sum_l \\beta_l` is an affine, decreasing function of the
+Hamming distance between the codes. ``alpha`` is that constant, which the survey notes
+governs generalisation: a number, or ``"auto"`` (chosen on held-out pairs). With
+``weighted=True`` each round fits its own :math:`\\alpha_l` (Shakhnarovich's PSH): the
+learned dissimilarity is the weighted Hamming distance
+:math:`\\sum_l \\alpha_l [h_l(x_i) \\ne h_l(x_j)] = \\sum_l (\\alpha_l + \\beta_l) - F`, with
+the *signed* :math:`\\alpha_l` (a bit whose stump got :math:`\\alpha_l < 0` makes a pair
+*more* similar when the two items differ on it), available as :meth:`weighted_hamming` and
+as ``metric_distances`` for ``Searcher(rerank="metric")``.
 
 Training cost: thresholds are searched over ``n_thresholds`` quantiles per dimension; a numba
 kernel accumulates, for every (dimension, threshold), the weighted sums of the pairs that
@@ -28,6 +34,8 @@ fall on the same side, in O(pairs x dims) per round.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import numba
 import numpy as np
@@ -84,27 +92,6 @@ def _same_side_sums(lo_pos, hi_pos, wz, w, n_thr, sum_wz, sum_w):
             sum_w[k, a] += acc_w
 
 
-def _fit_common_alpha(
-    n_same: np.ndarray, z: np.ndarray, start: np.ndarray, n_iter: int = 20
-) -> np.ndarray:
-    """(alpha, beta) minimising mean exp(-z (alpha * n_same + beta)) by damped Newton."""
-    theta = start.astype(np.float64).copy()
-    design = np.stack([n_same, np.ones_like(n_same)], axis=1)
-    for _ in range(n_iter):
-        e = np.exp(-z * (design @ theta))
-        grad = -(design * (z * e)[:, None]).mean(axis=0)
-        hess = (design * e[:, None]).T @ design / len(z) + 1e-9 * np.eye(2)
-        step = np.linalg.solve(hess, grad)
-        loss0 = e.mean()
-        t = 1.0
-        while t > 1e-4 and np.exp(-z * (design @ (theta - t * step))).mean() > loss0:
-            t *= 0.5
-        theta = theta - t * step
-        if np.abs(t * step).max() < 1e-8:
-            break
-    return theta
-
-
 @persistable
 @register_hasher("boosted-ssc")
 class BoostedSimilarityHashing(BaseHasher):
@@ -115,8 +102,13 @@ class BoostedSimilarityHashing(BaseHasher):
     n_bits : int
         Boosting rounds = bits.
     weighted : bool, default=False
-        False: Torralba's Hamming constraint, all :math:`\\alpha_l` equal. True: free
-        :math:`\\alpha_l` per bit (weighted Hamming distance, PSH).
+        False: Torralba's Hamming constraint, every :math:`\\alpha_l` equal to ``alpha``.
+        True: free :math:`\\alpha_l` per bit (weighted Hamming distance, PSH).
+    alpha : float or "auto", default="auto"
+        The common :math:`\\alpha` of ``weighted=False`` (positive). ``"auto"`` picks it
+        from ``ALPHA_GRID`` (0.025 ... 0.8) by the exponential loss of the learned
+        similarity on a held-out 20 % of the training pairs, then boosts on all pairs
+        (seven boosting runs in all). Ignored with ``weighted=True``.
     n_pairs : int, default=20000
         Pairs sampled from labels (half similar) when ``fit(X, y)``.
     n_thresholds : int, default=32
@@ -132,9 +124,23 @@ class BoostedSimilarityHashing(BaseHasher):
     thresholds_ : ndarray (n_bits,)
         Threshold :math:`T_l`: bit l is ``x[d_l] > T_l``.
     alphas_, betas_ : ndarray (n_bits,)
-        Regression coefficients of eq. 14 (all alphas equal unless ``weighted``).
+        Regression coefficients of eq. 14 (all alphas equal to ``alpha_`` unless
+        ``weighted``).
+    alpha_ : float
+        The common :math:`\\alpha` used (``weighted=False``), NaN with ``weighted=True``.
     train_loss_ : ndarray (n_bits,)
         Weighted exponential loss :math:`\\sum_n \\exp(-z_n F(x_i^n, x_j^n))` / N after each round.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.hashers import BoostedSimilarityHashing
+    >>> rng = np.random.RandomState(0)
+    >>> X = np.vstack([rng.normal(-2, 1, (40, 3)), rng.normal(2, 1, (40, 3))])
+    >>> y = np.repeat([0, 1], 40)
+    >>> h = BoostedSimilarityHashing(4, alpha=0.2, n_pairs=400, random_state=0).fit(X, y)
+    >>> h.encode(X[:2]).shape, h.alphas_.tolist()
+    ((2, 1), [0.2, 0.2, 0.2, 0.2])
     """
 
     supervised = True
@@ -143,6 +149,7 @@ class BoostedSimilarityHashing(BaseHasher):
         self,
         n_bits: int = 32,
         weighted: bool = False,
+        alpha="auto",
         n_pairs: int = 20000,
         n_thresholds: int = 32,
         max_features: int | None = None,
@@ -150,6 +157,7 @@ class BoostedSimilarityHashing(BaseHasher):
     ):
         self.n_bits = n_bits
         self.weighted = weighted
+        self.alpha = alpha
         self.n_pairs = n_pairs
         self.n_thresholds = n_thresholds
         self.max_features = max_features
@@ -162,6 +170,16 @@ class BoostedSimilarityHashing(BaseHasher):
         n_dims = X.shape[1]
         if self.max_features is not None:
             check_int(self.max_features, "max_features", owner, high=n_dims)
+        alpha_fixed = None if self.alpha == "auto" else self._check_alpha()
+        if X.shape[0] < 2:
+            raise ValueError(
+                f"{owner} learns from pairs of rows: it needs at least 2 samples; got "
+                f"n_samples = {X.shape[0]}."
+            )
+        if y is not None and np.unique(np.asarray(y)).size < 2:
+            raise ValueError(
+                f"{owner} needs at least 2 classes in y to form dissimilar pairs; got one class."
+            )
         rng = check_random_state(self.random_state)
         pairs, similar = resolve_pairs(
             X, y, pairs, similar, n_pairs=n_pairs, owner=owner, random_state=rng
@@ -183,14 +201,56 @@ class BoostedSimilarityHashing(BaseHasher):
             lo_pos[:, k] = np.searchsorted(grid[k], lo[:, k], side="left")
             hi_pos[:, k] = np.searchsorted(grid[k], hi[:, k], side="left")
         z = np.where(similar, 1.0, -1.0)
+        if self.weighted:
+            alpha_fixed = None  # PSH: a free alpha per round
+            self.alpha_ = float("nan")
+        elif alpha_fixed is None:  # "auto": chosen on held-out pairs
+            alpha_fixed = self._select_alpha(xi, xj, lo_pos, hi_pos, z, grid, rng)
+            self.alpha_ = alpha_fixed
+        else:
+            self.alpha_ = alpha_fixed
+        every = np.arange(len(z))
+        out = self._boost(xi, xj, lo_pos, hi_pos, z, grid, every, alpha_fixed, rng)
+        self.features_, self.thresholds_, self.alphas_, self.betas_, self.train_loss_ = out
+
+    #: candidate values of ``alpha="auto"`` (a factor 2 apart)
+    ALPHA_GRID = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8)
+
+    def _select_alpha(self, xi, xj, lo_pos, hi_pos, z, grid, rng) -> float:
+        """``alpha="auto"``: boost on 80 % of the pairs with each value of ``ALPHA_GRID``
+        and keep the one whose similarity ``F`` has the smallest exponential loss
+        ``mean exp(-z F)`` on the other 20 % (ties: the smaller alpha)."""
+        order = rng.permutation(len(z))
+        n_val = max(1, len(z) // 5)
+        val, train = order[:n_val], order[n_val:]
+        if len(np.unique(z[train])) < 2 or len(train) < 2:
+            train = order  # too few pairs to hold some out: score on the training pairs
+        seed = rng.randint(2**31 - 1)
+        best = (np.inf, None)
+        for alpha in self.ALPHA_GRID:
+            features, thresholds, _, betas, _ = self._boost(
+                xi, xj, lo_pos, hi_pos, z, grid, train, alpha, np.random.RandomState(seed)
+            )
+            same = (xi[val][:, features] > thresholds) == (xj[val][:, features] > thresholds)
+            F = alpha * same.sum(axis=1) + betas.sum()
+            loss = float(np.exp(-z[val] * F).mean())
+            if loss < best[0]:
+                best = (loss, alpha)
+        return float(best[1])
+
+    def _boost(self, xi, xj, lo_pos, hi_pos, z, grid, rows, alpha_fixed, rng):
+        """GentleBoost rounds on the pairs ``rows``: eq. 15 per round, with ``alpha`` fixed
+        (``alpha_fixed``, Torralba's constraint) or free (``None``, PSH). Returns
+        ``(features, thresholds, alphas, betas, train_loss)``."""
+        n_dims, n_thr = lo_pos.shape[1], grid.shape[1]
+        z = z[rows]
+        xi, xj, lo_pos, hi_pos = xi[rows], xj[rows], lo_pos[rows], hi_pos[rows]
         score = np.zeros(len(z))
         features = np.zeros(self.n_bits, np.int64)
         thresholds = np.zeros(self.n_bits)
         alphas = np.zeros(self.n_bits)
         betas = np.zeros(self.n_bits)
         losses = np.zeros(self.n_bits)
-        n_same = np.zeros(len(z))
-        shared = np.zeros(2)
         for bit in range(self.n_bits):
             w = np.exp(-z * score)
             w /= w.sum()
@@ -209,36 +269,47 @@ class BoostedSimilarityHashing(BaseHasher):
                 sum_wz,
                 sum_w,
             )
-            tot_wz, tot_w = float((w * z).sum()), 1.0
+            tot_wz = float((w * z).sum())
             s1, w1 = sum_wz, sum_w  # same side: f = alpha + beta
-            s0, w0 = tot_wz - s1, tot_w - w1  # different sides: f = beta
+            s0, w0 = tot_wz - s1, 1.0 - w1  # different sides: f = beta
             eps = 1e-12
-            # weak learner of eq. 15: free alpha, beta = weighted means on each side
-            gain = s1**2 / np.maximum(w1, eps) + s0**2 / np.maximum(w0, eps)
-            best = np.unravel_index(np.argmax(gain), gain.shape)
-            beta = s0[best] / max(w0[best], eps)
-            alpha = s1[best] / max(w1[best], eps) - beta
+            if alpha_fixed is None:
+                # weak learner of eq. 15 with free (alpha, beta): the weighted mean of z on
+                # each side; the loss drop is s1^2 / w1 + s0^2 / w0
+                gain = s1**2 / np.maximum(w1, eps) + s0**2 / np.maximum(w0, eps)
+                best = np.unravel_index(np.argmax(gain), gain.shape)
+                beta = s0[best] / max(w0[best], eps)
+                alpha = s1[best] / max(w1[best], eps) - beta
+            else:
+                # weak learner of eq. 15 with alpha fixed (Torralba's constraint): the best
+                # beta is tot_wz - alpha * w1 and the loss 1 - 2 alpha s1 + alpha^2 w1 - beta^2
+                a = alpha_fixed
+                beta_all = tot_wz - a * w1
+                loss = -2.0 * a * s1 + a * a * w1 - beta_all**2
+                best = np.unravel_index(np.argmin(loss), loss.shape)
+                alpha, beta = a, float(beta_all[best])
             k = int(dims[best[0]])
             thr = float(grid[k, best[1]])
             same = (xi[:, k] > thr) == (xj[:, k] > thr)
             features[bit], thresholds[bit] = k, thr
-            if self.weighted:
-                score += alpha * same + beta
-                alphas[bit], betas[bit] = alpha, beta
-            else:
-                # Hamming constraint: one alpha for all bits. Refit the common (alpha, beta)
-                # of F = alpha * n_same + beta on the exponential loss (Newton, 2 params).
-                n_same += same
-                shared = _fit_common_alpha(n_same, z, shared)
-                score = shared[0] * n_same + shared[1]
-                alphas[: bit + 1] = shared[0]
-                betas[: bit + 1] = shared[1] / (bit + 1)
+            score += alpha * same + beta
+            alphas[bit], betas[bit] = alpha, beta
             losses[bit] = float(np.exp(-z * score).mean())
-        self.features_ = features
-        self.thresholds_ = thresholds
-        self.alphas_ = alphas
-        self.betas_ = betas
-        self.train_loss_ = losses
+        return features, thresholds, alphas, betas, losses
+
+    def _check_alpha(self) -> float:
+        alpha = self.alpha
+        if isinstance(alpha, str | bool) or not isinstance(alpha, numbers.Real):
+            raise TypeError(
+                f"The 'alpha' parameter of {type(self).__name__} must be 'auto' or a positive "
+                f"float. Got {alpha!r} instead."
+            )
+        if not np.isfinite(alpha) or alpha <= 0:
+            raise ValueError(
+                f"The 'alpha' parameter of {type(self).__name__} must be 'auto' or a positive "
+                f"float. Got {alpha!r} instead."
+            )
+        return float(alpha)
 
     def _project(self, X) -> np.ndarray:
         return np.asarray(X, dtype=np.float64)[:, self.features_] - self.thresholds_
@@ -247,17 +318,25 @@ class BoostedSimilarityHashing(BaseHasher):
         return self._project(X) > 0  # h_l(x) = [x_{d_l} > T_l], strict as in the survey
 
     def weighted_hamming(self, codes_a: np.ndarray, codes_b: np.ndarray) -> np.ndarray:
-        """:math:`\\sum_l \\alpha_l |h_l(a) - h_l(b)|` between all rows of two packed code sets."""
+        """:math:`\\sum_l \\alpha_l [h_l(a) \\ne h_l(b)]` between all rows of two packed code
+        sets, with the signed :math:`\\alpha_l`.
+
+        Equal to :math:`\\sum_l (\\alpha_l + \\beta_l) - F(a, b)`, so it ranks pairs exactly
+        as the learned similarity :math:`F` of eq. 14 (most similar first); it can be
+        negative when some :math:`\\alpha_l < 0`. With ``weighted=False`` it is
+        ``alpha_`` times the Hamming distance.
+        """
         check_is_fitted(self)
         bits_a = unpack_bits(codes_a, self.n_bits).astype(np.float64)
         bits_b = unpack_bits(codes_b, self.n_bits).astype(np.float64)
-        alpha = np.abs(self.alphas_)
+        alpha = np.asarray(self.alphas_, np.float64)
         return (bits_a * alpha) @ (1 - bits_b).T + ((1 - bits_a) * alpha) @ bits_b.T
 
     def metric_distances(self, queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-        """Weighted Hamming distance ``(b, c)`` for ``Searcher(rerank="metric")``."""
+        """Weighted Hamming distance ``(b, c)`` (signed alphas, see :meth:`weighted_hamming`)
+        for ``Searcher(rerank="metric")``."""
         check_is_fitted(self)
         q_bits = self._project(np.asarray(queries)) > 0
         b, c, d = np.asarray(candidates).shape
         c_bits = (self._project(np.asarray(candidates).reshape(b * c, d)) > 0).reshape(b, c, -1)
-        return (np.abs(self.alphas_) * (q_bits[:, None, :] != c_bits)).sum(axis=2)
+        return (self.alphas_ * (q_bits[:, None, :] != c_bits)).sum(axis=2)
