@@ -143,7 +143,7 @@ def test_missing_fashion_mnist_names_the_package(tmp_path):
             str(tmp_path / "out"),
         ],
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "apt-get install -y dataset-fashion-mnist" in result.output
     assert "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1

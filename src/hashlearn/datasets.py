@@ -34,6 +34,7 @@ from hashlearn._validation import check_int, check_real
 
 __all__ = [
     "ANNDataset",
+    "check_ann_benchmarks",
     "fashion_mnist_available",
     "load_ann_benchmarks",
     "load_digits",
@@ -207,38 +208,72 @@ def read_idx(path: PathLike) -> np.ndarray:
     """Read an IDX file (the MNIST format), gzipped or not, into a native-endian array.
 
     Gzip is detected from the file's magic bytes, not its name. Truncated or corrupt files
-    raise ``ValueError`` naming the file.
+    (a damaged gzip stream, a wrong magic number, a size that disagrees with the header)
+    raise ``ValueError`` naming the file. A gzipped file is decompressed only up to the size
+    its header announces, so a damaged or hostile stream cannot exhaust memory.
     """
     path = _check_path(path, "path", "read_idx")
-    data = path.read_bytes()
-    if data[:2] == _GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise ValueError(f"{path} is not a valid gzip file: {exc}") from exc
-    if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] not in _IDX_DTYPES:
+    with open(path, "rb") as raw:
+        head = raw.read(2)
+        raw.seek(0)
+        if head == _GZIP_MAGIC:
+            try:
+                with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                    return _parse_idx(path, f, None)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise ValueError(f"{path} is not a valid gzip file: {exc}") from None
+        return _parse_idx(path, raw, os.fstat(raw.fileno()).st_size)
+
+
+def _read_exactly(f, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f`` in bounded chunks (fewer only at the end of the stream)."""
+    chunks, left = [], n
+    while left > 0:
+        chunk = f.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _parse_idx(path: Path, f, size: int | None) -> np.ndarray:
+    """The array of an IDX stream ``f``; ``size`` is the file size when not compressed."""
+    magic = f.read(4)
+    if len(magic) < 4 or magic[:2] != b"\x00\x00" or magic[2] not in _IDX_DTYPES:
         codes = ", ".join(f"0x{c:02X}" for c in _IDX_DTYPES)
         raise ValueError(
             f"{path} is not an IDX file: expected a magic number 0x0000 followed by a type "
-            f"code in ({codes}) and the number of dimensions. Got bytes {data[:4].hex()}."
+            f"code in ({codes}) and the number of dimensions. Got bytes {magic.hex()}."
         )
-    dtype, ndim = _IDX_DTYPES[data[2]], data[3]
+    dtype, ndim = _IDX_DTYPES[magic[2]], magic[3]
     header = 4 + 4 * ndim
-    if len(data) < header:
+    dims = f.read(4 * ndim)
+    if len(dims) < 4 * ndim:
         raise ValueError(
             f"{path} is truncated: its {ndim}-D IDX header takes {header} bytes, "
-            f"the file holds {len(data)}."
+            f"the file holds {4 + len(dims)}."
         )
-    shape = tuple(int(s) for s in np.frombuffer(data, dtype=">i4", count=ndim, offset=4))
-    if any(s < 0 for s in shape):
+    shape = tuple(int(v) for v in np.frombuffer(dims, dtype=">i4"))
+    if any(v < 0 for v in shape):
         raise ValueError(f"{path} is corrupt: negative dimension in IDX shape {shape}.")
-    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(data) != expected:
+    n_bytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    expected = header + n_bytes
+    if size is not None and size != expected:
         raise ValueError(
             f"{path} is corrupt or truncated: an IDX array of shape {shape} and dtype "
-            f"{dtype.newbyteorder('=')} takes {expected} bytes, the file holds {len(data)}."
+            f"{dtype.newbyteorder('=')} takes {expected} bytes, the file holds {size}."
         )
-    arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
+    data = _read_exactly(f, n_bytes)
+    what = f"an IDX array of shape {shape} and dtype {dtype.newbyteorder('=')}"
+    if len(data) != n_bytes:
+        raise ValueError(
+            f"{path} is corrupt or truncated: {what} takes {expected} bytes, the file "
+            f"holds {header + len(data)}."
+        )
+    if f.read(1):
+        raise ValueError(f"{path} is corrupt: {what} takes {expected} bytes, the file holds more.")
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
     return arr.astype(dtype.newbyteorder("="))
 
 
@@ -274,12 +309,25 @@ def _read_fashion_part(directory: Path, part: str) -> tuple[np.ndarray, np.ndarr
             "or pass path= a directory holding the four IDX files."
         )
     images, labels = (read_idx(p) for p in paths)
-    shapes_ok = images.shape[1:] == (28, 28) and labels.shape == images.shape[:1]
-    if not shapes_ok or images.dtype != np.uint8:
+    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
         raise ValueError(
-            f"{paths[0]} and {paths[1]} do not hold Fashion-MNIST: expected uint8 images of "
-            f"shape (n, 28, 28) and n labels. Got images {images.dtype} {images.shape}, "
-            f"labels {labels.dtype} {labels.shape}."
+            f"{paths[0]} does not hold Fashion-MNIST images: expected uint8 images of shape "
+            f"(n, 28, 28). Got {images.dtype} {images.shape}."
+        )
+    if labels.dtype != np.uint8 or labels.ndim != 1:
+        raise ValueError(
+            f"{paths[1]} does not hold Fashion-MNIST labels: expected n uint8 labels. "
+            f"Got {labels.dtype} {labels.shape}."
+        )
+    if len(labels) != len(images):
+        raise ValueError(
+            f"{paths[0]} and {paths[1]} do not hold Fashion-MNIST: {len(images)} images but "
+            f"{len(labels)} labels (expected one label per image)."
+        )
+    if labels.size and labels.max() > 9:
+        raise ValueError(
+            f"{paths[1]} does not hold Fashion-MNIST labels: expected classes 0..9, found "
+            f"{int(labels.max())}."
         )
     return images.reshape(len(images), -1), labels
 
@@ -441,48 +489,111 @@ class ANNDataset:
     distance: str
 
 
-def load_ann_benchmarks(path: PathLike) -> ANNDataset:
-    """Read an ann-benchmarks HDF5 file (dense datasets; needs the optional h5py)."""
-    path = _check_path(path, "path", "load_ann_benchmarks")
+def _import_h5py(owner: str):
     try:
         import h5py
     except ImportError as exc:
         raise ImportError(
-            "load_ann_benchmarks needs h5py: pip install h5py (or pip install hashlearn[hdf5])."
+            f"{owner} needs h5py: pip install h5py (or pip install hashlearn[hdf5])."
         ) from exc
-    if not path.is_file():
-        raise FileNotFoundError(f"No ann-benchmarks file at {path}.")
-    with h5py.File(path, "r") as f:
-        if f.attrs.get("type", "dense") in ("sparse", b"sparse"):
-            raise ValueError(f"{path} is a sparse (set) dataset; only dense ones are supported.")
-        missing = [key for key in _ANN_KEYS if key not in f]
-        if "distance" not in f.attrs:
-            missing.append("attribute 'distance'")
-        if missing:
+    return h5py
+
+
+def _ann_layout(path: Path, f, h5py) -> tuple[str, dict[str, Any]]:
+    """Check the structure of an open ann-benchmarks file: ``(distance, datasets)``."""
+    kind = f.attrs.get("type", "dense")
+    if isinstance(kind, bytes | np.bytes_):
+        kind = kind.decode("utf-8", "replace")
+    if isinstance(kind, str) and kind == "sparse":
+        raise ValueError(f"{path} is a sparse (set) dataset; only dense ones are supported.")
+    missing = [key for key in _ANN_KEYS if key not in f]
+    if "distance" not in f.attrs:
+        missing.append("attribute 'distance'")
+    if missing:
+        raise ValueError(
+            f"{path} is not an ann-benchmarks file: missing {', '.join(missing)}. "
+            f"Expected datasets {', '.join(_ANN_KEYS)} and attribute 'distance'; "
+            f"found datasets {sorted(f.keys())}."
+        )
+    distance = f.attrs["distance"]
+    if isinstance(distance, bytes | np.bytes_):
+        distance = distance.decode("utf-8", "replace")
+    if not isinstance(distance, str):
+        raise ValueError(
+            f"{path} is not an ann-benchmarks file: attribute 'distance' must be a string, "
+            f"got {distance!r}."
+        )
+    datasets = {}
+    for key in _ANN_KEYS:
+        node = f[key]
+        if not isinstance(node, h5py.Dataset):
+            raise ValueError(f"{path} is not an ann-benchmarks file: {key!r} is not a dataset.")
+        kinds = "iu" if key == "neighbors" else "biuf"
+        if node.dtype.kind not in kinds:
             raise ValueError(
-                f"{path} is not an ann-benchmarks file: missing {', '.join(missing)}. "
-                f"Expected datasets {', '.join(_ANN_KEYS)} and attribute 'distance'; "
-                f"found datasets {sorted(f.keys())}."
+                f"{path} is not an ann-benchmarks file: dataset {key!r} has dtype "
+                f"{node.dtype}, expected {'integers' if key == 'neighbors' else 'numbers'}."
             )
-        arrays = {key: f[key][()] for key in _ANN_KEYS}
-        distance = f.attrs["distance"]
-    if isinstance(distance, bytes):
-        distance = distance.decode()
-    train, test, neighbors, distances = (arrays[key] for key in _ANN_KEYS)
+        datasets[key] = node
+    train, test, neighbors, distances = (datasets[key].shape for key in _ANN_KEYS)
     if (
-        train.ndim != 2
-        or test.ndim != 2
-        or train.shape[1] != test.shape[1]
-        or neighbors.ndim != 2
-        or neighbors.shape != distances.shape
-        or len(neighbors) != len(test)
+        len(train) != 2
+        or len(test) != 2
+        or train[1] != test[1]
+        or len(neighbors) != 2
+        or neighbors != distances
+        or neighbors[0] != test[0]
     ):
         raise ValueError(
             f"{path} has inconsistent shapes: expected train (n, d), test (m, d), neighbors "
-            f"and distances (m, k). Got train {train.shape}, test {test.shape}, neighbors "
-            f"{neighbors.shape}, distances {distances.shape}."
+            f"and distances (m, k). Got train {train}, test {test}, neighbors "
+            f"{neighbors}, distances {distances}."
         )
-    return ANNDataset(train, test, neighbors, distances, str(distance))
+    return distance, datasets
+
+
+def _open_ann(path: Path, owner: str):
+    h5py = _import_h5py(owner)
+    if not path.is_file():
+        raise FileNotFoundError(f"No ann-benchmarks file at {path}.")
+    try:
+        return h5py, h5py.File(path, "r")
+    except OSError as exc:  # h5py's "file signature not found", truncated files
+        raise ValueError(f"{path} is not an HDF5 file (or is damaged): {exc}") from None
+
+
+def check_ann_benchmarks(path: PathLike) -> None:
+    """Check that ``path`` is a dense ann-benchmarks HDF5 file without reading its data:
+    ``ValueError`` naming the file and what is wrong otherwise (needs h5py)."""
+    path = _check_path(path, "path", "check_ann_benchmarks")
+    h5py, f = _open_ann(path, "check_ann_benchmarks")
+    with f:
+        _ann_layout(path, f, h5py)
+
+
+def load_ann_benchmarks(path: PathLike) -> ANNDataset:
+    """Read an ann-benchmarks HDF5 file (dense datasets; needs the optional h5py).
+
+    A file that is not HDF5, is damaged, or lacks the ann-benchmarks layout (datasets
+    ``train``, ``test``, ``neighbors``, ``distances`` of consistent shapes and numeric
+    dtypes, neighbour ids within ``train``, a string attribute ``distance``) raises a
+    ``ValueError`` naming the file.
+    """
+    path = _check_path(path, "path", "load_ann_benchmarks")
+    h5py, f = _open_ann(path, "load_ann_benchmarks")
+    with f:
+        distance, nodes = _ann_layout(path, f, h5py)
+        try:
+            arrays = {key: node[()] for key, node in nodes.items()}
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"{path} is damaged: reading its datasets failed: {exc}") from None
+    train, test, neighbors, distances = (arrays[key] for key in _ANN_KEYS)
+    if neighbors.size and (neighbors.min() < -1 or neighbors.max() >= len(train)):
+        raise ValueError(
+            f"{path} is not a consistent ann-benchmarks file: neighbour ids must lie in "
+            f"[0, {len(train)}) (or be -1); found [{neighbors.min()}, {neighbors.max()}]."
+        )
+    return ANNDataset(train, test, neighbors, distances, distance)
 
 
 # --------------------------------------------------------------------------------------
