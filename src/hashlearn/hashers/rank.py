@@ -18,10 +18,14 @@ RankNet gradient by :math:`|\\Delta S|`, the change of the task's score ``S`` wh
 query's ``k`` nearest non-empty Hamming bins and one outside them, both within the nearest
 ``max(B/3, k+1)`` bins, are considered (Sec. 3.5.3-3.5.4). Scores:
 
-* classification (eq. 6-7): the correct label's vote margin among the selected neighbours,
-  capped once the majority is right: :math:`S_C = \\min(c_{l_q} - \\max_{l \\ne l_q} c_l, 1)`
-  (our reading of eq. 7: a swap that brings the correct label one vote closer to the
-  majority counts, one that only piles up votes after the majority is won does not);
+* classification (eq. 7, ``classification_score="count"``, the default): the number of selected
+  neighbours that share the query's label, :math:`S_C = \\sum_{i \\le L} [l_{d_i} = l_q]`,
+  so every swap of a same-label document into the selected bins against a
+  different-label one out of them has :math:`|\\Delta S| = 1` (the paper keeps this
+  stricter score over the majority vote of eq. 6 because it rewards incremental progress).
+  ``classification_score="margin"`` is a variant: the correct label's vote margin capped once the majority
+  is right, :math:`\\min(c_{l_q} - \\max_{l \\ne l_q} c_l, 1)`, which ignores swaps that
+  only pile up votes after the majority is won;
 * retrieval (eq. 8): :math:`S_R = \\sum_{i \\le L} l_{d_i}`, the number of relevant documents
   retrieved (relevant = among the query's ``n_neighbors`` Euclidean nearest neighbours);
 * regression (eq. 11): :math:`S = -\\frac1L \\sum_i (t_q - t_{d_i})^2`.
@@ -36,6 +40,8 @@ that affine map is folded into the projection, so ``encode`` takes raw inputs.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
@@ -43,11 +49,13 @@ from sklearn.utils import check_random_state
 from hashlearn._validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
+from hashlearn.kernels import log_message
 
 __all__ = ["RankHashing", "check_triplets"]
 
 _OBJECTIVES = ("ranknet", "lambdarank")
 _TASKS = ("classification", "retrieval", "regression")
+_SCORES = ("count", "margin")
 
 
 def check_triplets(triplets, n_samples: int, owner: str) -> np.ndarray:
@@ -119,8 +127,16 @@ class RankHashing(BaseHasher):
         tasks). The retrieved set is never empty: the nearest non-empty bin always counts.
     n_neighbors : int, default=50
         Relevant set size of ``task="retrieval"`` (the paper's 50-NN task).
+    classification_score : {"count", "margin"}, default="count"
+        LambdaRank's classification score ``S_C``: ``"count"`` is eq. 7, the number of
+        selected neighbours with the query's label; ``"margin"`` the capped vote margin
+        (see the module docstring). Used only with ``task="classification"``. (Not named
+        ``score``: scikit-learn reserves that name for a method.)
     random_state : int, RandomState or None
         Seeds initialisation and sampling; the same seed gives identical codes.
+    verbose : int, default=0
+        ``> 0``: log each epoch's loss and time to ``logging.getLogger("hashlearn")``
+        (to stderr when that logger shows no INFO messages).
 
     Attributes
     ----------
@@ -134,10 +150,23 @@ class RankHashing(BaseHasher):
     ``fit(X, y)``, ``fit(X)`` (retrieval), or ``fit(X, triplets=T)`` with explicit
     ``(query, more relevant, less relevant)`` row triplets (RankNet on those triplets).
     Accepts scipy.sparse input.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.hashers import RankHashing
+    >>> rng = np.random.RandomState(0)
+    >>> X = np.vstack([rng.normal(-2, 1, (40, 5)), rng.normal(2, 1, (40, 5))])
+    >>> y = np.repeat([0, 1], 40)
+    >>> h = RankHashing(n_bits=8, n_epochs=3, docs_per_query=20, random_state=0).fit(X, y)
+    >>> h.encode(X[:2]).shape
+    (2, 1)
+    >>> h.loss_curve_.shape
+    (3,)
     """
 
     accept_sparse = True
-    supervised = True  # labels / targets; fit relaxes this for task="retrieval" and triplets
+    supervised = True  # labels or targets by default; task="retrieval" / triplets need none
 
     def __init__(
         self,
@@ -152,7 +181,9 @@ class RankHashing(BaseHasher):
         k: int = 3,
         radius: int | None = None,
         n_neighbors: int = 50,
+        classification_score: str = "count",
         random_state=None,
+        verbose: int = 0,
     ):
         self.n_bits = n_bits
         self.objective = objective
@@ -165,20 +196,37 @@ class RankHashing(BaseHasher):
         self.k = k
         self.radius = radius
         self.n_neighbors = n_neighbors
+        self.classification_score = classification_score
         self.random_state = random_state
+        self.verbose = verbose
 
     # ----------------------------------------------------------------------------- fit
 
     def fit(self, X, y=None, *, pairs=None, similar=None, triplets=None):
-        """Learn ``W`` (see the class docstring for what each task needs)."""
-        self._triplets = triplets
-        # _fit checks what the task needs (retrieval and triplets need no labels), with
-        # messages naming the task; the class attribute still tells callers to pass labels
-        self.supervised = False
-        try:
-            return super().fit(X, y, pairs=pairs, similar=similar)
-        finally:
-            del self._triplets, self.supervised
+        """Learn ``W`` (see the class docstring for what each task needs).
+
+        Sets only fitted attributes (ending in ``_``); what the task needs (labels, targets,
+        nothing, or ``triplets``) is checked in :meth:`_fit` with messages naming the task.
+        """
+        owner = type(self).__name__
+        check_int(self.n_bits, "n_bits", owner)
+        X = self._check_X(X, reset=True)
+        if pairs is not None or similar is not None:
+            raise ValueError(f"{owner} learns from labels, targets or triplets=..., not pairs.")
+        if y is not None:
+            y = np.asarray(y)
+            if y.shape != (X.shape[0],):
+                raise ValueError(
+                    f"y must have shape ({X.shape[0]},), one label per row of X. "
+                    f"Got shape {y.shape}."
+                )
+        self._fit(X, y, None, None, triplets=triplets)
+        return self
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = self.task != "retrieval"
+        return tags
 
     def _check_params(self) -> None:
         owner = type(self).__name__
@@ -201,31 +249,46 @@ class RankHashing(BaseHasher):
         check_int(self.n_neighbors, "n_neighbors", owner)
         if self.radius is not None:
             check_int(self.radius, "radius", owner, low=0, high=self.n_bits)
+        if self.classification_score not in _SCORES:
+            raise ValueError(
+                f"The 'classification_score' parameter of {owner} must be one of {_SCORES}. "
+                f"Got {self.classification_score!r} instead."
+            )
+        check_int(self.verbose, "verbose", owner, low=0)
 
-    def _fit(self, X, y, pairs, similar) -> None:
+    def _fit(self, X, y, pairs, similar, *, triplets=None) -> None:
         owner = type(self).__name__
         self._check_params()
         if pairs is not None:
             raise ValueError(f"{owner} learns from labels, targets or triplets=..., not pairs.")
         n = X.shape[0]
-        triplets = None
-        if self._triplets is not None:
+        if n < 2:
+            raise ValueError(
+                f"{owner} needs at least 2 training rows; got n_samples = {n} "
+                "(a query needs other rows to rank)."
+            )
+        if triplets is not None:
             if y is not None:
                 raise ValueError(f"{owner}.fit takes y or triplets, not both.")
-            triplets = check_triplets(self._triplets, n, owner)
+            triplets = check_triplets(triplets, n, owner)
         elif self.task == "classification":
             if y is None:
                 raise ValueError(
-                    f"{owner}(task='classification') needs class labels: call fit(X, y)."
+                    f"{owner} requires y to be passed, but the target y is None: "
+                    f"task='classification' needs class labels, call fit(X, y)."
                 )
             classes, y = np.unique(y, return_inverse=True)
             if classes.size < 2:
                 raise ValueError(
-                    f"{owner}(task='classification') needs at least 2 classes. Got {classes.size}."
+                    f"{owner}(task='classification') needs at least 2 classes: the number "
+                    f"of classes has to be greater than one; got {classes.size} class."
                 )
         elif self.task == "regression":
             if y is None:
-                raise ValueError(f"{owner}(task='regression') needs real targets: call fit(X, y).")
+                raise ValueError(
+                    f"{owner} requires y to be passed, but the target y is None: "
+                    f"task='regression' needs real targets, call fit(X, y)."
+                )
             y = np.asarray(y, dtype=np.float64)
             if not np.all(np.isfinite(y)):
                 raise ValueError(f"y of {owner}(task='regression') must be finite.")
@@ -234,8 +297,6 @@ class RankHashing(BaseHasher):
                 f"{owner}(task='retrieval') defines relevance by Euclidean "
                 "neighbours and takes no y; use triplets=... for your own."
             )
-        if n < 2:
-            raise ValueError(f"{owner} needs at least 2 training rows. Got {n}.")
         rng = check_random_state(self.random_state)
         Xs = self._standardize_fit(X)
         d, B = X.shape[1], self.n_bits
@@ -247,7 +308,8 @@ class RankHashing(BaseHasher):
         velocity_w = np.zeros_like(self.weights_)
         velocity_b = np.zeros_like(self.bias_)
         losses = []
-        for _ in range(self.n_epochs):
+        start = time.process_time()
+        for epoch in range(self.n_epochs):
             epoch_loss, epoch_pairs = 0.0, 0
             if triplets is not None:
                 order = rng.permutation(len(triplets))
@@ -274,6 +336,16 @@ class RankHashing(BaseHasher):
                 self.weights_ += velocity_w
                 self.bias_ += velocity_b
             losses.append(epoch_loss / max(epoch_pairs, 1))
+            log_message(
+                bool(self.verbose),
+                "%s(objective=%r) epoch %d/%d: loss %.5f, %.1f s CPU",
+                owner,
+                self.objective,
+                epoch + 1,
+                self.n_epochs,
+                losses[-1],
+                time.process_time() - start,
+            )
         self.loss_curve_ = np.asarray(losses, dtype=np.float64)
 
     def _standardize_fit(self, X):
@@ -380,6 +452,10 @@ class RankHashing(BaseHasher):
             delta = np.abs(gain[qi, ai] - gain[qi, bi])
         elif self.task == "regression":
             delta = np.abs(gain[qi, ai] - gain[qi, bi]) / inside.sum(axis=1)[qi]
+        elif self.classification_score == "count":
+            # eq. 7: S_C counts the selected same-label documents; a straddling swap of a
+            # same-label and a different-label document changes it by exactly 1
+            delta = np.abs(gain[qi, ai] - gain[qi, bi])
         else:
             per_irrelevant = self._classification_delta(y, queries, docs, inside)
             delta = np.maximum(per_irrelevant[qi, ai], per_irrelevant[qi, bi])
@@ -387,7 +463,8 @@ class RankHashing(BaseHasher):
 
     @staticmethod
     def _classification_delta(y, queries, docs, inside) -> np.ndarray:
-        """|ΔS_C| for swapping a relevant and an irrelevant document (eq. 7, see module)."""
+        """|ΔS| of the capped vote margin (``classification_score="margin"``, see the module docstring) for
+        swapping a relevant and an irrelevant document."""
         Q, D = docs.shape
         n_classes = int(y.max()) + 1
         labels = y[docs]
