@@ -91,21 +91,79 @@ def test_kernel_itml_rbf_and_precomputed_agree(blobs):
     assert rbf.violated_fraction_ <= 1.0 and rbf.converged_
 
 
-def test_auto_gamma_never_worse_than_euclidean_on_validation():
+def test_auto_gamma_always_learns_and_reports_the_prior():
     X, y = load_digits()
     rng = np.random.RandomState(0)
     lab = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:20] for c in range(10)])
     itml = ITML(random_state=0).fit(X[lab], y[lab])
-    assert itml.validation_scores_[0] <= itml.validation_scores_.max()
-    best = itml.validation_scores_.max()
-    if itml.learned_:
-        assert best > itml.validation_scores_[0]
-    else:
-        np.testing.assert_allclose(itml.A_, np.eye(64))
+    assert itml.learned_ and not np.allclose(itml.A_, np.eye(64))
+    cv = itml.cv_results_
+    n_cand = len(cv["params"])
+    for key in ("param_gamma", "mean_test_score", "std_test_score", "rank_test_score"):
+        assert cv[key].shape == (n_cand,)
+    assert {"prior_mean_test_score", "prior_std_test_score", "split0_test_score"} <= set(cv)
+    best = int(np.argmax(cv["mean_test_score"]))
+    assert cv["rank_test_score"][best] == 1
+    assert cv["params"][best] == {
+        "gamma": itml.gamma_,
+        "lower_percentile": itml.lower_percentile_,
+        "upper_percentile": itml.upper_percentile_,
+    }
+    assert itml.best_score_ == cv["mean_test_score"].max()
+    assert itml.prior_score_ == cv["prior_mean_test_score"]
+    # the chosen slack weight is interior to the values tried, or extensions ran out
+    tried = sorted(set(cv["param_gamma"]))
+    assert tried[0] < itml.gamma_ < tried[-1] or len(tried) == 4 + itml.grid_extensions
     rest = np.setdiff1d(np.arange(len(X)), lab)
     acc_l = knn_accuracy(itml.transform(X[lab]), y[lab], itml.transform(X[rest]), y[rest], 4)
     acc_e = knn_accuracy(X[lab], y[lab], X[rest], y[rest], 4)
     assert acc_l >= acc_e - 0.02
+
+
+def test_auto_gamma_extends_the_grid_past_a_best_edge(blobs):
+    X, y = blobs
+    # a one-value grid: its value is the best and on the lower edge, so the grid grows
+    # downwards by factors of 10, grid_extensions times unless a new value loses
+    itml = ITML(gamma_grid=(100.0,), grid_extensions=2, random_state=0).fit(X, y)
+    tried = set(itml.cv_results_["param_gamma"])
+    # first 10 (below the single value); then past whichever of 10, 100 scores best
+    assert tried in ({1.0, 10.0, 100.0}, {10.0, 100.0, 1000.0})
+    assert itml.gamma_ in tried and itml.learned_
+    none = ITML(gamma_grid=(100.0,), grid_extensions=0, random_state=0).fit(X, y)
+    assert set(none.cv_results_["param_gamma"]) == {100.0} and none.gamma_ == 100.0
+    # explicit pairs: cross-validated pair AUC, same layout
+    pairs, similar = pairs_from_labels(y, 200, random_state=0)
+    by_pairs = ITML(random_state=0).fit(X, pairs=pairs, similar=similar)
+    assert 0.5 <= by_pairs.best_score_ <= 1.0 and by_pairs.learned_
+
+
+def test_auto_gamma_warns_when_learned_scores_below_the_prior():
+    """XOR labels: a global linear metric cannot help k-NN, and large slack weights distort
+    it. The warning is issued exactly when the best candidate's cross-validated score is
+    below the prior's; the fit learns a metric either way."""
+    import warnings
+
+    warned = 0
+    for seed in range(6):
+        rng = np.random.RandomState(seed)
+        X = rng.uniform(-1, 1, (120, 2))
+        y = ((X[:, 0] > 0) ^ (X[:, 1] > 0)).astype(int)
+        X = np.c_[X, 0.05 * rng.randn(120, 1)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            itml = ITML(gamma_grid=(1.0, 10.0), grid_extensions=0, random_state=seed).fit(X, y)
+        below = [w for w in caught if "below the prior" in str(w.message)]
+        assert bool(below) == (itml.best_score_ < itml.prior_score_)
+        assert itml.learned_ and not np.allclose(itml.A_, np.eye(3))
+        warned += bool(below)
+    assert warned >= 3  # measured: 5 of the 6 seeds
+
+
+def test_auto_gamma_too_small_classes_warns_and_learns():
+    X = np.random.RandomState(0).randn(6, 3)
+    with pytest.warns(UserWarning, match="cannot cross-validate"):
+        itml = ITML(random_state=0).fit(X, [0, 0, 0, 0, 0, 1])
+    assert itml.gamma_ == 1.0 and itml.cv_results_ == {} and np.isnan(itml.best_score_)
 
 
 def test_bad_input(blobs):
@@ -122,6 +180,16 @@ def test_bad_input(blobs):
         ITML(gamma=1.0).fit(sp.csr_matrix(X), y)
     with pytest.raises(ValueError, match="gamma"):
         ITML(gamma=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match="'gamma_grid' parameter"):
+        ITML(gamma_grid=()).fit(X, y)
+    with pytest.raises(ValueError, match="'gamma_grid' parameter"):
+        ITML(gamma_grid=(0.1, -1.0)).fit(X, y)
+    with pytest.raises(ValueError, match="'percentile_grid' parameter"):
+        ITML(percentile_grid=((95, 5),)).fit(X, y)
+    with pytest.raises(ValueError, match="'grid_extensions' parameter"):
+        ITML(grid_extensions=-1).fit(X, y)
+    with pytest.raises(ValueError, match="Unknown label type"):
+        ITML().fit(X, np.linspace(0, 1, len(X)))
     with pytest.raises(ValueError, match="shape"):
         KernelITML(kernel=lambda A, B: np.ones((2, 2))).fit(X, y)
     with pytest.raises(ValueError, match="kernel"):
@@ -137,6 +205,16 @@ def test_save_load_round_trip(blobs, tmp_path):
     back = ITML.load(tmp_path / "itml")
     np.testing.assert_array_equal(back.transform(X), itml.transform(X))
     assert back.gamma_ == itml.gamma_ and back.n_iter_ == itml.n_iter_
+    auto = ITML(gamma_grid=(0.1, 1.0), percentile_grid=((5, 95),), random_state=0).fit(X, y)
+    auto.save(tmp_path / "auto")
+    back = ITML.load(tmp_path / "auto")
+    assert back.get_params() == auto.get_params()
+    assert back.cv_results_["params"] == auto.cv_results_["params"]
+    np.testing.assert_array_equal(
+        back.cv_results_["mean_test_score"], auto.cv_results_["mean_test_score"]
+    )
+    assert back.prior_score_ == auto.prior_score_
+    np.testing.assert_array_equal(back.transform(X), auto.transform(X))
     for Xin in (X, sp.csr_matrix(X)):
         kit = KernelITML(random_state=0).fit(Xin, y)
         kit.save(tmp_path / "kit")

@@ -18,14 +18,24 @@ still has a solution. The projections run in one numba kernel that updates ``A``
 
 ``u`` and ``l`` are percentiles of the pair distances under ``A0`` (Davis et al. use the
 5th / 95th). With ``gamma="auto"`` (default) the slack weight and the percentiles are chosen
-by cross-validated k-NN accuracy on the training data, and the prior metric itself (no
-learning) is one of the candidates, so the learned metric is never worse than ``A0`` on
-validation data.
+by cross-validated k-NN accuracy on the training data (held-out pair AUC with explicit
+pairs) over :data:`GAMMA_GRID` x :data:`PERCENTILE_GRID`; when the best slack weight is at an
+end of the grid, the grid is extended by a factor of 10 beyond it (``grid_extensions``
+times at most). The fit always learns: the prior ``A0`` is not a candidate, its
+cross-validated score is reported beside the candidates' (``cv_results_``), and a
+``UserWarning`` says so when the learned metric scores below it.
+
+Measured (k-NN accuracy, 4 neighbours, 2000 held-out points, 20 c^2 constraints): the best
+slack weight is interior to 1e-4..1e2 at about 0.01-0.1 on digits and on Fashion-MNIST
+(PCA-32), e.g. 0.971 at 0.01 vs 0.963 Euclidean (digits, 300 training points) and 0.738 at
+0.1 vs 0.704 (Fashion-MNIST, 300 points); large values (1-100) over-fit the constraints and
+fall below Euclidean. The former grid (0.01, 0.1, 1) had its best value on its lower edge.
 """
 
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numba
 import numpy as np
@@ -34,16 +44,18 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from hashlearn._validation import check_int, check_real
 from hashlearn.io import Persistable, persistable
+from hashlearn.kernels import log_message
 from hashlearn.supervision import check_pairs, pairs_from_labels
 
 __all__ = ["ITML", "GAMMA_GRID", "PERCENTILE_GRID"]
 
-#: slack weights tried by ``gamma="auto"``
-GAMMA_GRID = (0.01, 0.1, 1.0)
+#: slack weights tried by ``gamma="auto"`` (extended beyond an edge that scores best)
+GAMMA_GRID = (0.001, 0.01, 0.1, 1.0)
 #: (lower, upper) distance percentiles tried by ``gamma="auto"``
 PERCENTILE_GRID = ((5.0, 95.0), (1.0, 99.0))
 
@@ -182,10 +194,12 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     ----------
     gamma : float or "auto", default="auto"
         Slack weight: large values enforce the constraints strictly, small values stay near
-        ``A0``. ``"auto"`` picks it (with the percentiles) from :data:`GAMMA_GRID` x
-        :data:`PERCENTILE_GRID` by ``validation_folds``-fold cross-validated k-NN accuracy
-        on the training labels (or held-out pair AUC with explicit pairs); keeping ``A0``
-        is a candidate too, so the result is never worse than ``A0`` on validation data.
+        ``A0``. ``"auto"`` picks it (with the percentiles) from ``gamma_grid`` x
+        ``percentile_grid`` by ``validation_folds``-fold cross-validated k-NN accuracy on the
+        training labels (or held-out pair AUC with explicit pairs), extending the grid beyond
+        an edge value that scores best. The fit always learns a metric; the prior's
+        cross-validated score is reported in ``cv_results_`` and a ``UserWarning`` is issued
+        when the learned metric scores below it.
     lower_percentile, upper_percentile : float, default=5, 95
         ``u`` (similar pairs must be closer) and ``l`` (dissimilar pairs farther) are these
         percentiles of the constrained pairs' distances under ``A0``. Ignored with
@@ -202,8 +216,19 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         k of the validation k-NN classifier (``gamma="auto"``).
     validation_folds : int, default=3
         Folds of the ``gamma="auto"`` selection.
+    gamma_grid : tuple of float, optional
+        Slack weights tried by ``"auto"``; default :data:`GAMMA_GRID`.
+    percentile_grid : tuple of (float, float), optional
+        ``(lower, upper)`` percentile pairs tried by ``"auto"``; default
+        :data:`PERCENTILE_GRID`.
+    grid_extensions : int, default=2
+        How many times ``"auto"`` may extend the slack-weight grid by a factor of 10 beyond
+        the end whose value scores best (0: never).
     random_state : int, RandomState or None
         Seed of the constraint sampling and folds.
+    verbose : bool, default=False
+        Log each ``"auto"`` candidate's cross-validated score at INFO level to the
+        ``"hashlearn"`` logger, and make sure they are shown.
 
     Attributes
     ----------
@@ -214,7 +239,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     gamma_, lower_percentile_, upper_percentile_ : float
         The slack weight and percentiles used (chosen ones with ``"auto"``).
     learned_ : bool
-        False when validation preferred ``A0`` (then ``A_ = A0``).
+        Whether ``A_`` differs from ``A0`` (False only if no constraint moved it).
     bounds_ : ndarray (2,)
         ``(u, l)``.
     n_iter_ : int
@@ -222,8 +247,32 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     violated_fraction_ : float
         Fraction of the constraints violated at the end (similar pair farther than ``u`` or
         dissimilar pair closer than ``l``, beyond 1% relative tolerance).
-    validation_scores_ : ndarray (n_candidates,)
-        With ``"auto"``: mean validation score of ``A0`` (first) and of each grid point.
+    cv_results_ : dict
+        With ``"auto"`` (empty otherwise, or when the classes are too small to
+        cross-validate): in scikit-learn's ``GridSearchCV`` layout, one entry per candidate,
+        ``"param_gamma"``, ``"param_lower_percentile"``, ``"param_upper_percentile"``,
+        ``"params"``, ``"split<k>_test_score"``, ``"mean_test_score"``,
+        ``"std_test_score"``, ``"rank_test_score"``; plus the prior's
+        ``"prior_split<k>_test_score"``, ``"prior_mean_test_score"`` and
+        ``"prior_std_test_score"`` on the same folds.
+    best_score_, prior_score_ : float
+        Mean cross-validated score of the chosen candidate and of ``A0`` (NaN without CV).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.metric import ITML
+    >>> rng = np.random.RandomState(0)
+    >>> y = rng.randint(0, 3, 90)
+    >>> X = rng.randn(90, 4)
+    >>> X[:, 0] += 2.0 * y  # one informative feature among noise
+    >>> itml = ITML(random_state=0).fit(X, y)
+    >>> itml.learned_, itml.A_.shape
+    (True, (4, 4))
+    >>> sorted(k for k in itml.cv_results_ if k.startswith(("mean", "prior_mean")))
+    ['mean_test_score', 'prior_mean_test_score']
+    >>> bool(itml.best_score_ == itml.cv_results_["mean_test_score"].max())
+    True
     """
 
     def __init__(
@@ -237,7 +286,11 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         tol: float = 1e-3,
         n_neighbors: int = 4,
         validation_folds: int = 3,
+        gamma_grid=None,
+        percentile_grid=None,
+        grid_extensions: int = 2,
         random_state=None,
+        verbose: bool = False,
     ):
         self.gamma = gamma
         self.lower_percentile = lower_percentile
@@ -248,7 +301,11 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         self.tol = tol
         self.n_neighbors = n_neighbors
         self.validation_folds = validation_folds
+        self.gamma_grid = gamma_grid
+        self.percentile_grid = percentile_grid
+        self.grid_extensions = grid_extensions
         self.random_state = random_state
+        self.verbose = verbose
 
     # ------------------------------------------------------------------------- fitting
 
@@ -264,8 +321,38 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         check_real(self.tol, "tol", owner, low=0.0, low_open=True)
         check_int(self.n_neighbors, "n_neighbors", owner)
         check_int(self.validation_folds, "validation_folds", owner, low=2)
+        check_int(self.grid_extensions, "grid_extensions", owner, low=0)
+        self._grids()
         d = X.shape[1]
         return np.eye(d) if self.A0 is None else check_spd(self.A0, d, "A0", owner)
+
+    def _grids(self) -> tuple[tuple[float, ...], tuple[tuple[float, float], ...]]:
+        """Validated ``(gamma_grid, percentile_grid)``."""
+        owner = type(self).__name__
+        gammas = GAMMA_GRID if self.gamma_grid is None else self.gamma_grid
+        pcts = PERCENTILE_GRID if self.percentile_grid is None else self.percentile_grid
+        try:
+            gammas = tuple(gammas)
+            pcts = tuple(tuple(p) for p in pcts)
+        except TypeError:
+            raise ValueError(
+                f"The 'gamma_grid' and 'percentile_grid' parameters of {owner} must be "
+                f"sequences. Got {self.gamma_grid!r} and {self.percentile_grid!r} instead."
+            ) from None
+        if not gammas:
+            raise ValueError(f"The 'gamma_grid' parameter of {owner} must not be empty.")
+        gammas = tuple(
+            sorted({check_real(g, "gamma_grid", owner, low=0.0, low_open=True) for g in gammas})
+        )
+        if not pcts or any(
+            len(p) != 2 or not (0.0 <= float(p[0]) < float(p[1]) <= 100.0) for p in pcts
+        ):
+            raise ValueError(
+                f"The 'percentile_grid' parameter of {owner} must be a non-empty sequence of "
+                f"(lower, upper) pairs with 0 <= lower < upper <= 100. Got "
+                f"{self.percentile_grid!r} instead."
+            )
+        return gammas, tuple((float(lo), float(hi)) for lo, hi in pcts)
 
     def fit(self, X, y=None, *, pairs=None, similar=None):
         """Learn ``A`` from labels ``y`` (sampled pairs) or explicit ``pairs``/``similar``."""
@@ -284,8 +371,8 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
             raise ValueError(f"{owner}.fit got similar=... without pairs=...")
         if pairs is None and y is None:
             raise ValueError(
-                f"{owner} requires y to be passed, but the target y is None: pass labels, fit(X, y), or pairs, "
-                "fit(X, pairs=P, similar=s)."
+                f"{owner} requires y to be passed, but the target y is None: pass labels, "
+                "fit(X, y), or pairs, fit(X, pairs=P, similar=s)."
             )
         if pairs is not None:
             pairs, similar = check_pairs(pairs, similar, X.shape[0], owner)
@@ -296,77 +383,156 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                     f"y passed to {owner} must be one label per row of X "
                     f"({X.shape[0]}). Got shape {y.shape}."
                 )
+            check_classification_targets(y)
             if len(np.unique(y)) < 2:
                 raise ValueError(
-                    f"y passed to {owner} holds a single class, so there are no "
+                    f"y passed to {owner} has 1 class: with a single class there are no "
                     "dissimilar pairs to learn from; pass at least two classes."
                 )
+        self.cv_results_ = {}
+        self.best_score_ = self.prior_score_ = float("nan")
         if isinstance(self.gamma, str):
-            gamma, lo, hi, learned, scores = self._select(X, y, pairs, similar, A0, rng)
+            gamma, lo, hi = self._select(X, y, pairs, similar, A0, rng)
         else:
-            gamma, lo, hi, learned, scores = (
-                float(self.gamma),
-                float(self.lower_percentile),
-                float(self.upper_percentile),
-                True,
-                None,
-            )
+            gamma = float(self.gamma)
+            lo, hi = float(self.lower_percentile), float(self.upper_percentile)
         if pairs is None:
             n = self.num_constraints or default_num_constraints(y)
             pairs, similar = pairs_from_labels(y, n, random_state=rng, owner=owner)
         result = _fit_itml(X, pairs, similar, A0, gamma, lo, hi, self.max_iter, self.tol)
-        if not learned:
-            result["A"] = A0.copy()
         self.A_ = result["A"]
         self.G_ = metric_factor(self.A_)
         self.gamma_, self.lower_percentile_, self.upper_percentile_ = gamma, lo, hi
-        self.learned_ = bool(learned)
+        self.learned_ = bool(not np.array_equal(self.A_, A0))
         self.bounds_ = result["bounds"]
         self.n_iter_, self.converged_ = result["n_iter"], result["converged"]
         self.violated_fraction_ = violated_fraction(X, pairs, similar, self.A_, self.bounds_)
-        self.validation_scores_ = np.zeros(0) if scores is None else np.asarray(scores)
         return self
 
-    def _select(self, X, y, pairs, similar, A0, rng):
-        """Cross-validated choice among A0 and the (gamma, percentiles) grid."""
-        grid = [(g, lo, hi) for g in GAMMA_GRID for lo, hi in PERCENTILE_GRID]
-        scores = np.zeros(len(grid) + 1)
+    def _cv_folds(self, X, y, pairs, similar, rng) -> list:
+        """``(X_fit, pairs, similar, score(A) -> float)`` per validation fold."""
+        folds = []
         if y is not None:
             _, counts = np.unique(y, return_counts=True)
-            folds = min(self.validation_folds, int(counts.min()))
-            if folds < 2:
-                return 1.0, 5.0, 95.0, False, None
-            splitter = StratifiedKFold(folds, shuffle=True, random_state=rng.randint(2**31 - 1))
-            G0 = metric_factor(A0)
+            n_folds = min(self.validation_folds, int(counts.min()))
+            if n_folds < 2:
+                return folds
+            splitter = StratifiedKFold(n_folds, shuffle=True, random_state=rng.randint(2**31 - 1))
             for train, val in splitter.split(X, y):
-                Xt, yt = X[train], y[train]
-                if len(np.unique(yt)) < 2:
-                    continue
+                Xt, yt, Xv, yv = X[train], y[train], X[val], y[val]
                 n = self.num_constraints or default_num_constraints(yt)
                 p, s = pairs_from_labels(yt, n, random_state=rng)
-                scores[0] += knn_accuracy(Xt @ G0.T, yt, X[val] @ G0.T, y[val], self.n_neighbors)
-                for c, (g, lo, hi) in enumerate(grid, 1):
-                    A = _fit_itml(Xt, p, s, A0, g, lo, hi, self.max_iter, self.tol)["A"]
+
+                def score(A, Xt=Xt, yt=yt, Xv=Xv, yv=yv):
                     G = metric_factor(A)
-                    scores[c] += knn_accuracy(Xt @ G.T, yt, X[val] @ G.T, y[val], self.n_neighbors)
+                    return knn_accuracy(Xt @ G.T, yt, Xv @ G.T, yv, self.n_neighbors)
+
+                folds.append((Xt, p, s, score))
         else:
             order = rng.permutation(len(pairs))
             for fold in np.array_split(order, self.validation_folds):
                 train = np.setdiff1d(order, fold)
-                if similar[fold].all() or not similar[fold].any():
+                if len({*similar[fold]}) < 2 or len({*similar[train]}) < 2:
                     continue
-                scores[0] += roc_auc_score(similar[fold], -pair_distances(X, pairs[fold], A0))
-                for c, (g, lo, hi) in enumerate(grid, 1):
-                    A = _fit_itml(
-                        X, pairs[train], similar[train], A0, g, lo, hi, self.max_iter, self.tol
-                    )["A"]
-                    scores[c] += roc_auc_score(similar[fold], -pair_distances(X, pairs[fold], A))
-        scores /= self.validation_folds
-        best = int(np.argmax(scores))  # ties keep A0 (index 0) or the earlier grid point
-        if best == 0:
-            return 1.0, 5.0, 95.0, False, scores
-        g, lo, hi = grid[best - 1]
-        return g, lo, hi, True, scores
+
+                def score(A, fold=fold):
+                    return roc_auc_score(similar[fold], -pair_distances(X, pairs[fold], A))
+
+                folds.append((X, pairs[train], similar[train], score))
+        return folds
+
+    def _select(self, X, y, pairs, similar, A0, rng) -> tuple[float, float, float]:
+        """Cross-validated choice of (gamma, percentiles) on a grid extended past a best
+        edge; fills ``cv_results_``, ``best_score_``, ``prior_score_``."""
+        owner = type(self).__name__
+        gammas, pcts = self._grids()
+        folds = self._cv_folds(X, y, pairs, similar, rng)
+        if not folds:
+            warnings.warn(
+                f"{owner}(gamma='auto') cannot cross-validate (a class has fewer than 2 "
+                "members, or the pairs hold a single kind); it uses gamma=1.0 and the "
+                "percentiles (5, 95).",
+                UserWarning,
+                stacklevel=3,
+            )
+            return 1.0, 5.0, 95.0
+        prior = np.array([score(A0) for *_, score in folds])
+        log_message(self.verbose, "ITML: prior A0, cv score %.4f", prior.mean())
+        candidates: list[tuple[float, float, float]] = []
+        split_scores: list[np.ndarray] = []
+
+        def evaluate(g):
+            for lo, hi in pcts:
+                fold_scores = np.array(
+                    [
+                        score(_fit_itml(Xf, p, s, A0, g, lo, hi, self.max_iter, self.tol)["A"])
+                        for Xf, p, s, score in folds
+                    ]
+                )
+                candidates.append((g, lo, hi))
+                split_scores.append(fold_scores)
+                log_message(
+                    self.verbose,
+                    "ITML: gamma=%g, percentiles (%g, %g), cv score %.4f",
+                    g,
+                    lo,
+                    hi,
+                    fold_scores.mean(),
+                )
+
+        for g in gammas:
+            evaluate(g)
+        tried = list(gammas)
+        for _ in range(self.grid_extensions):
+            means = np.array([f.mean() for f in split_scores])
+            best_gamma = candidates[int(np.argmax(means))][0]
+            if best_gamma == min(tried):
+                new = best_gamma / 10.0
+            elif best_gamma == max(tried):
+                new = best_gamma * 10.0
+            else:
+                break
+            tried.append(new)
+            log_message(self.verbose, "ITML: best gamma on the grid's edge; trying %g", new)
+            evaluate(new)
+        splits = np.array(split_scores)  # (n_candidates, n_folds)
+        means = splits.mean(axis=1)
+        best = int(np.argmax(means))  # ties: the earlier candidate
+        order = np.argsort(-means, kind="stable")
+        rank = np.empty(len(means), np.int64)
+        rank[order] = np.arange(1, len(means) + 1)
+        res: dict = {
+            "param_gamma": np.array([c[0] for c in candidates]),
+            "param_lower_percentile": np.array([c[1] for c in candidates]),
+            "param_upper_percentile": np.array([c[2] for c in candidates]),
+            "params": [
+                {"gamma": g, "lower_percentile": lo, "upper_percentile": hi}
+                for g, lo, hi in candidates
+            ],
+        }
+        for k in range(splits.shape[1]):
+            res[f"split{k}_test_score"] = splits[:, k]
+        res.update(
+            mean_test_score=means,
+            std_test_score=splits.std(axis=1),
+            rank_test_score=rank,
+        )
+        for k in range(len(prior)):
+            res[f"prior_split{k}_test_score"] = float(prior[k])
+        res.update(
+            prior_mean_test_score=float(prior.mean()), prior_std_test_score=float(prior.std())
+        )
+        self.cv_results_ = res
+        self.best_score_, self.prior_score_ = float(means[best]), float(prior.mean())
+        if self.best_score_ < self.prior_score_:
+            warnings.warn(
+                f"{owner}: the learned metric's cross-validated score "
+                f"{self.best_score_:.4f} is below the prior's (A0) {self.prior_score_:.4f}; "
+                "the constraints do not help on this data (see cv_results_).",
+                UserWarning,
+                stacklevel=3,
+            )
+        return candidates[best]
 
     # ------------------------------------------------------------------------ applying
 
@@ -386,19 +552,32 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         Z = self.transform(X) - self.transform(Y)
         return np.einsum("ij,ij->i", Z, Z)
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        return tags
+
     # --------------------------------------------------------------------- persistence
+
+    _CV_ARRAYS = (
+        "param_gamma",
+        "param_lower_percentile",
+        "param_upper_percentile",
+        "mean_test_score",
+        "std_test_score",
+        "rank_test_score",
+    )
 
     def _get_state(self):
         check_is_fitted(self)
         params = self.get_params(deep=False)
-        arrays = {
-            "A_": self.A_,
-            "G_": self.G_,
-            "bounds_": self.bounds_,
-            "validation_scores_": self.validation_scores_,
-        }
+        arrays = {"A_": self.A_, "G_": self.G_, "bounds_": self.bounds_}
         if params.pop("A0") is not None:
             arrays["A0"] = np.asarray(self.A0, np.float64)
+        grids = {}
+        for key in ("gamma_grid", "percentile_grid"):
+            value = params.pop(key)
+            grids[key] = None if value is None else np.asarray(value, np.float64).tolist()
         state = {
             k: getattr(self, k)
             for k in (
@@ -410,8 +589,17 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 "converged_",
                 "violated_fraction_",
                 "n_features_in_",
+                "best_score_",
+                "prior_score_",
             )
         }
+        state["grids"] = grids
+        cv = getattr(self, "cv_results_", {})
+        for key, value in cv.items():
+            if isinstance(value, np.ndarray):
+                arrays["cv_" + key] = value
+            elif key != "params":
+                state["cv_" + key] = value
         if not all(v is None or isinstance(v, (str, bool, numbers.Real)) for v in params.values()):
             raise TypeError(
                 f"cannot save {type(self).__name__}: parameters must be numbers, "
@@ -422,7 +610,33 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     @classmethod
     def _from_state(cls, params, state, arrays):
         arrays = dict(arrays)
-        obj = cls(**params, A0=arrays.pop("A0", None))
+        state = dict(state)
+        grids = state.pop("grids", {}) or {}
+        gamma_grid = grids.get("gamma_grid")
+        percentile_grid = grids.get("percentile_grid")
+        obj = cls(
+            **params,
+            A0=arrays.pop("A0", None),
+            gamma_grid=None if gamma_grid is None else tuple(gamma_grid),
+            percentile_grid=(
+                None if percentile_grid is None else tuple(tuple(p) for p in percentile_grid)
+            ),
+        )
+        cv = {}
+        for source in (state, arrays):
+            for key in [k for k in source if k.startswith("cv_")]:
+                cv[key[3:]] = source.pop(key)
+        if "param_gamma" in cv:
+            cv["params"] = [
+                {"gamma": float(g), "lower_percentile": float(lo), "upper_percentile": float(hi)}
+                for g, lo, hi in zip(
+                    cv["param_gamma"],
+                    cv["param_lower_percentile"],
+                    cv["param_upper_percentile"],
+                    strict=True,
+                )
+            ]
+        obj.cv_results_ = cv
         for key, value in {**state, **arrays}.items():
             setattr(obj, key, value)
         return obj
