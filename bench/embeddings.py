@@ -1,0 +1,568 @@
+"""Binary codes + exact rescoring vs faiss on real sentence embeddings (issue 17).
+
+Data: the MiniLM-L6 data set of ``scripts/make_embeddings.py`` (384-d, unit norm, cosine;
+exact top-100 ground truth), read by :func:`hashlearn.embeddings.load_embeddings`.
+
+For every hash family and code length, an :class:`hashlearn.embeddings.EmbeddingIndex` is
+fitted on a sample of the base, filled with the whole base, and searched for every query with
+over-fetch 1..32 (``k * overfetch`` Hamming candidates rescored exactly with the float
+vectors). Contenders, all on ONE thread, on the same data, in the same run:
+
+* sign bits (binary quantization of vector databases) at 384 bits, plain and centred;
+* random-hyperplane LSH, PCA hashing, ITQ and spectral hashing at 128/256/384/512 bits
+  (PCA-based codes, ITQ, and sign bits have at most one bit per dimension: <= 384);
+* faiss ``IndexFlatIP`` (exact float search, BLAS over the whole query batch);
+* faiss ``IndexHNSWFlat`` (M=32, efConstruction=40, efSearch swept).
+
+Reported: recall@10 against the exact cosine top-10, queries/s (wall, whole query batch in
+one call), CPU seconds beside wall seconds, and memory per vector: the code bytes, what the
+Hamming scan keeps in RAM, and the float32 vector the rescoring reads (memory-mapped in a
+saved index); for faiss the serialized index size per vector. Timing is interleaved: before
+each contender's sweep ``IndexFlatIP`` is timed again, and each speed-up is the median of the
+per-repetition ratios, so a drifting machine load hits both sides alike.
+
+Run (about 5-10 minutes on 2 cores)::
+
+    python bench/embeddings.py [--data DIR] [--out bench/out/embeddings] [--quick]
+
+Writes ``results.json``, ``results.md`` (a table for docs/results.md) and
+``recall_qps.png`` (ann-benchmarks style: recall@10 vs log queries/s) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_var] = "1"  # one thread everywhere, before numpy / faiss / numba load
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import hashlearn  # noqa: E402
+from hashlearn.embeddings import EmbeddingIndex, load_embeddings  # noqa: E402
+
+K = 10
+OVERFETCH = (1, 2, 4, 8, 16, 32)
+BITS = (128, 256, 384, 512)
+EF_SEARCH = (16, 32, 64, 128, 256, 512)
+#: (label, registry name, extra parameters, learned?)
+METHODS = (
+    ("sign", "sign", {"center": False}, False),
+    ("sign-centred", "sign", {"center": True}, False),
+    ("lsh", "lsh", {}, False),
+    ("pca", "pca", {}, True),
+    ("itq", "itq", {}, True),
+    ("spectral", "spectral", {}, True),
+)
+AT_MOST_DIM = {"sign", "pca", "itq"}
+
+
+def recall_at_k(ids: np.ndarray, truth: np.ndarray, k: int = K) -> float:
+    """Mean fraction of the true top-k found in the returned top-k."""
+    hits = sum(
+        len(set(a[:k].tolist()) & set(b[:k].tolist())) for a, b in zip(ids, truth, strict=True)
+    )
+    return hits / (k * len(ids))
+
+
+def timed(fn):
+    """``(result, wall seconds, CPU seconds)`` of one call."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - w0, time.process_time() - c0
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()
+    return (
+        f"{cpu}, {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}, "
+        f"numpy {np.__version__}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
+        f"UTC, load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+
+
+class FlatTimer:
+    """faiss IndexFlatIP over the base (exact float search); timed again before each sweep."""
+
+    def __init__(self, base: np.ndarray, queries: np.ndarray):
+        import faiss
+
+        self.index = faiss.IndexFlatIP(base.shape[1])
+        self.index.add(np.ascontiguousarray(base, dtype=np.float32))
+        self.queries = np.ascontiguousarray(queries, dtype=np.float32)
+        self.bytes_per_vector = len(faiss.serialize_index(self.index)) / len(base)
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        self.ids = None
+
+    def time(self) -> float:
+        (_, ids), wall, cpu = timed(lambda: self.index.search(self.queries, K))
+        self.ids = ids
+        self.walls.append(wall)
+        self.cpus.append(cpu)
+        return wall
+
+
+def run_hnsw(base, queries, truth, flat: FlatTimer, repeats: int, ef_values, log) -> list[dict]:
+    import faiss
+
+    index = faiss.IndexHNSWFlat(base.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = 40
+    _, build_wall, build_cpu = timed(lambda: index.add(np.ascontiguousarray(base)))
+    log(f"hnsw M=32 built in {build_wall:.1f} s")
+    per_vector = len(faiss.serialize_index(index)) / len(base)
+    rows = []
+    walls = {ef: [] for ef in ef_values}
+    cpus = {ef: [] for ef in ef_values}
+    ratios = {ef: [] for ef in ef_values}
+    cpu_ratios = {ef: [] for ef in ef_values}
+    found = {}
+    for _ in range(repeats):
+        flat_wall = flat.time()
+        for ef in ef_values:
+            index.hnsw.efSearch = ef
+            (_, ids), wall, cpu = timed(lambda: index.search(queries, K))
+            walls[ef].append(wall)
+            cpus[ef].append(cpu)
+            ratios[ef].append(flat_wall / wall)
+            cpu_ratios[ef].append(flat.cpus[-1] / max(cpu, 1e-9))
+            found[ef] = ids
+    for ef in ef_values:
+        wall = float(np.median(walls[ef]))
+        rows.append(
+            {
+                "method": "faiss-hnsw",
+                "label": "HNSW M=32",
+                "bits": None,
+                "param": f"efSearch={ef}",
+                "overfetch": None,
+                "ef_search": ef,
+                "recall": recall_at_k(found[ef], truth),
+                "wall_s": wall,
+                "cpu_s": float(np.median(cpus[ef])),
+                "qps": len(queries) / wall,
+                "qps_cpu": len(queries) / max(float(np.median(cpus[ef])), 1e-9),
+                "speedup_vs_flat": float(np.median(ratios[ef])),
+                "speedup_vs_flat_cpu": float(np.median(cpu_ratios[ef])),
+                "code_bytes": None,
+                "ram_bytes_per_vector": per_vector,
+                "float_bytes_per_vector": 0,
+                "build_s": build_wall,
+                "build_cpu_s": build_cpu,
+                "learned": False,
+            }
+        )
+    return rows
+
+
+def run_codes(
+    label, name, params, learned, bits, data, fit_sample, flat, repeats, overfetches, log
+) -> list[dict]:
+    base, queries, truth = data
+    idx = EmbeddingIndex(name, n_bits=bits, hasher_params=params, random_state=0)
+    _, fit_wall, _ = timed(lambda: idx.fit(fit_sample))
+    _, add_wall, _ = timed(lambda: idx.add(base))
+    idx.search(queries[:8], K, overfetch=max(overfetches), n_threads=1)  # compile, warm
+    walls = {o: [] for o in overfetches}
+    cpus = {o: [] for o in overfetches}
+    ratios = {o: [] for o in overfetches}
+    cpu_ratios = {o: [] for o in overfetches}
+    found = {}
+    for _ in range(repeats):
+        flat_wall = flat.time()
+        for o in overfetches:
+            (_, ids), wall, cpu = timed(
+                lambda o=o: idx.search(queries, K, overfetch=o, n_threads=1)
+            )
+            walls[o].append(wall)
+            cpus[o].append(cpu)
+            ratios[o].append(flat_wall / wall)
+            cpu_ratios[o].append(flat.cpus[-1] / max(cpu, 1e-9))
+            found[o] = ids
+    mem = idx.memory_per_vector()
+    rows = []
+    for o in overfetches:
+        wall = float(np.median(walls[o]))
+        rows.append(
+            {
+                "method": label,
+                "label": f"{label} {bits}b",
+                "bits": bits,
+                "param": f"overfetch={o}",
+                "overfetch": o,
+                "ef_search": None,
+                "recall": recall_at_k(found[o], truth),
+                "wall_s": wall,
+                "cpu_s": float(np.median(cpus[o])),
+                "qps": len(queries) / wall,
+                "qps_cpu": len(queries) / max(float(np.median(cpus[o])), 1e-9),
+                "speedup_vs_flat": float(np.median(ratios[o])),
+                "speedup_vs_flat_cpu": float(np.median(cpu_ratios[o])),
+                "code_bytes": mem["code"],
+                "ram_bytes_per_vector": mem["scan"],
+                "float_bytes_per_vector": mem["float"],
+                "fit_s": fit_wall,
+                "add_s": add_wall,
+                "learned": learned,
+            }
+        )
+    best = max(rows, key=lambda r: r["recall"])
+    log(
+        f"{label:>13} {bits:>3} bits: fit {fit_wall:5.1f} s, add {add_wall:5.1f} s, recall@10 "
+        + " ".join(f"{r['recall']:.3f}" for r in rows)
+        + f" (overfetch {overfetches}); best {best['qps']:.0f} q/s"
+    )
+    return rows
+
+
+# ----------------------------------------------------------------------------------- report
+
+
+def targets(rows: list[dict], flat_qps: float, dim: int, timing: str = "wall") -> dict:
+    """The issue's three targets, evaluated on the measured rows; speeds by wall-clock or CPU
+    time (``timing``; CPU time is the fairer basis on a loaded machine)."""
+    qk, sk = ("qps", "speedup_vs_flat") if timing == "wall" else ("qps_cpu", "speedup_vs_flat_cpu")
+    float_bytes = 4 * dim
+    ok1 = [
+        r
+        for r in rows
+        if r["learned"]
+        and r["bits"] is not None
+        and r["bits"] <= 512
+        and r["recall"] >= 0.95
+        and r[sk] >= 5.0
+        and r["code_bytes"] <= float_bytes / 24
+    ]
+    t1 = {
+        "holds": bool(ok1),
+        "rows": [f"{r['label']} {r['param']}" for r in ok1],
+        "best_learned_at_0.95": None,
+    }
+    cands = [r for r in rows if r["learned"] and r["recall"] >= 0.95 and r["bits"]]
+    if cands:
+        best = max(cands, key=lambda r: r[sk])
+        t1["best_learned_at_0.95"] = {
+            "row": f"{best['label']} {best['param']}",
+            "recall": best["recall"],
+            "speedup_vs_flat": best[sk],
+            "code_fraction_of_float": best["code_bytes"] / float_bytes,
+        }
+    # at equal bits and over-fetch, best learned code vs sign bits (both variants)
+    t2 = []
+    for sign_label in ("sign", "sign-centred"):
+        for r in rows:
+            if r["method"] != sign_label:
+                continue
+            learned = [
+                x
+                for x in rows
+                if x["learned"] and x["bits"] == r["bits"] and x["overfetch"] == r["overfetch"]
+            ]
+            if learned:
+                best = max(learned, key=lambda x: x["recall"])
+                t2.append(
+                    {
+                        "sign": sign_label,
+                        "bits": r["bits"],
+                        "overfetch": r["overfetch"],
+                        "sign_recall": r["recall"],
+                        "best_learned": best["method"],
+                        "learned_recall": best["recall"],
+                        "learned_wins": best["recall"] > r["recall"],
+                    }
+                )
+    # HNSW beside the codes: at each recall level, the fastest of each
+    t3 = []
+    hnsw = [r for r in rows if r["method"] == "faiss-hnsw"]
+    ours = [r for r in rows if r["bits"] is not None]
+    for level in (0.8, 0.9, 0.95, 0.99):
+        h = [r for r in hnsw if r["recall"] >= level]
+        o = [r for r in ours if r["recall"] >= level]
+        hb = max(h, key=lambda r: r[qk]) if h else None
+        ob = max(o, key=lambda r: r[qk]) if o else None
+        t3.append(
+            {
+                "recall_at_least": level,
+                "hnsw": None
+                if hb is None
+                else f"{hb['param']}: {hb[qk]:.0f} q/s, {hb['ram_bytes_per_vector']:.0f} B/vector",
+                "codes": None
+                if ob is None
+                else f"{ob['label']} {ob['param']}: "
+                f"{ob[qk]:.0f} q/s, {ob['ram_bytes_per_vector']} B/vector in RAM "
+                f"(+{ob['float_bytes_per_vector']} B float on disk)",
+                "hnsw_qps_over_codes": None if (hb is None or ob is None) else hb[qk] / ob[qk],
+            }
+        )
+    return {"target1": t1, "target2": t2, "target3": t3, "flat_qps": flat_qps, "timing": timing}
+
+
+def markdown(result: dict) -> str:
+    meta, rows = result["meta"], result["rows"]
+    t = result["targets"][meta["timing"]]
+    other = result["targets"]["cpu" if meta["timing"] == "wall" else "wall"]
+    lines = [
+        f"Data: {meta['data']} ({meta['n_base']} base vectors, {meta['n_queries']} held-out "
+        f"queries, {meta['dim']}-d, cosine). One thread. {meta['machine']}.",
+        "",
+        f"faiss IndexFlatIP (exact): {t['flat_qps']:.0f} queries/s by {meta['timing']} time "
+        f"({meta['flat_bytes_per_vector']:.0f} B/vector). Speeds below are by "
+        f"**{meta['timing']} time** (both are in results.json); x FlatIP is the median of "
+        "per-repetition ratios.",
+        "",
+        "| method | bits | param | recall@10 | queries/s (wall) | x FlatIP (wall) "
+        "| queries/s (CPU) | x FlatIP (CPU) | wall s | CPU s | code B | RAM B/vec | float B/vec |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['bits'] or '-'} | {r['param']} | {r['recall']:.3f} | "
+            f"{r['qps']:.0f} | {r['speedup_vs_flat']:.2f} | {r['qps_cpu']:.0f} | "
+            f"{r['speedup_vs_flat_cpu']:.2f} | {r['wall_s']:.3f} | "
+            f"{r['cpu_s']:.3f} | {r['code_bytes'] or '-'} | {r['ram_bytes_per_vector']:.0f} | "
+            f"{r['float_bytes_per_vector']} |"
+        )
+    t1 = t["target1"]
+    lines += ["", "**Target 1** (learned code, recall@10 >= 0.95 with rescoring, <= 512 bits, "
+              ">= 5x IndexFlatIP, code <= 1/24 of the float vector): "
+              + ("holds: " + "; ".join(t1["rows"]) if t1["holds"] else "does not hold")]  # fmt: skip
+    if t1["best_learned_at_0.95"]:
+        b = t1["best_learned_at_0.95"]
+        lines.append(
+            f"Fastest learned code at recall >= 0.95: {b['row']}, recall {b['recall']:.3f}, "
+            f"{b['speedup_vs_flat']:.2f}x IndexFlatIP, code = "
+            f"1/{1 / b['code_fraction_of_float']:.0f} of the float vector."
+        )
+    o1 = other["target1"]
+    lines.append(
+        f"By {other['timing']} time instead: target 1 "
+        + ("holds (" + "; ".join(o1["rows"]) + ")" if o1["holds"] else "does not hold")
+        + (
+            f"; fastest learned code at recall >= 0.95: {o1['best_learned_at_0.95']['row']}, "
+            f"{o1['best_learned_at_0.95']['speedup_vs_flat']:.2f}x IndexFlatIP."
+            if o1["best_learned_at_0.95"]
+            else "."
+        )
+    )
+    lines += ["", "**Target 2** (best learned code vs sign bits, equal bits and over-fetch):", ""]
+    lines += [
+        "| sign variant | bits | overfetch | sign recall | best learned | its recall | wins |"
+    ]
+    lines += ["|---|---|---|---|---|---|---|"]
+    for x in t["target2"]:
+        lines.append(
+            f"| {x['sign']} | {x['bits']} | {x['overfetch']} | {x['sign_recall']:.3f} | "
+            f"{x['best_learned']} | {x['learned_recall']:.3f} | "
+            f"{'yes' if x['learned_wins'] else 'no'} |"
+        )
+    lines += [
+        "",
+        f"**HNSW beside the codes** (fastest configuration reaching each recall, by "
+        f"{meta['timing']} time):",
+        "",
+    ]
+    lines += ["| recall >= | HNSW | binary codes + rescoring | HNSW q/s / codes q/s |"]
+    lines += ["|---|---|---|---|"]
+    for x in t["target3"]:
+        ratio = "-" if x["hnsw_qps_over_codes"] is None else f"{x['hnsw_qps_over_codes']:.2f}"
+        lines.append(
+            f"| {x['recall_at_least']} | {x['hnsw'] or 'not reached'} | "
+            f"{x['codes'] or 'not reached'} | {ratio} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timing = result["meta"]["timing"]
+    qk = "qps" if timing == "wall" else "qps_cpu"
+    rows = [r for r in result["rows"] if r["method"] != "faiss-flat-ip"]
+    fig, ax = plt.subplots(figsize=(11, 6.5))
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["label"], []).append(r)
+    markers = "os^vD<>phX*"
+    cmap = plt.get_cmap("tab20")
+    for i, (label, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: r["recall"])
+        style = "-" if rs[0]["learned"] else "--"
+        if label.startswith("HNSW"):
+            style, color = "-", "black"
+        else:
+            color = cmap(i % 20)
+        ax.plot(
+            [r["recall"] for r in rs],
+            [r[qk] for r in rs],
+            style,
+            marker=markers[i % len(markers)],
+            ms=4,
+            color=color,
+            label=label,
+        )
+    flat_qps = result["targets"][timing]["flat_qps"]
+    ax.axhline(flat_qps, color="grey", lw=1, ls=":")
+    ax.plot([1.0], [flat_qps], "k*", ms=12, label="faiss IndexFlatIP (exact)")
+    ax.axhline(5 * flat_qps, color="red", lw=0.8, ls=":", label="5x IndexFlatIP")
+    ax.axvline(0.95, color="red", lw=0.8, ls=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("recall@10 (exact cosine)")
+    ax.set_ylabel(f"queries per second, one thread, by {timing} time (log)")
+    meta = result["meta"]
+    ax.set_title(
+        f"MiniLM-L6 embeddings, {meta['n_base']} x {meta['dim']}-d, k={K}: binary codes + "
+        "exact rescoring (over-fetch 1-32x) vs faiss"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=None, help="data set directory")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "embeddings")
+    parser.add_argument("--n-queries", type=int, default=1000)
+    parser.add_argument("--fit-size", type=int, default=30000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--bits", default=",".join(map(str, BITS)))
+    parser.add_argument("--methods", default=",".join(m[0] for m in METHODS))
+    parser.add_argument("--no-hnsw", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="128/384 bits, itq and sign only")
+    parser.add_argument(
+        "--timing",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="speeds in the table's targets and the plot: wall-clock (default, for a quiet "
+        "machine) or CPU time (fairer under load)",
+    )
+    args = parser.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    hashlearn.set_num_threads(1)
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    ds = load_embeddings(args.data)
+    base = np.ascontiguousarray(ds.base, dtype=np.float32)
+    queries = np.ascontiguousarray(ds.queries[: args.n_queries], dtype=np.float32)
+    truth = ds.neighbors[: args.n_queries, :K]
+    dim = base.shape[1]
+    bits_list = [int(b) for b in args.bits.split(",")]
+    wanted = args.methods.split(",")
+    if args.quick:
+        bits_list, wanted = [128, 384], ["sign", "sign-centred", "itq"]
+    unknown = set(wanted) - {m[0] for m in METHODS}
+    if unknown:
+        parser.error(f"unknown methods {sorted(unknown)}")
+    rng = np.random.default_rng(0)
+    fit_sample = base[np.sort(rng.choice(len(base), min(args.fit_size, len(base)), replace=False))]
+    machine = machine_line()
+    log(f"{machine}\nbase {base.shape}, queries {queries.shape}")
+    t_start = time.perf_counter()
+    flat = FlatTimer(base, queries)
+    flat.time()
+    log(f"IndexFlatIP recall@10 {recall_at_k(flat.ids, truth):.4f}, {flat.walls[-1]:.2f} s")
+    rows: list[dict] = []
+    for label, name, params, learned in METHODS:
+        if label not in wanted:
+            continue
+        for bits in bits_list:
+            if name in AT_MOST_DIM and bits > dim:
+                continue
+            if name == "sign" and bits != dim:
+                continue
+            rows += run_codes(
+                label,
+                name,
+                params,
+                learned,
+                bits,
+                (base, queries, truth),
+                fit_sample,
+                flat,
+                args.repeats,
+                OVERFETCH,
+                log,
+            )
+    if not args.no_hnsw:
+        rows += run_hnsw(base, queries, truth, flat, args.repeats, EF_SEARCH, log)
+    flat_wall = float(np.median(flat.walls))
+    flat_row = {
+        "method": "faiss-flat-ip",
+        "label": "IndexFlatIP",
+        "bits": None,
+        "param": "exact",
+        "overfetch": None,
+        "ef_search": None,
+        "recall": recall_at_k(flat.ids, truth),
+        "wall_s": flat_wall,
+        "cpu_s": float(np.median(flat.cpus)),
+        "qps": len(queries) / flat_wall,
+        "qps_cpu": len(queries) / float(np.median(flat.cpus)),
+        "speedup_vs_flat": 1.0,
+        "speedup_vs_flat_cpu": 1.0,
+        "code_bytes": None,
+        "ram_bytes_per_vector": flat.bytes_per_vector,
+        "float_bytes_per_vector": 0,
+        "learned": False,
+    }
+    result = {
+        "meta": {
+            "machine": machine,
+            "data": str(ds.path),
+            "dataset_info": ds.info,
+            "n_base": int(len(base)),
+            "n_queries": int(len(queries)),
+            "dim": int(dim),
+            "k": K,
+            "fit_size": int(len(fit_sample)),
+            "repeats": args.repeats,
+            "flat_bytes_per_vector": flat.bytes_per_vector,
+            "load_average_end": os.getloadavg(),
+            "timing": args.timing,
+            "seconds": time.perf_counter() - t_start,
+        },
+        "rows": [flat_row, *rows],
+    }
+    result["targets"] = {
+        "wall": targets(result["rows"], flat_row["qps"], dim, "wall"),
+        "cpu": targets(result["rows"], flat_row["qps_cpu"], dim, "cpu"),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = markdown(result)
+    (args.out / "results.md").write_text(md)
+    plot(result, args.out / "recall_qps.png")
+    print(md)
+    log(f"wrote {args.out} in {time.perf_counter() - t_start:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()
