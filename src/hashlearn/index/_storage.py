@@ -21,37 +21,34 @@ Data derived from a snapshot (multi-index hashing's substring tables, the Hammin
 table) is cached on the snapshot itself by :meth:`Snapshot.derived`, built once, on first use,
 under the snapshot's own lock.
 
-Loading. :func:`check_ids_array`, :func:`check_next_id`, :func:`check_array` and
-:func:`check_words` verify, in O(n), the structural invariants every loader relies on
-before any kernel sees an array; :func:`load_retrying` re-reads a save that another process
-replaced while it was being read.
+Loading. :func:`check_ids_array`, :func:`check_next_id`, :func:`check_words` and
+:func:`check_code_state` (built on :func:`hashlearn.io.require_array` and
+:func:`hashlearn.io.require_state`) verify, in O(n), the structural invariants every loader
+relies on before any kernel sees an array. (A load racing with another process's save is
+retried by :func:`hashlearn.io.load`.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hashlearn import _kernels
 from hashlearn._validation import check_ids
+from hashlearn.io import require_array, require_state
 
 __all__ = [
     "ID_MAX",
     "IdStore",
     "Snapshot",
-    "check_array",
     "check_code_state",
     "check_ids_array",
     "check_next_id",
     "check_words",
-    "load_retrying",
 ]
 
 ID_MAX = int(np.iinfo(np.int64).max)
@@ -313,22 +310,9 @@ class IdStore:
 # --------------------------------------------------------------------------- loading
 
 
-def check_array(arrays: Mapping[str, np.ndarray], name: str, dtype, ndim: int) -> np.ndarray:
-    """``arrays[name]``, required to be a plain ``dtype`` array of ``ndim`` dimensions."""
-    if name not in arrays:
-        raise ValueError(f"array {name!r} is missing")
-    arr = arrays[name]
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
-        got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
-        raise ValueError(
-            f"array {name!r} must be {np.dtype(dtype)} with {ndim} dimension(s); got {got}"
-        )
-    return arr
-
-
 def check_ids_array(arrays: Mapping[str, np.ndarray], name: str = "ids") -> np.ndarray:
     """Saved ids: int64, 1-D, non-negative and strictly ascending (so distinct)."""
-    ids = check_array(arrays, name, np.int64, 1)
+    ids = require_array(arrays, name, np.int64, 1)
     if len(ids) and ids[0] < 0:
         raise ValueError(f"array {name!r} holds negative ids")
     if not _kernels.strictly_increasing(ids):
@@ -338,15 +322,8 @@ def check_ids_array(arrays: Mapping[str, np.ndarray], name: str = "ids") -> np.n
 
 def check_next_id(state: Mapping[str, Any], ids: np.ndarray) -> int:
     """``state["next_id"]``: an int above every stored id, at most ``2**63``."""
-    value = state.get("next_id")
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"state 'next_id' must be an integer; got {value!r}")
     low = int(ids[-1]) + 1 if len(ids) else 0
-    if not low <= value <= ID_MAX + 1:
-        raise ValueError(
-            f"state 'next_id' = {value} must be in [{low}, 2**63] (above every stored id)"
-        )
-    return value
+    return require_state(state, "next_id", int, low=low, high=ID_MAX + 1)
 
 
 def check_words(words: np.ndarray, n_bits: int, name: str) -> None:
@@ -370,7 +347,7 @@ def check_code_state(
     ``words`` uint64 ``(n, n_words)`` with zero padding bits, ``ids`` as
     :func:`check_ids_array`, ``next_id`` as :func:`check_next_id`."""
     ids = check_ids_array(arrays)
-    words = check_array(arrays, "words", np.uint64, 2)
+    words = require_array(arrays, "words", np.uint64, 2)
     n_words = max(1, -(-n_bits // 64))
     if words.shape != (len(ids), n_words):
         raise ValueError(
@@ -379,30 +356,3 @@ def check_code_state(
         )
     check_words(words, n_bits, "words")
     return words, ids, check_next_id(state, ids)
-
-
-def _meta_digest(path: Path) -> str | None:
-    try:
-        return hashlib.sha256((path / "meta.json").read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def load_retrying(load: Callable[[], Any], path: str | os.PathLike, attempts: int = 20) -> Any:
-    """``load()``, retried while ``path/meta.json`` changes under it.
-
-    Another process saving over ``path`` replaces ``meta.json`` and then deletes the previous
-    generation's array files; a load that read the old ``meta.json`` can then miss a file or
-    see appended bytes. When a load fails and ``meta.json`` is no longer what it was when the
-    attempt started, the save switched generations meanwhile: read again. A failure with an
-    unchanged ``meta.json`` is a real error and is raised.
-    """
-    path = Path(path)
-    for attempt in range(attempts):
-        before = _meta_digest(path)
-        try:
-            return load()
-        except (ValueError, OSError):
-            if attempt == attempts - 1 or before is None or _meta_digest(path) == before:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover

@@ -14,23 +14,19 @@ Conventions (all indexes):
 * ids and codes live in an :class:`~hashlearn.index._storage.IdStore` (``index.store``)
   that publishes immutable snapshots: ``search``/``range_search`` may run in any number of
   threads while another thread calls ``add``/``remove``, and each search sees the index
-  either before or after each write. ``load`` retries when another process replaces the
-  save while it is being read.
+  either before or after each write.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hashlearn._validation import check_codes, check_int
+from hashlearn._validation import check_codes, check_int, check_k
 from hashlearn.codes import as_words
-from hashlearn.index._storage import IdStore, load_retrying
+from hashlearn.index._storage import IdStore
 from hashlearn.io import Persistable
 
-__all__ = ["BinaryIndex", "register_index", "make_index", "available_indexes", "check_k"]
-
-MAX_RESULT_ENTRIES = 1 << 28
-"""Largest ``m * k`` result of a search whose ``k`` exceeds the index size (3 GiB of D and I)."""
+__all__ = ["BinaryIndex", "IndexBase", "register_index", "make_index", "available_indexes"]
 
 _INDEXES: dict[str, type[BinaryIndex]] = {}
 
@@ -60,25 +56,8 @@ def available_indexes() -> list[str]:
     return sorted(_INDEXES)
 
 
-def check_k(k, m: int, n: int, owner: str) -> int:
-    """Validate ``k`` for ``m`` queries against ``n`` items: an int >= 1.
-
-    ``k`` above ``n`` is allowed (rows pad with ``-1``) as long as the padded ``(m, k)``
-    result stays below ``MAX_RESULT_ENTRIES`` entries; beyond that it is a ``ValueError``
-    naming ``k`` rather than a ``MemoryError`` from allocating padding.
-    """
-    k = check_int(k, "k", owner)
-    if k > n and m * k > MAX_RESULT_ENTRIES:
-        raise ValueError(
-            f"The 'k' parameter of {owner} is {k}, more than the {n} items in the index, and "
-            f"the padded ({m}, {k}) result would hold {m * k} entries (at most "
-            f"{MAX_RESULT_ENTRIES}). Use k <= len(index)."
-        )
-    return k
-
-
 class IndexBase(Persistable):
-    """What every index shares: ids held in an :class:`IdStore` and a retrying ``load``."""
+    """What every index shares: ids and rows held in an :class:`IdStore`."""
 
     _store: IdStore
 
@@ -95,13 +74,6 @@ class IndexBase(Persistable):
     def ids(self) -> np.ndarray:
         """Ids of the stored items, ascending (read-only)."""
         return self._store.snapshot.ids
-
-    @classmethod
-    def load(cls, path, **kwargs):
-        """Load what ``save`` wrote (see :meth:`hashlearn.io.Persistable.load`), reading again
-        when another process replaced the save meanwhile; every array's structure is
-        checked before use."""
-        return load_retrying(lambda: super(IndexBase, cls).load(path, **kwargs), path)
 
 
 class BinaryIndex(IndexBase):
@@ -156,8 +128,8 @@ class BinaryIndex(IndexBase):
     def _check_queries(self, queries) -> np.ndarray:
         return check_codes(queries, self.n_bits, "queries")
 
-    def _check_k(self, k, m: int, n: int) -> int:
-        return check_k(k, m, n, f"{type(self).__name__}.search")
+    def _check_k(self, k, m: int) -> int:
+        return check_k(k, m, f"{type(self).__name__}.search")
 
     def _check_radius(self, radius) -> int:
         return check_int(

@@ -24,17 +24,11 @@ import numba
 import numpy as np
 
 from hashlearn._kernels import popcount64
-from hashlearn._validation import check_codes, check_int
+from hashlearn._validation import check_codes, check_int, check_k
 from hashlearn.codes import as_words
-from hashlearn.index._storage import (
-    IdStore,
-    check_array,
-    check_ids_array,
-    check_next_id,
-    check_words,
-)
-from hashlearn.index.base import IndexBase, check_k
-from hashlearn.io import persistable
+from hashlearn.index._storage import IdStore, check_ids_array, check_next_id, check_words
+from hashlearn.index.base import IndexBase
+from hashlearn.io import persistable, require_array
 
 _CHUNK_PAIRS = 1 << 20  # queries x items compared per chunk: bounds the memory of a search
 
@@ -322,7 +316,7 @@ class Cascade(IndexBase):
         """
         queries = self._check_stage_codes(queries, "queries")
         m = len(queries[0])
-        k = check_k(k, m, len(self), "Cascade.search")
+        k = check_k(k, m, "Cascade.search")
         D = np.full((m, k), -1, np.int32)
         I = np.full((m, k), -1, np.int64)  # noqa: E741 - faiss's name
         lims, dist, ids, _ = self._run(queries, None, self.n_bits[-1], max_keep=k)
@@ -359,7 +353,7 @@ class Cascade(IndexBase):
         n = len(ids)
         rows = {}
         for s, b in enumerate(cascade.n_bits):
-            words = check_array(arrays, f"stage{s}", np.uint64, 1)
+            words = require_array(arrays, f"stage{s}", np.uint64, 1)
             if words.shape != (n * cascade._n_words(s),):
                 raise ValueError(f"saved Cascade stage {s} has {words.shape} words for {n} ids.")
             rows[f"stage{s}"] = words.reshape(n, cascade._n_words(s))

@@ -143,7 +143,7 @@ class FlatIndex(BinaryIndex):
         """
         snap = self._store.snapshot
         queries = self._check_queries(queries)
-        k = self._check_k(k, len(queries), snap.n)
+        k = self._check_k(k, len(queries))
         return scan_search(snap, queries, k, self.n_bits, n_threads)
 
     def range_search(

@@ -45,10 +45,10 @@ from hashlearn._parallel import parallel_chunks
 from hashlearn._postings import build_table, check_table
 from hashlearn._validation import check_real
 from hashlearn.codes import as_words
-from hashlearn.index._storage import Snapshot, check_array, check_code_state
+from hashlearn.index._storage import Snapshot, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index
 from hashlearn.index.flat import scan_range_search, scan_search
-from hashlearn.io import persistable
+from hashlearn.io import persistable, require_array
 
 __all__ = ["HammingBallIndex", "ball_size"]
 
@@ -363,7 +363,7 @@ class HammingBallIndex(BinaryIndex):
         snap = self._store.snapshot
         queries = self._check_queries(queries)
         m, n = queries.shape[0], snap.n
-        k = self._check_k(k, m, n)
+        k = self._check_k(k, m)
         D = np.full((m, k), -1, np.int32)
         I = np.full((m, k), -1, np.int64)  # noqa: E741 - faiss's name
         if m == 0 or n == 0:
@@ -407,9 +407,9 @@ class HammingBallIndex(BinaryIndex):
         index = cls(params["n_bits"], probe_cost=params.get("probe_cost", 32.0))
         words, ids, next_id = check_code_state(arrays, state, index.n_bits)
         n = len(ids)
-        keys = check_array(arrays, "keys", np.int64, 1)
-        offsets = check_array(arrays, "offsets", np.int64, 1)
-        postings = check_array(arrays, "postings", np.int64, 1)
+        keys = require_array(arrays, "keys", np.int64, 1)
+        offsets = require_array(arrays, "offsets", np.int64, 1)
+        postings = require_array(arrays, "postings", np.int64, 1)
         check_table(keys, offsets, postings, n, positions=True, what="the code table")
         if len(keys) and keys[0] < 0:
             raise ValueError("the code table holds negative keys")

@@ -41,10 +41,10 @@ from hashlearn._parallel import parallel_chunks
 from hashlearn._postings import build_table
 from hashlearn._validation import check_int
 from hashlearn.codes import as_words
-from hashlearn.index._storage import Snapshot, check_array, check_code_state
+from hashlearn.index._storage import Snapshot, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index
 from hashlearn.index.flat import scan_range_search, scan_search
-from hashlearn.io import persistable
+from hashlearn.io import persistable, require_array
 
 __all__ = ["MultiIndexHashing"]
 
@@ -185,7 +185,7 @@ class MultiIndexHashing(BinaryIndex):
         snap = self._store.snapshot
         queries = self._check_queries(queries)
         n, m_q = snap.n, queries.shape[0]
-        k = self._check_k(k, m_q, n)
+        k = self._check_k(k, m_q)
         if m_q == 0 or n == 0 or k >= n:  # nothing to prune: the linear scan is optimal
             return scan_search(snap, queries, k, self.n_bits, n_threads)
         dist = np.empty((m_q, k), np.int32)
@@ -285,7 +285,7 @@ _TABLE_ERRORS = {
 def _check_tables(index: MultiIndexHashing, words: np.ndarray, arrays) -> dict[str, np.ndarray]:
     """The saved substring tables, checked against the codes in O(n m)."""
     tables = {
-        name: check_array(arrays, f"table_{name}", _TABLE_DTYPES.get(name, np.int64), 1)
+        name: require_array(arrays, f"table_{name}", _TABLE_DTYPES.get(name, np.int64), 1)
         for name in _TABLE_NAMES
     }
     m = len(tables["sub_start"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hashlearn._validation import check_int
+from hashlearn._validation import as_plain_array, check_int
 from hashlearn.index._storage import IdStore
 from hashlearn.index.base import IndexBase
 from hashlearn.index.table import TableIndex
@@ -97,9 +97,7 @@ class MinHashLSHIndex(IndexBase):
 
     def band_keys(self, signatures) -> np.ndarray:
         """``int64 (n, bands)``: the hash-table key of every band of every signature."""
-        if isinstance(signatures, np.ma.MaskedArray):
-            raise TypeError("signatures must be a plain integer array, not a masked array.")
-        sig = np.asarray(signatures)
+        sig = np.asarray(as_plain_array(signatures, "signatures"))
         if sig.ndim != 2 or sig.shape[1] != self.n_hashes:
             raise ValueError(
                 f"signatures must have shape (n, {self.n_hashes}) = (n, bands * "

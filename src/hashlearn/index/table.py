@@ -32,10 +32,10 @@ import numpy as np
 
 from hashlearn._parallel import parallel_chunks
 from hashlearn._postings import build_table, check_table
-from hashlearn._validation import check_int
-from hashlearn.index._storage import IdStore, check_array, check_ids_array, check_next_id
+from hashlearn._validation import as_plain_array, check_int
+from hashlearn.index._storage import IdStore, check_ids_array, check_next_id
 from hashlearn.index.base import IndexBase
-from hashlearn.io import persistable
+from hashlearn.io import persistable, require_array, require_state
 
 __all__ = ["TableIndex", "KEY_TAG_SHIFT", "KEY_LOCAL_MASK"]
 
@@ -213,8 +213,7 @@ class TableIndex(IndexBase):
     # ------------------------------------------------------------------------ validation
 
     def _check_keys(self, keys, name: str) -> np.ndarray:
-        if isinstance(keys, np.ma.MaskedArray):
-            raise TypeError(f"{name} must be a plain integer array, not a masked array.")
+        keys = as_plain_array(keys, name)
         if not isinstance(keys, np.ndarray):
             keys = np.asarray(keys)
             if keys.dtype == object:
@@ -395,11 +394,7 @@ class TableIndex(IndexBase):
         """Every array is checked in O(n L) before use: ids, table layout, offsets, and
         each table holding every item's position exactly once."""
         obj = cls(int(params["n_tables"]))
-        tag = state.get("key_tag")
-        if tag is not None and (
-            not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag <= _TAG_MASK
-        ):
-            raise ValueError(f"state 'key_tag' must be null or an int in [0, 2**23); got {tag!r}")
+        tag = require_state(state, "key_tag", int, low=0, high=_TAG_MASK, optional=True)
         obj.key_tag = tag
         ids = check_ids_array(arrays)
         next_id = check_next_id(state, ids)
@@ -407,10 +402,10 @@ class TableIndex(IndexBase):
         if n >= 2**31:
             raise ValueError("a TableIndex holds at most 2**31 - 1 items")
         t = {
-            "table_keys": check_array(arrays, "table_keys", np.int64, 1),
-            "table_ptr": check_array(arrays, "table_ptr", np.int64, 1),
-            "offsets": check_array(arrays, "offsets", np.int64, 1),
-            "postings": check_array(arrays, "postings", np.int32, 1),
+            "table_keys": require_array(arrays, "table_keys", np.int64, 1),
+            "table_ptr": require_array(arrays, "table_ptr", np.int64, 1),
+            "offsets": require_array(arrays, "offsets", np.int64, 1),
+            "postings": require_array(arrays, "postings", np.int32, 1),
         }
         ptr, offsets = t["table_ptr"], t["offsets"]
         if (
