@@ -32,7 +32,9 @@
    classification, and as its QPS the speed of the brute-force float64 scan that computed
    the ground truth.
 6. **Outputs** in ``out_dir``: ``results.json`` (protocol, dataset sizes, every row with its
-   curves), ``results.md`` (a markdown table), ``pr_curves.png`` and ``recall_at_m.png``.
+   curves), ``results.md`` (a markdown table and a key to its columns), ``pr_curves.png`` and
+   ``recall_at_m.png`` (one panel per code length, one colour per hasher in every panel,
+   the legend beside the panels).
 """
 
 from __future__ import annotations
@@ -57,9 +59,16 @@ from hashlearn.codes import hamming_cdist
 from hashlearn.datasets import load_digits, load_fashion_mnist
 from hashlearn.hashers import available_hashers, make_hasher
 from hashlearn.index import FlatIndex
-from hashlearn.plots import atomic_path, plot_pr_curves, plot_recall_at_m
+from hashlearn.plots import atomic_path, method_styles, plot_pr_panels, plot_recall_at_m_panels
 
-__all__ = ["DATASETS", "OUTPUT_FILES", "DemoParameterError", "format_table", "run_demo"]
+__all__ = [
+    "DATASETS",
+    "OUTPUT_FILES",
+    "DemoParameterError",
+    "column_notes",
+    "format_table",
+    "run_demo",
+]
 
 DATASETS = ("digits", "fashion-mnist")
 
@@ -161,11 +170,10 @@ def _split(
 def _make(name: str, n_bits: int, random_state: int, verbose: bool):
     """``make_hasher`` with ``random_state`` / ``verbose`` where the family takes them."""
     params = inspect.signature(available_hashers()[name]).parameters
-    extra = {
-        key: value
-        for key, value in (("random_state", random_state), ("verbose", verbose))
-        if key in params
-    }
+    extra: dict[str, Any] = {"random_state": random_state} if "random_state" in params else {}
+    if "verbose" in params:  # passed as the family's own type (bool, or an int level)
+        default = params["verbose"].default
+        extra["verbose"] = int(verbose) if type(default) is int else bool(verbose)
     return make_hasher(name, n_bits=n_bits, **extra)
 
 
@@ -191,19 +199,25 @@ def _evaluate_run(
     truth: dict,
     random_state: int,
     verbose: bool,
+    stage: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Fit, encode, index, time and measure one (hasher, n_bits)."""
+    """Fit, encode, index, time and measure one (hasher, n_bits); ``stage(text)`` is told
+    each step as it starts (the progress bar shows it)."""
     hasher = _make(name, n_bits, random_state, verbose)
+    stage("fit")
     start = time.perf_counter()
     hasher.fit(data.X_db[data.train], data.y_db[data.train] if supervised else None)
     fit_s = time.perf_counter() - start
+    stage("encode")
     start = time.perf_counter()
     db_codes, q_codes = hasher.encode(data.X_db), hasher.encode(data.X_q)
     encode_s = time.perf_counter() - start
+    stage("search")
     index = FlatIndex(n_bits)
     index.add(db_codes)
     qps = _queries_per_second(index, q_codes, min(SEARCH_K, len(index)))
 
+    stage("measure")
     dist = hamming_cdist(q_codes, db_codes, n_bits)
     m_grid = truth["m_grid"]
     recall_curve = ev.recall_at_m(dist, truth["neighbors"], m_grid, random_state=random_state)
@@ -214,6 +228,7 @@ def _evaluate_run(
         "hasher": name,
         "n_bits": n_bits,
         "supervised": supervised,
+        "true_k": int(truth["neighbors"].shape[1]),
         "fit_s": fit_s,
         "encode_s": encode_s,
         "qps": qps,
@@ -286,8 +301,45 @@ _COLUMNS = (  # (row key or key prefix, header, format)
 )
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows as a markdown table (recall@M columns for every M the rows carry)."""
+def column_notes(rows: Sequence[dict[str, Any]] = ()) -> str:
+    """A key to :func:`format_table`'s columns, with the bounds that follow from the protocol.
+
+    The number of true neighbours is read from the rows (``"true_k"``; default 50).
+    """
+    true_k = next((int(r["true_k"]) for r in rows if r.get("true_k")), TRUE_K)
+    m_values = sorted(
+        {int(k[7:]) for row in rows for k in row if k.startswith("recall@") and k[7:].isdigit()}
+    ) or list(M_VALUES)
+    bounds = ", ".join(f"R@{m} <= {min(m, true_k) / true_k:.3g}" for m in m_values if m < true_k)
+    lines = [
+        "Columns:",
+        "  bits        code length; fit s = training time of the hasher (seconds, this machine).",
+        f"  QPS (k={SEARCH_K})  queries per second of an exact FlatIndex k={SEARCH_K} Hamming "
+        "search; for the",
+        "              exact row, the brute-force float64 scan that computed the ground truth.",
+        f"  R@M         share of each query's true {true_k} Euclidean nearest neighbours found "
+        "among the",
+        "              first M items of the Hamming ranking (ties in random order), averaged.",
+        f"              M items hold at most M of the {true_k} neighbours, so a perfect ranking "
+        f"scores R@M = M/{true_k}",
+        f"              below M = {true_k} ({bounds}); only R@M with M >= {true_k} can reach 1.",
+        f"  P(r<={RADIUS}), R(r<={RADIUS})  precision and recall of those neighbours among the "
+        f"items within Hamming",
+        f"              radius {RADIUS} of the query, pooled over all queries.",
+        "  PR AUC      area under that precision-recall curve traced over radii 0..bits.",
+        "  mAP         mean average precision of the Hamming ranking with 'same class label' as "
+        "relevant.",
+        f"  {KNN_K}-NN err   classification error when the {KNN_K} nearest non-empty Hamming "
+        "distance bins vote;",
+        f"              the exact row gives exact Euclidean {KNN_K}-NN for comparison.",
+        "Higher is better everywhere except fit s and the error.",
+    ]
+    return "\n".join(lines)
+
+
+def format_table(rows: Sequence[dict[str, Any]], *, notes: bool = True) -> str:
+    """The rows as a markdown table (recall@M columns for every M the rows carry), followed
+    by a key to the columns (:func:`column_notes`) unless ``notes=False``."""
     recall_keys = sorted(
         {key for row in rows for key in row if key.startswith("recall@") and key[7:].isdigit()},
         key=lambda key: int(key[7:]),
@@ -305,7 +357,15 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     for row in rows:
         cells = ["–" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", column_notes(rows)]
     return "\n".join(lines)
+
+
+def _hasher_styles(names) -> dict[str, dict]:
+    """One colour per hasher of the run, by sorted name: the same in every panel and in both
+    figures, and the most distinct palette colours for the hashers actually shown."""
+    return method_styles(sorted(set(names)))
 
 
 def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -321,43 +381,58 @@ def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
         f"{sizes['n_features']} features scaled to [0, 1]; hashers fitted on "
         f"{sizes['n_train']} database items; seed {p['random_state']}.",
         "",
-        f"R@M: recall of the true Euclidean {p['true_k']}-NN among the first M of the "
-        f"Hamming ranking (ties at random). P/R(r<={RADIUS}): pooled precision / recall of "
-        f"those neighbours within Hamming radius {RADIUS}. PR AUC: area under the curve over "
-        f"radii 0..b. mAP: by class labels. {KNN_K}-NN err: k-NN classification error, the "
-        f"{KNN_K} nearest non-empty Hamming bins vote. QPS: exact FlatIndex k={SEARCH_K} "
-        f"search; for the exact row, the brute-force float64 scan.",
+        format_table(rows, notes=False),
         "",
-        format_table(rows),
+        "```",
+        column_notes(rows),
+        "```",
+        "",
+        "Figures: `pr_curves.png` (precision-recall over Hamming radius) and "
+        "`recall_at_m.png` (R@M for every M), one panel per code length.",
         "",
     ]
     with atomic_path(out / "results.md") as tmp:
         tmp.write_text("\n".join(md))
     runs = [row for row in rows if row["hasher"] != EXACT_ROW]
-    label = "{hasher} {n_bits} bits".format
-    where = f"{sizes['name']}, {sizes['n_queries']} queries, {sizes['n_database']} items"
-    plot_pr_curves(
-        {
-            label(**row): (row["curves"]["pr"]["precision"], row["curves"]["pr"]["recall"])
-            for row in runs
-        },
-        out / "pr_curves.png",
-        f"Precision-recall over Hamming radius, relevant = true {p['true_k']}-NN\n({where})",
-    )
-    m_grid = np.asarray(runs[0]["curves"]["recall_at_m"]["m"]) if runs else np.ones(1)
-    plot_recall_at_m(
-        {
-            label(**row): (
-                row["curves"]["recall_at_m"]["m"],
-                row["curves"]["recall_at_m"]["recall"],
-            )
-            for row in runs
-        },
-        out / "recall_at_m.png",
-        f"Recall of the true Euclidean {p['true_k']}-NN in the first M\n({where})",
-        reference={
+    styles = _hasher_styles(row["hasher"] for row in runs)
+
+    def name_of(row):
+        return f"{row['hasher']} (supervised)" if row["supervised"] else row["hasher"]
+
+    styles = {
+        name_of(row): styles.get(row["hasher"], {}) for row in runs if row["hasher"] in styles
+    } or None
+    where = f"{sizes['name']}: {sizes['n_queries']} queries, {sizes['n_database']} items"
+    panel = "{} bits".format
+    pr_panels: dict[str, dict] = {}
+    recall_panels: dict[str, dict] = {}
+    reference: dict[str, dict] = {}
+    for row in runs:
+        key = panel(row["n_bits"])
+        pr = row["curves"]["pr"]
+        pr_panels.setdefault(key, {})[name_of(row)] = (pr["precision"], pr["recall"])
+        rm = row["curves"]["recall_at_m"]
+        recall_panels.setdefault(key, {})[name_of(row)] = (rm["m"], rm["recall"])
+        m_grid = np.asarray(rm["m"])
+        reference[key] = {
             "exact Euclidean ranking": (m_grid, np.minimum(m_grid, p["true_k"]) / p["true_k"])
-        },
+        }
+    if not runs:
+        return
+    plot_pr_panels(
+        pr_panels,
+        out / "pr_curves.png",
+        f"Precision-recall over Hamming radius 0..bits, relevant = true Euclidean "
+        f"{p['true_k']}-NN ({where})",
+        styles=styles,
+    )
+    plot_recall_at_m_panels(
+        recall_panels,
+        out / "recall_at_m.png",
+        f"Recall of the true Euclidean {p['true_k']}-NN among the first M of the Hamming "
+        f"ranking ({where})",
+        reference=reference,
+        styles=styles,
     )
 
 
@@ -425,11 +500,21 @@ def run_demo(
     iterator = runs if progress is None else progress(runs, total=len(runs), desc="demo")
     rows = []
     for name, n_bits in iterator:
-        if hasattr(iterator, "set_postfix_str"):
-            iterator.set_postfix_str(f"{name} {n_bits} bits")
+
+        def stage(step: str, name=name, n_bits=n_bits) -> None:
+            if hasattr(iterator, "set_postfix_str"):  # a tqdm bar: show the step, redrawn now
+                iterator.set_postfix_str(f"{name} {n_bits} bits: {step}", refresh=True)
+
         rows.append(
             _evaluate_run(
-                name, bool(hashers[name].supervised), n_bits, data, truth, random_state, verbose
+                name,
+                bool(hashers[name].supervised),
+                n_bits,
+                data,
+                truth,
+                random_state,
+                verbose,
+                stage,
             )
         )
     rows.append(exact_row)
