@@ -41,7 +41,14 @@ _HDF5 = (".hdf5", ".h5")
 
 
 class IndexCommandError(click.ClickException):
-    """A user error of ``hashlearn index``: one line on stderr, exit status 2."""
+    """A user error of ``hashlearn index``: one line on stderr, exit status 2.
+
+    Examples
+    --------
+    >>> err = IndexCommandError("q.npy has dimension 16;   the index holds 384-d vectors.")
+    >>> err.exit_code, err.format_message()
+    (2, 'q.npy has dimension 16; the index holds 384-d vectors.')
+    """
 
     exit_code = 2
 
@@ -70,7 +77,16 @@ def _one_line_errors(fn):
 
 
 class Matrix:
-    """Rows ``[start, stop)`` of an on-disk float matrix, read on demand."""
+    """Rows ``[start, stop)`` of an on-disk float matrix, read on demand.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.arange(20.0).reshape(10, 2)
+    >>> m = Matrix(10, 2, lambda a, b: X[a:b], "X")
+    >>> m.sample(4, n_blocks=2)[:, 0].tolist()  # two blocks of two rows, evenly spaced
+    [0.0, 2.0, 16.0, 18.0]
+    """
 
     def __init__(self, n: int, d: int, read: Callable[[int, int], np.ndarray], label: str):
         self.n, self.d, self.read, self.label = n, d, read, label

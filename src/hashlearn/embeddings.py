@@ -573,6 +573,16 @@ class EmbeddingDataset:
     ``neighbors[i]`` are the ids (rows of ``base``) of the exact cosine top-100 of
     ``queries[i]``, best first, and ``scores[i]`` their cosine similarities. ``base`` is
     memory-mapped. ``info`` is the generator's ``info.json`` (corpus counts, model, sizes).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pathlib import Path
+    >>> base = np.eye(3, dtype=np.float32)
+    >>> ds = EmbeddingDataset(base, base[:1], np.array([[0, 1]]), np.array([[1.0, 0.0]]),
+    ...                       {"n_base": 3}, Path("."))
+    >>> ds.base.shape, ds.neighbors[0].tolist()
+    ((3, 3), [0, 1])
     """
 
     base: np.ndarray
