@@ -186,7 +186,7 @@ def test_bad_parameters(clusters, params, match):
 def test_bad_supervision(clusters):
     X, y = clusters
     h = MinimalLossHashing(8, n_epochs=1, pairs_per_epoch=100)
-    with pytest.raises(ValueError, match="supervised"):
+    with pytest.raises(ValueError, match="requires y to be passed"):
         h.fit(X)
     with pytest.raises(ValueError, match="y"):
         h.fit(X, y[:-1])
@@ -212,8 +212,12 @@ def test_select_hyperparameters_on_held_out(clusters):
         random_state=0,
     )
     assert len(table) == 2 and best["rho"] in (1.0, 3.0)
-    assert best == {k: max(table, key=lambda r: r["score"])[k] for k in ("rho", "lam", "epsilon")}
-    assert all(0 < r["score"] <= 1 for r in table)
+    top = max(table, key=lambda r: r["score"])
+    assert {k: best[k] for k in ("rho", "lam", "epsilon")} == {
+        k: top[k] for k in ("rho", "lam", "epsilon")
+    }
+    assert best["n_epochs"] == 2  # given, so not searched
+    assert all(0 < r["score"] <= 1 and r["n_epochs"] == 2 for r in table)
     P = np.random.default_rng(0).integers(0, len(X), (4000, 2))
     best2, _ = select_mlh_hyperparameters(
         X,

@@ -39,10 +39,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._validation import check_int, check_real
+from hashlearn.codes import hamming_distance, pack_bits
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
+from hashlearn.kernels import log_message
 from hashlearn.supervision import pairs_from_labels
 
 __all__ = [
@@ -297,7 +300,136 @@ def _bre_scale(X, rng) -> float:
     return float(np.einsum("ij,ij->i", diff, diff).max()) or 1.0
 
 
-# ----------------------------------------------------------------------------- estimator
+# ----------------------------------------------------------------------------- supervision
+
+
+class _Supervision:
+    """Training supervision over the rows of ``X``: labels or checked pairs, with the loss
+    targets (similarity labels for the hinge loss, scaled squared distances for BRE's)."""
+
+    def __init__(self, X, y, pairs, similar, kind, bre_scale, owner):
+        self.X, self.y, self.pairs, self.similar = X, y, pairs, similar
+        self.kind, self.bre_scale, self.owner = kind, bre_scale, owner
+
+    @property
+    def n_available(self) -> int:
+        """Number of distinct training pairs there are to sample from."""
+        if self.y is not None:
+            n = len(self.y)
+            return n * (n - 1) // 2
+        return len(self.pairs)
+
+    def sample(self, rng, n_pairs):
+        if self.y is not None:
+            P, s = pairs_from_labels(self.y, n_pairs, random_state=rng, owner=self.owner)
+        else:
+            idx = rng.randint(len(self.pairs), size=n_pairs)
+            P, s = self.pairs[idx], self.similar[idx]
+        if self.kind == _BRE:
+            t = _bre_targets(self.X, P, self.bre_scale)
+        else:
+            t = s.astype(np.float64)
+        return np.ascontiguousarray(P), np.minimum(t, 1.0)
+
+    def split(self, held, rng, max_db=2000):
+        """Restrict to the rows not ``held`` (remapped), and the validation pairs joining
+        each held-out row to training rows: ``(train_supervision, train_rows, val_a, val_b,
+        val_similar)`` with ``val_a`` held-out and ``val_b`` training row ids (original
+        numbering), or ``None`` when the split leaves nothing to train on or to score."""
+        n = len(held)
+        train_rows = np.flatnonzero(~held)
+        val_rows = np.flatnonzero(held)
+        if self.y is not None:
+            y_tr = self.y[train_rows]
+            _, counts = np.unique(y_tr, return_counts=True)
+            if len(counts) < 2 or counts.max() < 2:
+                return None
+            db = train_rows
+            if len(db) > max_db:
+                db = np.sort(rng.choice(db, max_db, replace=False))
+            a = np.repeat(val_rows, len(db))
+            b = np.tile(db, len(val_rows))
+            s = self.y[a] == self.y[b]
+            sub = _Supervision(
+                self.X[train_rows], y_tr, None, None, self.kind, self.bre_scale, self.owner
+            )
+        else:
+            P, s_all = self.pairs, self.similar
+            h0, h1 = held[P[:, 0]], held[P[:, 1]]
+            inner = ~h0 & ~h1
+            cross = h0 ^ h1
+            if not inner.any():
+                return None
+            remap = np.full(n, -1, np.int64)
+            remap[train_rows] = np.arange(len(train_rows))
+            sub = _Supervision(
+                self.X[train_rows],
+                None,
+                np.ascontiguousarray(remap[P[inner]]),
+                s_all[inner],
+                self.kind,
+                self.bre_scale,
+                self.owner,
+            )
+            Pc = P[cross]
+            a = np.where(h0[cross], Pc[:, 0], Pc[:, 1])
+            b = np.where(h0[cross], Pc[:, 1], Pc[:, 0])
+            s = s_all[cross]
+        if len(s) == 0 or s.all() or not s.any():
+            return None
+        return sub, train_rows, a, b, s
+
+
+def _radius_precision(dist, rows, similar, radius, n):
+    """Precision within Hamming ``radius`` per query row (0 for an empty retrieval), averaged
+    over the rows that have validation pairs."""
+    inside = dist <= radius
+    hits = np.bincount(rows, weights=inside & similar, minlength=n)
+    got = np.bincount(rows, weights=inside, minlength=n)
+    seen = np.unique(rows)
+    prec = np.where(got[seen] > 0, hits[seen] / np.maximum(got[seen], 1.0), 0.0)
+    return float(prec.mean())
+
+
+def _pair_average_precision(distances: np.ndarray, similar: np.ndarray) -> float:
+    """Average precision of ranking pairs by Hamming distance (ties share their precision)."""
+    from sklearn.metrics import average_precision_score
+
+    if similar.all() or not similar.any():
+        return float("nan")
+    return float(average_precision_score(similar, -distances.astype(np.float64)))
+
+
+# ------------------------------------------------------------------------------- training
+
+
+# Nominal cost of one training pair, in CPU nanoseconds: projecting both points (q (d + 1)
+# multiply-adds each), sorting q gains and the update. Fitted to the numba kernel on one core
+# of a 2-core x86-64 machine (0.17 s per 10^5 pairs at q = 32, d = 41); the time budget is
+# converted into a number of training pairs with it, so a fit does the same work, and gives
+# the same codes, on every machine.
+def _nominal_pair_seconds(n_bits: int, n_inputs: int) -> float:
+    return (100.0 + n_bits * (0.25 * n_inputs + 40.0 + 2.0 * np.log2(max(n_bits, 2)))) * 1e-9
+
+
+def _init_weights(rng, n_bits, n_inputs, fit_offset):
+    """LSH initialisation (§5): N(0, 1) entries, unit rows, zero offsets."""
+    W = rng.standard_normal((n_bits, n_inputs))
+    if fit_offset:
+        W[:, -1] = 0.0
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    return W
+
+
+def _augment(X, fit_offset):
+    X = np.asarray(X, dtype=np.float64)
+    return np.hstack([X, np.ones((len(X), 1))]) if fit_offset else np.ascontiguousarray(X)
+
+
+# ---------------------------------------------------------------------------- estimator
+
+_AUTO = "auto"
+_SELECTION_COLUMNS = ("rho", "lam", "epsilon", "n_epochs", "score", "stage")
 
 
 @persistable
@@ -307,23 +439,64 @@ class MinimalLossHashing(BaseHasher):
     minimising the upper bound (eq. 11) on the hinge-like loss (eq. 4) with the
     perceptron-like rule (eq. 14).
 
+    With the defaults (``rho``, ``lam``, ``epsilon`` and ``n_epochs`` all ``"auto"``) the
+    hyper-parameters are chosen inside :meth:`fit` for this code length and this data, as the
+    paper does (§5: 10 % of the training set held out, "a few candidate choices"), by
+    :func:`select_mlh_hyperparameters`:
+
+    * **split**: ``validation_fraction`` of the training rows (at most 1000) are held out;
+      candidates are trained on the supervision among the other rows only (test data is
+      never seen).
+    * **criterion**: precision within Hamming radius ``selection_radius`` (default 3, the
+      measure of the paper's Fig. 2), averaged over held-out rows used as queries against the
+      training rows, a row retrieving nothing scoring 0. The ground truth is the held-out
+      supervision: labels ``y`` (same class = relevant; at most 2000 training rows per
+      query), or the given pairs with one end held out. With pairs the criterion treats them
+      as a sample of the ground truth, so pairs drawn with similar ones over-represented
+      overstate every candidate's precision.
+    * **grid** (coordinate search, hinge loss): ``rho`` in {2, 4, 8, 16, 32} (those in
+      ``[1, n_bits / 2]``; {1} below 4 bits) crossed with ``epsilon`` in {0.03, 0.1} at
+      ``lam = 0.5``; then ``epsilon`` in {0.01, 0.3} and ``lam`` in {0.2, 1.0} at the best
+      point; then the geometric midpoints of ``rho`` next to the best (e.g. 6 and 12 around
+      8). With ``loss="bre"`` only ``epsilon`` in ``n_bits / 32`` x {0.3, 1, 3, 10}.
+      Parameters given explicitly are held fixed.
+    * **epochs**: the best candidate is trained on for more epochs, scored after
+      1, 2, 4, ... times the screening length and at the end; ``n_epochs_`` is the longest
+      training scoring within 0.01 of the best checkpoint.
+    * **budget**: ``time_budget`` nominal CPU seconds for the whole fit: 40 % for the
+      screening (which sets the epochs per candidate, at least 1), 30 % for the epoch search
+      and 30 % for the final training on all rows with the chosen values. The budget is
+      turned into a number of training pairs with a fixed cost model of the training kernel
+      (calibrated on one core of an x86-64 machine), so the same ``random_state`` gives the
+      same codes on every machine; a slower machine takes proportionally longer.
+      In the auto modes an epoch has ``min(pairs_per_epoch, max(1000, 2 x #pairs))``
+      pairs (``pairs_per_epoch_``) and training visits each distinct pair at most about 50
+      times (``n_epochs <= 50 x #pairs / pairs per epoch``), so tiny training sets are
+      not over-sampled.
+
+    Data too small to hold rows out (fewer than 20 rows, or a split leaving one class or
+    no similar/dissimilar validation pair) falls back to ``rho = min(10, max(1, n_bits/4))``,
+    ``lam = 0.5``, ``epsilon = 0.1`` (``n_bits / 32`` for ``loss="bre"``) and 10 epochs, and
+    ``selection_results_`` is empty.
+
     Parameters
     ----------
     n_bits : int, default=32
         Code length q.
-    rho : float or None, default=None
+    rho : "auto", float or None, default="auto"
         Hamming threshold of eq. (4), in ``[0, n_bits]``. ``None`` uses ``max(1, n_bits / 8)``
-        (the paper lets rho grow linearly with the code length).
-    lam : float, default=0.5
+        (the rule of earlier versions).
+    lam : "auto" or float, default="auto"
         Slope ratio lambda of eq. (4) for dissimilar pairs, ``>= 0``.
-    epsilon : float, default=0.1
+    epsilon : "auto" or float, default="auto"
         Scale of the loss in loss-adjusted inference (§5), ``> 0``.
     learning_rate : float, default=0.05
     momentum : float, default=0.9
     batch_size : int, default=100
         Pairs per mini-batch.
-    n_epochs : int, default=10
-        The paper uses 100 for validation and 2000 for training on large sets.
+    n_epochs : "auto" or int, default="auto"
+        Training epochs. The paper uses 100 for validation and 2000 for training on large
+        sets; ``"auto"`` picks it on the held-out rows within ``time_budget``.
     pairs_per_epoch : int, default=100_000
         Pairs sampled afresh in every epoch (§5).
     loss : {"hinge", "bre"}, default="hinge"
@@ -339,7 +512,19 @@ class MinimalLossHashing(BaseHasher):
         Append a constant input so each bit has an offset (footnote 1).
     monitor_pairs : int, default=5000
         Size of a fixed sample of training pairs on which the empirical loss and the bound are
-        recorded after every epoch (``loss_history_``, ``bound_history_``); 0 disables it.
+        recorded after every epoch of the final training (``loss_history_``,
+        ``bound_history_``); 0 disables it.
+    time_budget : float, default=30.0
+        Nominal CPU seconds for a fit with ``"auto"`` parameters (see above), ``> 0``.
+        Unused when every one of ``rho``, ``lam``, ``epsilon`` and ``n_epochs`` is given.
+    validation_fraction : float, default=0.2
+        Fraction of the training rows held out by the ``"auto"`` selection, in (0, 0.5].
+    selection_radius : int, default=3
+        Hamming radius of the selection criterion.
+    verbose : int, default=0
+        ``> 0``: log the selection (each candidate's score) and the final training (each
+        epoch) to ``logging.getLogger("hashlearn")``, or to stderr when that logger shows
+        nothing.
     random_state : int, RandomState or None
 
     Attributes
@@ -347,30 +532,56 @@ class MinimalLossHashing(BaseHasher):
     components_ : ndarray (n_bits, n_features)
     offset_ : ndarray (n_bits,)
         Bits are ``components_ @ x + offset_ >= 0``.
-    rho_ : float
+    rho_, lam_, epsilon_ : float
+        The values used (chosen, or as given).
+    n_epochs_ : int
+        Epochs of the final training.
+    pairs_per_epoch_ : int
+        Pairs per epoch of the final training.
+    selection_results_ : ndarray (n_candidates, 6)
+        One row per candidate scored by the selection, columns
+        ``selection_columns = ("rho", "lam", "epsilon", "n_epochs", "score", "stage")``
+        (stage 0: rho x epsilon screen, 1: epsilon, 2: lambda, 3: rho refinement,
+        4: epochs); empty when nothing was selected.
     bre_scale_ : float
         Squared-distance scale of the BRE targets (1 for the hinge loss).
-    loss_history_, bound_history_ : ndarray (n_epochs + 1,)
+    loss_history_, bound_history_ : ndarray (n_epochs_ + 1,)
         Mean loss (eq. 3) and mean bound (eq. 11 / epsilon) on the monitor pairs, before
         training and after every epoch.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn.hashers import MinimalLossHashing
+    >>> rng = np.random.default_rng(0)
+    >>> y = rng.integers(0, 3, 200)
+    >>> X = np.eye(3)[y] * 3 + rng.standard_normal((200, 3))
+    >>> h = MinimalLossHashing(n_bits=8, time_budget=2.0, random_state=0).fit(X, y)
+    >>> h.encode(X[:3]).shape, h.n_epochs_ >= 1, h.selection_results_.shape[1]
+    ((3, 1), True, 6)
     """
 
     supervised = True
+    selection_columns = _SELECTION_COLUMNS
 
     def __init__(
         self,
         n_bits: int = 32,
-        rho=None,
-        lam: float = 0.5,
-        epsilon: float = 0.1,
+        rho="auto",
+        lam="auto",
+        epsilon="auto",
         learning_rate: float = 0.05,
         momentum: float = 0.9,
         batch_size: int = 100,
-        n_epochs: int = 10,
+        n_epochs="auto",
         pairs_per_epoch: int = 100_000,
         loss: str = "hinge",
         fit_offset: bool = True,
         monitor_pairs: int = 5000,
+        time_budget: float = 30.0,
+        validation_fraction: float = 0.2,
+        selection_radius: int = 3,
+        verbose: int = 0,
         random_state=None,
     ):
         self.n_bits = n_bits
@@ -385,9 +596,14 @@ class MinimalLossHashing(BaseHasher):
         self.loss = loss
         self.fit_offset = fit_offset
         self.monitor_pairs = monitor_pairs
+        self.time_budget = time_budget
+        self.validation_fraction = validation_fraction
+        self.selection_radius = selection_radius
+        self.verbose = verbose
         self.random_state = random_state
 
     def _check_params(self) -> dict:
+        """Validated parameters; ``"auto"`` ones are returned as ``None``."""
         owner = type(self).__name__
         q = self.n_bits
         if self.loss not in _LOSSES:
@@ -395,21 +611,37 @@ class MinimalLossHashing(BaseHasher):
                 f"The 'loss' parameter of {owner} must be one of "
                 f"{sorted(_LOSSES)}. Got {self.loss!r} instead."
             )
-        rho = (
-            max(1.0, q / 8.0)
-            if self.rho is None
-            else check_real(self.rho, "rho", owner, low=0.0, high=float(q))
-        )
+
+        def auto_or(value, check):
+            return None if isinstance(value, str) and value == _AUTO else check(value)
+
+        if self.rho is None:
+            rho = max(1.0, q / 8.0)
+        else:
+            rho = auto_or(self.rho, lambda v: check_real(v, "rho", owner, low=0.0, high=float(q)))
         return dict(
-            rho=float(rho),
-            lam=check_real(self.lam, "lam", owner, low=0.0),
-            eps=check_real(self.epsilon, "epsilon", owner, low=0.0, low_open=True),
+            rho=rho,
+            lam=auto_or(self.lam, lambda v: check_real(v, "lam", owner, low=0.0)),
+            eps=auto_or(
+                self.epsilon, lambda v: check_real(v, "epsilon", owner, low=0.0, low_open=True)
+            ),
             lr=check_real(self.learning_rate, "learning_rate", owner, low=0.0, low_open=True),
             momentum=check_real(self.momentum, "momentum", owner, low=0.0, high=1.0),
             batch_size=check_int(self.batch_size, "batch_size", owner),
-            n_epochs=check_int(self.n_epochs, "n_epochs", owner, low=0),
+            n_epochs=auto_or(self.n_epochs, lambda v: check_int(v, "n_epochs", owner, low=0)),
             pairs_per_epoch=check_int(self.pairs_per_epoch, "pairs_per_epoch", owner),
             monitor_pairs=check_int(self.monitor_pairs, "monitor_pairs", owner, low=0),
+            time_budget=check_real(self.time_budget, "time_budget", owner, low=0.0, low_open=True),
+            validation_fraction=check_real(
+                self.validation_fraction,
+                "validation_fraction",
+                owner,
+                low=0.0,
+                high=0.5,
+                low_open=True,
+            ),
+            radius=check_int(self.selection_radius, "selection_radius", owner, low=0),
+            verbose=check_int(self.verbose, "verbose", owner, low=0),
             kind=_LOSSES[self.loss],
         )
 
@@ -420,36 +652,54 @@ class MinimalLossHashing(BaseHasher):
         X = np.asarray(X, dtype=np.float64)
         n, d = X.shape
         if n < 2:
-            raise ValueError(f"{owner} needs at least 2 training points; got {n}.")
-        Xa = np.hstack([X, np.ones((n, 1))]) if self.fit_offset else np.ascontiguousarray(X)
+            raise ValueError(f"{owner} needs at least 2 training points; got n_samples={n}.")
         if y is not None:
             # validates labels (two classes, one per row) once, before training
             pairs_from_labels(y, 1, random_state=0, owner=owner)
-        bre_scale = _bre_scale(X, rng) if p["kind"] == _BRE else 1.0
-
-        def sample(n_pairs):
-            if y is not None:
-                P, s = pairs_from_labels(y, n_pairs, random_state=rng, owner=owner)
-            else:
-                idx = rng.randint(len(pairs), size=n_pairs)
-                P, s = pairs[idx], similar[idx]
-            if p["kind"] == _BRE:
-                t = _bre_targets(X, P, bre_scale)
-            else:
-                t = s.astype(np.float64)
-            return np.ascontiguousarray(P), np.minimum(t, 1.0)
-
         if pairs is not None and len(pairs) == 0:
             raise ValueError(f"pairs passed to {owner} is empty.")
-        # LSH initialisation (§5): N(0, 1) entries, unit rows
-        W = rng.standard_normal((self.n_bits, Xa.shape[1]))
-        if self.fit_offset:
-            W[:, -1] = 0.0
-        W /= np.linalg.norm(W, axis=1, keepdims=True)
+        bre_scale = _bre_scale(X, rng) if p["kind"] == _BRE else 1.0
+        sup = _Supervision(X, y, pairs, similar, p["kind"], bre_scale, owner)
+        auto = [k for k in ("rho", "lam", "eps", "n_epochs") if p[k] is None]
+        if p["kind"] == _BRE:  # rho and lambda play no part in BRE's loss
+            auto = [k for k in auto if k not in ("rho", "lam")]
+            p["rho"] = 0.0 if p["rho"] is None else p["rho"]
+            p["lam"] = 0.0 if p["lam"] is None else p["lam"]
+        table = np.zeros((0, len(_SELECTION_COLUMNS)))
+        pairs_per_epoch = p["pairs_per_epoch"]
+        if auto:
+            pairs_per_epoch = min(pairs_per_epoch, max(1000, 2 * sup.n_available))
+            chosen, rows = _select(
+                X,
+                sup,
+                n_bits=self.n_bits,
+                rho_values=None if p["rho"] is None else (p["rho"],),
+                lam_values=None if p["lam"] is None else (p["lam"],),
+                epsilon_values=None if p["eps"] is None else (p["eps"],),
+                n_epochs=p["n_epochs"],
+                validation_fraction=p["validation_fraction"],
+                score=p["radius"],
+                time_budget=p["time_budget"],
+                rng=rng,
+                verbose=p["verbose"],
+                train_kw=dict(
+                    lr=p["lr"],
+                    momentum=p["momentum"],
+                    batch_size=p["batch_size"],
+                    pairs_per_epoch=pairs_per_epoch,
+                    fit_offset=self.fit_offset,
+                ),
+            )
+            p["rho"], p["lam"], p["eps"] = chosen["rho"], chosen["lam"], chosen["epsilon"]
+            p["n_epochs"] = chosen["n_epochs"]
+            if rows:
+                table = np.array([[r[c] for c in _SELECTION_COLUMNS] for r in rows], float)
+        Xa = _augment(X, self.fit_offset)
+        W = _init_weights(rng, self.n_bits, Xa.shape[1], self.fit_offset)
         velocity = np.zeros_like(W)
-        args = (_LOSSES[self.loss], p["rho"], p["lam"], p["eps"])
+        args = (p["kind"], p["rho"], p["lam"], p["eps"])
         losses, bounds = [], []
-        monitor = sample(p["monitor_pairs"]) if p["monitor_pairs"] else None
+        monitor = sup.sample(rng, p["monitor_pairs"]) if p["monitor_pairs"] else None
 
         def record():
             if monitor is not None:
@@ -458,11 +708,40 @@ class MinimalLossHashing(BaseHasher):
                 bounds.append(bo)
 
         record()
-        for _ in range(p["n_epochs"]):
-            P, t = sample(p["pairs_per_epoch"])
+        log_message(
+            p["verbose"],
+            "%s: training %d bits, rho=%g lam=%g epsilon=%g, %d epochs of %d pairs",
+            owner,
+            self.n_bits,
+            p["rho"],
+            p["lam"],
+            p["eps"],
+            p["n_epochs"],
+            pairs_per_epoch,
+        )
+        for epoch in range(p["n_epochs"]):
+            P, t = sup.sample(rng, pairs_per_epoch)
             _train_epoch(W, velocity, Xa, P, t, *args, p["lr"], p["momentum"], p["batch_size"])
             record()
-        self.rho_ = p["rho"]
+            log_message(
+                p["verbose"] > 1,
+                "%s: epoch %d/%d%s",
+                owner,
+                epoch + 1,
+                p["n_epochs"],
+                f", loss {losses[-1]:.4f}, bound {bounds[-1]:.4f}" if monitor is not None else "",
+            )
+        if not np.isfinite(W).all():
+            raise ValueError(
+                f"{owner} diverged: its weights are not finite. Check that X holds "
+                "finite values of moderate size."
+            )
+        self.rho_ = float(p["rho"])
+        self.lam_ = float(p["lam"])
+        self.epsilon_ = float(p["eps"])
+        self.n_epochs_ = int(p["n_epochs"])
+        self.pairs_per_epoch_ = int(pairs_per_epoch)
+        self.selection_results_ = table
         self.bre_scale_ = bre_scale
         self.components_ = W[:, :d].copy()
         self.offset_ = W[:, d].copy() if self.fit_offset else np.zeros(self.n_bits)
@@ -477,30 +756,216 @@ class MinimalLossHashing(BaseHasher):
         hash on supervision pairs over ``X`` (``n_pairs`` sampled from labels ``y``)."""
         from hashlearn.supervision import resolve_pairs
 
-        p = self._check_params()
+        check_is_fitted(self)
         X = self._check_X(X, reset=False).astype(np.float64)
         P, s = resolve_pairs(
             X, y, pairs, similar, n_pairs=n_pairs, owner=type(self).__name__, random_state=0
         )
         Xa = np.hstack([X, np.ones((len(X), 1))])
         W = np.hstack([self.components_, self.offset_[:, None]])
-        if p["kind"] == _BRE:
+        kind = _LOSSES[self.loss]
+        if kind == _BRE:
             t = _bre_targets(X, P, self.bre_scale_)
         else:
             t = s.astype(np.float64)
-        return _objective(W, Xa, P, t, p["kind"], p["rho"], p["lam"], p["eps"])
+        return _objective(W, Xa, P, t, kind, self.rho_, self.lam_, self.epsilon_)
 
 
 # ------------------------------------------------------------------ hyper-parameter search
 
 
-def _pair_average_precision(distances: np.ndarray, similar: np.ndarray) -> float:
-    """Average precision of ranking pairs by Hamming distance (ties share their precision)."""
-    from sklearn.metrics import average_precision_score
+def _rho_grid(n_bits):
+    coarse = [r for r in (2.0, 4.0, 8.0, 16.0, 32.0) if r <= n_bits / 2.0]
+    return coarse or [1.0]
 
-    if similar.all() or not similar.any():
-        return float("nan")
-    return float(average_precision_score(similar, -distances.astype(np.float64)))
+
+def _rho_refinements(grid, best):
+    """Geometric midpoints between ``best`` and its neighbours in ``grid`` (rounded)."""
+    i = grid.index(best)
+    out = []
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(grid):
+            out.append(float(round(np.sqrt(best * grid[j]))))
+    return [r for r in out if r not in grid]
+
+
+def _select(
+    X,
+    sup,
+    *,
+    n_bits,
+    rho_values,
+    lam_values,
+    epsilon_values,
+    n_epochs,
+    validation_fraction,
+    score,
+    time_budget,
+    rng,
+    verbose,
+    train_kw,
+):
+    """The one selection code path (see :class:`MinimalLossHashing`). Returns
+    ``(chosen, rows)``: the chosen ``rho``, ``lam``, ``epsilon``, ``n_epochs`` and one dict per
+    scored candidate."""
+    owner = "MinimalLossHashing"
+    bre = sup.kind == _BRE
+    n = len(X)
+    fallback = dict(
+        rho=float(min(10.0, max(1.0, n_bits / 4.0))) if rho_values is None else rho_values[0],
+        lam=0.5 if lam_values is None else lam_values[0],
+        epsilon=(n_bits / 32.0 if bre else 0.1) if epsilon_values is None else epsilon_values[0],
+        n_epochs=10 if n_epochs is None else n_epochs,
+    )
+    if bre:
+        fallback["rho"] = 0.0 if rho_values is None else rho_values[0]
+        fallback["lam"] = 0.0 if lam_values is None else lam_values[0]
+    n_val = min(1000, int(round(validation_fraction * n)))
+    split = None
+    if n >= 20 and n_val >= 2:
+        held = np.zeros(n, bool)
+        held[rng.choice(n, n_val, replace=False)] = True
+        split = sup.split(held, rng)
+    if split is None:
+        log_message(verbose, "%s: too little data to hold rows out; fixed defaults", owner)
+        return fallback, []
+    train_sup, train_rows, val_a, val_b, val_s = split
+    Xa = _augment(X, train_kw["fit_offset"])
+    Xa_tr = np.ascontiguousarray(Xa[train_rows])
+    ppe = train_kw["pairs_per_epoch"]
+    epoch_s = ppe * _nominal_pair_seconds(n_bits, Xa.shape[1])
+    rows: list[dict] = []
+
+    def evaluate(W):
+        codes = pack_bits(Xa @ W.T >= 0)
+        dist = np.asarray(hamming_distance(codes[val_a], codes[val_b]))
+        if score == "average_precision":
+            return _pair_average_precision(dist, val_s)
+        return _radius_precision(dist, val_a, val_s, score, n)
+
+    def train(params, epochs, state=None, seed=None):
+        kind = sup.kind
+        if state is None:
+            r = np.random.RandomState(seed)
+            W = _init_weights(r, n_bits, Xa.shape[1], train_kw["fit_offset"])
+            state = (W, np.zeros_like(W), r)
+        W, vel, r = state
+        for _ in range(epochs):
+            P, t = train_sup.sample(r, ppe)
+            _train_epoch(
+                W,
+                vel,
+                Xa_tr,
+                P,
+                t,
+                kind,
+                params["rho"],
+                params["lam"],
+                params["epsilon"],
+                train_kw["lr"],
+                train_kw["momentum"],
+                train_kw["batch_size"],
+            )
+        return state
+
+    # --- candidate lists
+    auto_rho = rho_values is None and not bre
+    rho_list = [float(v) for v in (_rho_grid(n_bits) if auto_rho else rho_values or [0.0])]
+    if epsilon_values is None:
+        eps_first = [n_bits / 32.0] if bre else [0.03, 0.1]
+        eps_more = [n_bits / 32.0 * f for f in (0.3, 3.0, 10.0)] if bre else [0.01, 0.3]
+    else:
+        eps_first, eps_more = [float(v) for v in epsilon_values], []
+    if lam_values is None:
+        lam_first, lam_more = [0.5 if not bre else 0.0], ([] if bre else [0.2, 1.0])
+    else:
+        lam_first, lam_more = [float(v) for v in lam_values], []
+    n_candidates = (
+        len(rho_list) * len(eps_first) * len(lam_first)
+        + len(eps_more)
+        + len(lam_more)
+        + (2 if auto_rho else 0)
+    )
+    screen_budget = 0.4 * time_budget if n_epochs is None else 0.7 * time_budget
+    # epochs after which every distinct training pair has been visited ~50 times
+    data_cap = max(1, int(np.ceil(50.0 * train_sup.n_available / ppe)))
+    e_sel = int(max(1, min(10, data_cap, screen_budget // max(n_candidates * epoch_s, 1e-12))))
+    if n_epochs is not None:
+        e_sel = max(1, min(e_sel, n_epochs)) if n_epochs > 0 else 1
+    seed = rng.randint(2**31 - 1)  # one initialisation for all candidates: fair comparison
+    seen = {}
+
+    def try_point(rho, lam, eps, stage):
+        key = (rho, lam, eps)
+        if key in seen:
+            return seen[key]
+        params = dict(rho=rho, lam=lam, epsilon=eps)
+        state = train(params, e_sel, seed=seed)
+        value = evaluate(state[0])
+        rows.append(dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e_sel, score=value, stage=stage))
+        seen[key] = (value, state)
+        log_message(
+            verbose,
+            "%s: %d bits, rho=%g lam=%g epsilon=%g, %d epochs: held-out score %.4f",
+            owner,
+            n_bits,
+            rho,
+            lam,
+            eps,
+            e_sel,
+            value,
+        )
+        return seen[key]
+
+    def best_key():
+        scored = [(v[0], k) for k, v in seen.items() if np.isfinite(v[0])]
+        if not scored:
+            raise ValueError(
+                "select_mlh_hyperparameters: the held-out pairs are all similar or all "
+                "dissimilar; cannot score."
+            )
+        # highest score; ties to the earliest candidate
+        return max(scored, key=lambda t: t[0])[1]
+
+    for rho in rho_list:
+        for eps in eps_first:
+            for lam in lam_first:
+                try_point(rho, lam, eps, 0)
+    rho, lam, eps = best_key()
+    for e in eps_more:
+        try_point(rho, lam, e, 1)
+    rho, lam, eps = best_key()
+    for lv in lam_more:
+        try_point(rho, lv, eps, 2)
+    rho, lam, eps = best_key()
+    if auto_rho:
+        for r in _rho_refinements(rho_list, rho):
+            try_point(r, lam, eps, 3)
+        rho, lam, eps = best_key()
+    chosen = dict(rho=rho, lam=lam, epsilon=eps)
+    if n_epochs is not None:
+        chosen["n_epochs"] = n_epochs
+        return chosen, rows
+    # --- epochs: train the best candidate on, scoring at doubling checkpoints
+    e_max = int(max(e_sel, min(200, data_cap, (0.3 * time_budget) // max(epoch_s, 1e-12))))
+    value, state = seen[(rho, lam, eps)]
+    state = (state[0].copy(), state[1].copy(), state[2])
+    scores, done = {e_sel: value}, e_sel
+    checkpoints = sorted({min(e_max, e_sel * 2**k) for k in range(1, 12)} | {e_max})
+    for e in checkpoints:
+        if e <= done:
+            continue
+        state = train(chosen, e - done, state=state)
+        done = e
+        v = evaluate(state[0])
+        rows.append(dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e, score=v, stage=4))
+        log_message(verbose, "%s: %d epochs: held-out score %.4f", owner, e, v)
+        scores[e] = v
+    # the longest training scoring within 0.01 of the best (more epochs only lower the bound;
+    # small differences between checkpoints are validation noise)
+    top = max(scores.values())
+    chosen["n_epochs"] = max(e for e, v in scores.items() if v >= top - 0.01)
+    return chosen, rows
 
 
 def select_mlh_hyperparameters(
@@ -511,102 +976,119 @@ def select_mlh_hyperparameters(
     similar=None,
     n_bits: int = 32,
     rho_values=None,
-    lam_values=(0.2, 0.5, 1.0),
-    epsilon_values=(0.03, 0.1, 0.3),
-    validation_fraction=0.1,
-    n_epochs: int = 10,
-    score="average_precision",
+    lam_values=None,
+    epsilon_values=None,
+    validation_fraction=0.2,
+    n_epochs="auto",
+    score=3,
+    time_budget: float = 30.0,
+    loss: str = "hinge",
     random_state=None,
+    verbose: int = 0,
     **mlh_params,
 ):
-    """Choose rho, lambda and epsilon of :class:`MinimalLossHashing` on a held-out set (§5).
+    """Choose rho, lambda, epsilon (and the number of epochs) of :class:`MinimalLossHashing`
+    on held-out rows (Norouzi & Fleet 2011, §5) -- the search ``MinimalLossHashing`` runs for
+    its ``"auto"`` parameters (see its docstring for the split, criterion, grid and budget).
 
-    ``validation_fraction`` of the rows of ``X`` are held out; MLH is trained on pairs among
-    the remaining rows for each grid point, and scored by the average precision of ranking
-    held-out pairs (each with at least one held-out row) by Hamming distance, or with
-    ``score=R`` (an int) by the precision within Hamming radius ``R`` (the quantity of
-    Fig. 2) averaged over held-out rows, a row retrieving nothing scoring 0. Returns
-    ``(best_params: dict, table: list[dict])``. ``rho_values`` defaults to ``q/16, q/8, q/4``
-    (at least 1).
+    ``rho_values``, ``lam_values``, ``epsilon_values``: ``None`` searches the default grid,
+    a sequence searches those values (coordinate-wise: all rho x epsilon at the first lambda,
+    then the other lambdas). ``n_epochs``: ``"auto"`` or an int (epochs per candidate; no
+    epoch search). ``score``: an int R, the precision within Hamming radius R per held-out
+    row (empty retrieval = 0), or ``"average_precision"`` of ranking the held-out pairs by
+    Hamming distance. Other keyword arguments (``learning_rate``, ``momentum``,
+    ``batch_size``, ``pairs_per_epoch``, ``fit_offset``) are passed to the training.
+
+    Returns ``(best, table)``: ``best`` a dict with ``rho``, ``lam``, ``epsilon``,
+    ``n_epochs``; ``table`` one dict per scored candidate (``rho``, ``lam``, ``epsilon``,
+    ``n_epochs``, ``score``, ``stage``).
     """
     from sklearn.utils.validation import check_array
 
-    from hashlearn.codes import hamming_distance
     from hashlearn.supervision import check_pairs
 
     owner = "select_mlh_hyperparameters"
     X = check_array(X, dtype=np.float64)
+    n = X.shape[0]
     if score != "average_precision":
         score = check_int(score, "score", owner, low=0)
-    n = X.shape[0]
     n_bits = check_int(n_bits, "n_bits", owner)
-    check_real(validation_fraction, "validation_fraction", owner, low=0.0, high=1.0, low_open=True)
+    check_real(validation_fraction, "validation_fraction", owner, low=0.0, high=0.5, low_open=True)
+    check_real(time_budget, "time_budget", owner, low=0.0, low_open=True)
+    if not (isinstance(n_epochs, str) and n_epochs == _AUTO):
+        n_epochs = check_int(n_epochs, "n_epochs", owner)
+    else:
+        n_epochs = None
+    if loss not in _LOSSES:
+        raise ValueError(
+            f"The 'loss' parameter of {owner} must be one of {sorted(_LOSSES)}. "
+            f"Got {loss!r} instead."
+        )
+    unknown = set(mlh_params) - {
+        "learning_rate",
+        "momentum",
+        "batch_size",
+        "pairs_per_epoch",
+        "fit_offset",
+    }
+    if unknown:
+        raise TypeError(f"{owner} got unexpected keyword arguments {sorted(unknown)}.")
     rng = check_random_state(random_state)
-    n_val = max(1, int(round(validation_fraction * n)))
-    if n - n_val < 2:
-        raise ValueError(f"{owner}: too few rows ({n}) to hold out {n_val} for validation.")
-    held = np.zeros(n, bool)
-    held[rng.choice(n, n_val, replace=False)] = True
     if pairs is not None:
         if y is not None:
             raise ValueError(f"{owner} takes labels y or pairs=..., not both.")
         P, s = check_pairs(pairs, similar, n, owner)
-        train_mask = ~held[P[:, 0]] & ~held[P[:, 1]]
-        val_P, val_s = P[~train_mask], s[~train_mask]
-        val_row = np.where(held[val_P[:, 0]], val_P[:, 0], val_P[:, 1])
-        train_rows = np.flatnonzero(~held)
-        remap = np.full(n, -1, np.int64)
-        remap[train_rows] = np.arange(len(train_rows))
-        fit_kw = dict(pairs=remap[P[train_mask]], similar=s[train_mask])
+        y_arr = None
     elif y is not None:
-        y = np.asarray(y)
-        if y.shape != (n,):
-            raise ValueError(f"y passed to {owner} must have shape ({n},). Got {y.shape}.")
-        train_rows = np.flatnonzero(~held)
-        val_rows = np.flatnonzero(held)
-        a = val_rows[rng.randint(len(val_rows), size=20000)]
-        b = train_rows[rng.randint(len(train_rows), size=20000)]
-        val_P, val_s = np.stack([a, b], 1), y[a] == y[b]
-        val_row = a
-        fit_kw = dict(y=y[train_rows])
+        y_arr = np.asarray(y)
+        if y_arr.shape != (n,):
+            raise ValueError(f"y passed to {owner} must have shape ({n},). Got {y_arr.shape}.")
+        pairs_from_labels(y_arr, 1, random_state=0, owner=owner)
+        P = s = None
     else:
         raise ValueError(f"{owner} needs labels y or pairs=..., similar=...")
-    if rho_values is None:
-        rho_values = sorted({max(1.0, n_bits / f) for f in (16.0, 8.0, 4.0)})
-    table = []
-    for rho in rho_values:
-        for lam in lam_values:
-            for eps in epsilon_values:
-                h = MinimalLossHashing(
-                    n_bits=n_bits,
-                    rho=rho,
-                    lam=lam,
-                    epsilon=eps,
-                    n_epochs=n_epochs,
-                    monitor_pairs=0,
-                    random_state=rng.randint(2**31 - 1),
-                    **mlh_params,
-                )
-                h.fit(X[train_rows], **fit_kw)
-                codes = h.encode(X)
-                dist = hamming_distance(codes[val_P[:, 0]], codes[val_P[:, 1]])
-                dist = np.asarray(dist)
-                if score == "average_precision":
-                    value = _pair_average_precision(dist, val_s)
-                else:  # per held-out row: precision within radius, 0 when empty
-                    inside = dist <= score
-                    hits = np.bincount(val_row, weights=inside & val_s, minlength=n)
-                    got = np.bincount(val_row, weights=inside, minlength=n)
-                    rows_seen = np.unique(val_row)
-                    prec = np.where(
-                        got[rows_seen] > 0, hits[rows_seen] / np.maximum(got[rows_seen], 1), 0.0
-                    )
-                    value = float(prec.mean())
-                table.append(dict(rho=float(rho), lam=float(lam), epsilon=float(eps), score=value))
-    scored = [r for r in table if np.isfinite(r["score"])]
-    if not scored:
+    kind = _LOSSES[loss]
+    bre_scale = _bre_scale(X, rng) if kind == _BRE else 1.0
+    sup = _Supervision(X, y_arr, P, s, kind, bre_scale, owner)
+    ppe = check_int(mlh_params.get("pairs_per_epoch", 100_000), "pairs_per_epoch", owner)
+    train_kw = dict(
+        lr=check_real(
+            mlh_params.get("learning_rate", 0.05), "learning_rate", owner, low=0.0, low_open=True
+        ),
+        momentum=check_real(mlh_params.get("momentum", 0.9), "momentum", owner, low=0.0, high=1.0),
+        batch_size=check_int(mlh_params.get("batch_size", 100), "batch_size", owner),
+        pairs_per_epoch=min(ppe, max(1000, 2 * sup.n_available)),
+        fit_offset=bool(mlh_params.get("fit_offset", True)),
+    )
+    if n < 20 or int(round(validation_fraction * n)) < 2:
+        raise ValueError(f"{owner}: too few rows ({n}) to hold some out for validation.")
+
+    def values(v, name):
+        if v is None:
+            return None
+        v = [check_real(x, name, owner, low=0.0) for x in np.atleast_1d(v)]
+        if not v:
+            raise ValueError(f"{name} passed to {owner} is empty.")
+        return v
+
+    chosen, table = _select(
+        X,
+        sup,
+        n_bits=n_bits,
+        rho_values=values(rho_values, "rho_values"),
+        lam_values=values(lam_values, "lam_values"),
+        epsilon_values=values(epsilon_values, "epsilon_values"),
+        n_epochs=n_epochs,
+        validation_fraction=validation_fraction,
+        score=score,
+        time_budget=time_budget,
+        rng=rng,
+        verbose=verbose,
+        train_kw=train_kw,
+    )
+    if not table:
         raise ValueError(
-            f"{owner}: the held-out pairs are all similar or all dissimilar; cannot score."
+            f"{owner}: the held-out split leaves no similar and dissimilar validation pairs "
+            "(or one class for training); cannot score."
         )
-    best = max(scored, key=lambda r: r["score"])
-    return {k: best[k] for k in ("rho", "lam", "epsilon")}, table
+    return chosen, table
