@@ -118,7 +118,7 @@ def _make(method, n_bits, seed, mlh_params, epochs, d):
 
 def _scaled(params, n_bits):
     """rho grows linearly with the code length (§5); chosen at 32 bits."""
-    p = dict(params)
+    p = {k: params[k] for k in ("rho", "lam", "epsilon")}
     p["rho"] = float(min(n_bits, max(1.0, round(p["rho"] * n_bits / 32.0))))
     return p
 
