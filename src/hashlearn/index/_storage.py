@@ -114,6 +114,17 @@ class Snapshot:
         """The derived value ``name`` if it was built, else ``None``."""
         return self._derived.get(name)
 
+    def __getstate__(self):  # copyable (e.g. sent to a dask worker): the lock is not
+        return {
+            "ids": self.ids,
+            "rows": self.rows,
+            "next_id": self.next_id,
+            "derived": dict(self._derived),
+        }
+
+    def __setstate__(self, state):
+        self.__init__(state["ids"], state["rows"], state["next_id"], state["derived"])
+
 
 class IdStore:
     """Ids, aligned row arrays and the next automatic id, published as :class:`Snapshot`.
@@ -150,6 +161,13 @@ class IdStore:
             {name: np.zeros((0, *s), d) for name, (s, d) in self.row_shapes.items()},
             0,
         )
+
+    def __getstate__(self):  # copyable: the current snapshot, without locks or buffers
+        return {"owner": self.owner, "row_shapes": self.row_shapes, "snapshot": self._snapshot}
+
+    def __setstate__(self, state):
+        self.__init__(state["row_shapes"], state["owner"])
+        self._snapshot = state["snapshot"]
 
     # ------------------------------------------------------------------------ reading
 
@@ -200,23 +218,30 @@ class IdStore:
                 )
         return new_ids
 
-    def plan_add(self, rows: Mapping[str, np.ndarray], new_ids: np.ndarray):
+    def plan_add(
+        self, rows: Mapping[str, np.ndarray], new_ids: np.ndarray, *, positions: bool = False
+    ):
         """The snapshot after adding ``rows`` under ``new_ids`` (not published).
 
-        Returns ``(snapshot, buffers, old_to_new, added_to_new)``: the positions of the old
-        items and of the added ones (in the order given) in the new snapshot.
+        Returns ``(snapshot, buffers, old_to_new, added_to_new)``; with ``positions`` the
+        last two are the positions of the old items and of the added ones (in the order
+        given) in the new snapshot, else ``None``. Already sorted ids are neither sorted nor
+        copied again, so appending ``m`` rows allocates only the grown buffers.
         """
         snap = self._snapshot
         m, n = len(new_ids), snap.n
         for name, (shape, dtype) in self.row_shapes.items():
             if rows[name].shape != (m, *shape) or rows[name].dtype != dtype:
                 raise ValueError(f"row array {name!r} must be {dtype} of shape {(m, *shape)}")
-        order = np.argsort(new_ids, kind="stable")
-        sorted_ids = new_ids[order]
-        next_id = max(snap.next_id, int(sorted_ids[-1]) + 1) if m else snap.next_id
         if m == 0:
             return snap, self._buffers, np.arange(n), np.zeros(0, np.int64)
-        added_to_new = np.empty(m, np.int64)
+        if m > 1 and np.any(new_ids[1:] < new_ids[:-1]):
+            order = np.argsort(new_ids, kind="stable")
+            sorted_ids = new_ids[order]
+            sorted_rows = {name: rows[name][order] for name in self.row_shapes}
+        else:
+            order, sorted_ids, sorted_rows = None, new_ids, rows
+        next_id = max(snap.next_id, int(sorted_ids[-1]) + 1)
         if n == 0 or sorted_ids[0] > snap.ids[-1]:
             # append: write past the rows every published snapshot can see
             buffers = self._buffers
@@ -231,20 +256,26 @@ class IdStore:
                 buffers = grown
             buffers["ids"][n:end] = sorted_ids
             for name in self.row_shapes:
-                buffers[name][n:end] = rows[name][order]
+                buffers[name][n:end] = sorted_rows[name]
             new = Snapshot(
                 buffers["ids"][:end], {k: buffers[k][:end] for k in self.row_shapes}, next_id
             )
-            added_to_new[order] = np.arange(n, end)
+            if not positions:
+                return new, buffers, None, None
+            added_to_new = np.arange(n, end)
+            if order is not None:
+                added_to_new[order] = added_to_new.copy()
             return new, buffers, np.arange(n), added_to_new
         all_ids = np.concatenate([snap.ids, new_ids])
         merged = np.argsort(all_ids, kind="stable")
-        rank = np.empty(n + m, np.int64)
-        rank[merged] = np.arange(n + m)
         new_rows = {
             name: np.concatenate([snap.rows[name], rows[name]])[merged] for name in self.row_shapes
         }
         new = Snapshot(all_ids[merged], new_rows, next_id)
+        if not positions:
+            return new, None, None, None
+        rank = np.empty(n + m, np.int64)
+        rank[merged] = np.arange(n + m)
         return new, None, rank[:n], rank[n:]
 
     def add(self, rows: Mapping[str, np.ndarray], ids=None) -> np.ndarray:

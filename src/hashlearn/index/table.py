@@ -286,7 +286,9 @@ class TableIndex(IndexBase):
                 return new_ids
             if old.n + m >= 2**31:
                 raise ValueError("TableIndex holds at most 2**31 - 1 items.")
-            snap, buffers, old_to_new, added_to_new = self._store.plan_add({}, new_ids)
+            snap, buffers, old_to_new, added_to_new = self._store.plan_add(
+                {}, new_ids, positions=True
+            )
             tables = []
             for t, (tk, to, tp) in enumerate(self._split(old.cached("tables"))):
                 old_keys = np.repeat(tk, np.diff(to))
