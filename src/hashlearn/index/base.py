@@ -128,7 +128,9 @@ class BinaryIndex(IndexBase):
     def _check_queries(self, queries) -> np.ndarray:
         return check_codes(queries, self.n_bits, "queries")
 
-    def _check_k(self, k, m: int) -> int:
+    def _check_k(self, k, m: int, n: int | None = None) -> int:
+        """``k`` for ``m`` queries (:func:`hashlearn._validation.check_k`; ``k`` above the
+        ``n`` stored codes is allowed and pads with -1)."""
         return check_k(k, m, f"{type(self).__name__}.search")
 
     def _check_radius(self, radius) -> int:
