@@ -464,3 +464,232 @@ def test_check_k_bounds_k_by_int32_and_by_memory():
             check_k(bad, 5)
     with pytest.raises(ValueError, match="'k'.*memory"):
         check_k(K_MAX, 10**9)  # 12 bytes * 2**31 * 10**9 fits no machine
+
+
+# -------------------------------------------------------------------- The command line
+
+
+def _write_idx(path: Path, arr: np.ndarray, compress: bool = False) -> None:
+    import gzip
+
+    codes = {"uint8": 0x08, "int32": 0x0C}
+    data = bytes([0, 0, codes[arr.dtype.name], arr.ndim])
+    data += (
+        np.asarray(arr.shape, ">i4").tobytes() + arr.astype(arr.dtype.newbyteorder(">")).tobytes()
+    )
+    path.write_bytes(gzip.compress(data) if compress else data)
+
+
+def _fashion_dir(root: Path, damage: str) -> Path:
+    """A tiny Fashion-MNIST directory (train gzipped, test plain) with one defect."""
+    directory = root / f"fashion-{damage}"
+    directory.mkdir()
+    for part, n in (("train", 6), ("t10k", 4)):
+        images = np.zeros((n, 28, 28), np.uint8)
+        labels = np.arange(n, dtype=np.uint8)
+        compress = part == "train"
+        suffix = ".gz" if compress else ""
+        _write_idx(directory / f"{part}-images-idx3-ubyte{suffix}", images, compress)
+        _write_idx(directory / f"{part}-labels-idx1-ubyte{suffix}", labels, compress)
+    train_images = directory / "train-images-idx3-ubyte.gz"
+    if damage == "truncated-gz":
+        train_images.write_bytes(train_images.read_bytes()[:40])
+    elif damage == "wrong-magic":
+        (directory / "t10k-images-idx3-ubyte").write_bytes(b"\x08\x03\x00\x00" + b"\0" * 100)
+    elif damage == "wrong-counts":
+        _write_idx(directory / "t10k-labels-idx1-ubyte", np.arange(3, dtype=np.uint8))
+    elif damage == "wrong-labels":
+        _write_idx(directory / "t10k-labels-idx1-ubyte", np.full(4, 200, np.uint8))
+    elif damage == "bad-gzip-crc":
+        raw = bytearray(train_images.read_bytes())
+        raw[-6] ^= 0xFF  # the CRC32 trailer
+        train_images.write_bytes(bytes(raw))
+    return directory
+
+
+def _write_ann_file(path: Path, **override) -> Path:
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(0)
+    arrays = {
+        "train": rng.standard_normal((30, 4)).astype(np.float32),
+        "test": rng.standard_normal((3, 4)).astype(np.float32),
+        "neighbors": rng.integers(0, 30, (3, 5)).astype(np.int32),
+        "distances": rng.random((3, 5)).astype(np.float32),
+    }
+    attrs = {"distance": "euclidean"}
+    for key, value in override.items():
+        (attrs if key in ("distance", "type") else arrays)[key] = value
+    with h5py.File(path, "w") as f:
+        for key, value in attrs.items():
+            if value is not None:
+                f.attrs[key] = value
+        for key, value in arrays.items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                f.create_group(key)
+            else:
+                f.create_dataset(key, data=value)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli_files(tmp_path_factory):
+    pytest.importorskip("h5py")
+    root = tmp_path_factory.mktemp("cli")
+    files = {"root": root}
+    files["good"] = _write_ann_file(root / "good.hdf5")
+    files["text"] = root / "notes.hdf5"
+    files["text"].write_text("not an HDF5 file\n")
+    files["truncated"] = root / "truncated.hdf5"
+    files["truncated"].write_bytes(files["good"].read_bytes()[:300])
+    files["no-neighbors"] = _write_ann_file(root / "no-neighbors.hdf5", neighbors=None)
+    files["no-distance"] = _write_ann_file(root / "no-distance.hdf5", distance=None)
+    files["sparse"] = _write_ann_file(root / "sparse.hdf5", type="sparse")
+    files["shapes"] = _write_ann_file(root / "shapes.hdf5", test=np.zeros((3, 5), np.float32))
+    files["strings"] = _write_ann_file(
+        root / "strings.hdf5", train=np.array([b"a", b"b"] * 15).reshape(30, 1)
+    )
+    files["group"] = _write_ann_file(root / "group.hdf5", train={})
+    files["ids"] = _write_ann_file(root / "ids.hdf5", neighbors=np.full((3, 5), 99, np.int32))
+    files["afile"] = root / "afile"
+    files["afile"].write_text("x")
+    for damage in ("truncated-gz", "wrong-magic", "wrong-counts", "wrong-labels", "bad-gzip-crc"):
+        files[damage] = _fashion_dir(root, damage)
+    files["empty"] = root / "empty-dir"
+    files["empty"].mkdir()
+    return files
+
+
+def _cli_cases(f):
+    """(arguments, a substring the one-line error must contain): 35 erroneous invocations."""
+    out = str(f["root"] / "out")
+    under_file = str(f["afile"] / "sub")
+    demo_fashion = ["demo", "--dataset", "fashion-mnist", "--quick", "--out", out, "--data-dir"]
+    bench = ["bench", "ann"]
+    return [
+        (["nope"], "nope"),
+        (["--nope"], "--nope"),
+        (["info", "extra"], "extra"),
+        (["demo", "--bits", "0"], "--bits"),
+        (["demo", "--bits", "abc"], "--bits"),
+        (["demo", "--n-queries", "0"], "--n-queries"),
+        (["demo", "--n-queries", "5000", "--out", out], "n_queries"),
+        (["demo", "--dataset", "nope"], "--dataset"),
+        (["demo", "--hashers", "lsh,nope", "--out", out], "nope"),
+        (["demo", "--seed", "-1"], "--seed"),
+        (["demo", "--quick", "--out", str(f["afile"])], "--out"),
+        (["demo", "--quick", "--out", under_file], "--out"),
+        ([*demo_fashion, str(f["empty"])], "apt-get"),
+        ([*demo_fashion, str(f["truncated-gz"])], "train-images-idx3-ubyte.gz"),
+        ([*demo_fashion, str(f["bad-gzip-crc"])], "train-images-idx3-ubyte.gz"),
+        ([*demo_fashion, str(f["wrong-magic"])], "t10k-images-idx3-ubyte"),
+        ([*demo_fashion, str(f["wrong-counts"])], "t10k-labels-idx1-ubyte"),
+        ([*demo_fashion, str(f["wrong-labels"])], "t10k-labels-idx1-ubyte"),
+        (["reproduce", "nope"], "nope"),
+        (["reproduce", "survey", "--quick", "--out", str(f["afile"])], "--out"),
+        (
+            ["reproduce", "survey", "--quick", "--out", out, "--results", str(f["empty"])],
+            "--results",
+        ),
+        (["reproduce", "survey", "--quick", "--out", out, "--results", under_file], "--results"),
+        (
+            ["reproduce", "search-forest", "--quick", "--out", out, "--data-dir"]
+            + [str(f["truncated-gz"])],
+            "train-images-idx3-ubyte.gz",
+        ),
+        ([*bench], "FILE"),
+        ([*bench, str(f["root"] / "missing.hdf5")], "missing.hdf5"),
+        ([*bench, str(f["empty"])], "empty-dir"),
+        ([*bench, str(f["text"]), "--out", out], "notes.hdf5"),
+        ([*bench, str(f["truncated"]), "--out", out], "truncated.hdf5"),
+        ([*bench, str(f["no-neighbors"]), "--out", out], "neighbors"),
+        ([*bench, str(f["no-distance"]), "--out", out], "distance"),
+        ([*bench, str(f["sparse"]), "--out", out], "sparse"),
+        ([*bench, str(f["shapes"]), "--out", out], "shapes"),
+        ([*bench, str(f["strings"]), "--out", out], "train"),
+        ([*bench, str(f["group"]), "--out", out], "train"),
+        ([*bench, str(f["ids"]), "--out", out, "--index", "flat"], "ids.hdf5"),
+        ([*bench, str(f["good"]), "--out", str(f["afile"])], "--out"),
+        ([*bench, str(f["good"]), "--out", out, "--results", under_file], "--results"),
+        ([*bench, str(f["good"]), "--index", "nope"], "--index"),
+        ([*bench, str(f["good"]), "-k", "0"], "-k"),
+        ([*bench, str(f["good"]), "--bits", "0"], "--bits"),
+    ]
+
+
+def _no_real_work(monkeypatch) -> None:
+    """Make any case that slips past the checks fail at once instead of running for minutes."""
+    from hashlearn.experiments import ann_bench, survey
+
+    def started(*args, **kwargs):
+        raise AssertionError("the work started although the invocation is erroneous")
+
+    monkeypatch.setattr(ann_bench, "sweep", started)
+    monkeypatch.setattr(survey, "run", started)
+
+
+def test_every_erroneous_invocation_is_one_line_with_status_2(cli_files, monkeypatch):
+    from click.testing import CliRunner
+
+    from hashlearn.cli import main
+
+    _no_real_work(monkeypatch)
+    cases = _cli_cases(cli_files)
+    assert len(cases) >= 31
+    for args, needle in cases:
+        result = CliRunner().invoke(main, args)
+        where = f"hashlearn {' '.join(args)}:\n{result.output}"
+        assert result.exit_code == 2, where
+        assert not isinstance(result.exception, Exception) or isinstance(
+            result.exception, SystemExit
+        ), where
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), where
+        assert "Traceback" not in result.output, where
+        assert needle in lines[0], where
+
+
+def test_unwritable_outputs_are_refused_before_the_work(cli_files, tmp_path, monkeypatch):
+    """An --out or --results that cannot be written is reported before the run starts (it
+    was noticed only after the whole run)."""
+    from click.testing import CliRunner
+
+    from hashlearn.cli import check_output_dir, check_output_file, main
+
+    _no_real_work(monkeypatch)
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    readonly.chmod(0o500)
+    try:
+        if os.access(readonly, os.W_OK):  # root ignores permission bits
+            target = cli_files["afile"] / "results.md"
+        else:
+            target = readonly / "results.md"
+        start = time.perf_counter()
+        result = CliRunner().invoke(
+            main,
+            ["bench", "ann", str(cli_files["good"]), "--out", str(tmp_path / "o"), "--results"]
+            + [str(target)],
+        )
+        assert result.exit_code == 2 and "--results" in result.stderr
+        assert not (tmp_path / "o").exists()
+        assert time.perf_counter() - start < 5
+    finally:
+        readonly.chmod(0o700)
+    assert check_output_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists()  # the check creates nothing
+    assert check_output_file(tmp_path / "r.md") == tmp_path / "r.md"
+
+
+def test_a_real_process_prints_one_line_without_traceback(cli_files):
+    proc = subprocess.run(
+        [sys.executable, "-m", "hashlearn", "bench", "ann", str(cli_files["text"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("Error: "), proc.stderr
+    assert "notes.hdf5" in proc.stderr

@@ -549,6 +549,15 @@ def _ann_layout(path: Path, f, h5py) -> tuple[str, dict[str, Any]]:
             f"and distances (m, k). Got train {train}, test {test}, neighbors "
             f"{neighbors}, distances {distances}."
         )
+    try:
+        ids = datasets["neighbors"][()]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path} is damaged: reading 'neighbors' failed: {exc}") from None
+    if ids.size and (ids.min() < -1 or ids.max() >= train[0]):
+        raise ValueError(
+            f"{path} is not a consistent ann-benchmarks file: neighbour ids must lie in "
+            f"[0, {train[0]}) (or be -1); found [{ids.min()}, {ids.max()}]."
+        )
     return distance, datasets
 
 
@@ -563,8 +572,9 @@ def _open_ann(path: Path, owner: str):
 
 
 def check_ann_benchmarks(path: PathLike) -> None:
-    """Check that ``path`` is a dense ann-benchmarks HDF5 file without reading its data:
-    ``ValueError`` naming the file and what is wrong otherwise (needs h5py)."""
+    """Check that ``path`` is a dense ann-benchmarks HDF5 file, reading only its layout and
+    its (small) neighbour ids: ``ValueError`` naming the file and what is wrong otherwise
+    (needs h5py)."""
     path = _check_path(path, "path", "check_ann_benchmarks")
     h5py, f = _open_ann(path, "check_ann_benchmarks")
     with f:
@@ -588,11 +598,6 @@ def load_ann_benchmarks(path: PathLike) -> ANNDataset:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"{path} is damaged: reading its datasets failed: {exc}") from None
     train, test, neighbors, distances = (arrays[key] for key in _ANN_KEYS)
-    if neighbors.size and (neighbors.min() < -1 or neighbors.max() >= len(train)):
-        raise ValueError(
-            f"{path} is not a consistent ann-benchmarks file: neighbour ids must lie in "
-            f"[0, {len(train)}) (or be -1); found [{neighbors.min()}, {neighbors.max()}]."
-        )
     return ANNDataset(train, test, neighbors, distances, distance)
 
 
