@@ -112,7 +112,7 @@ class BinaryIndex(IndexBase):
         the index, raise ``ValueError``. Returns the ids of the added codes (int64, in the
         order of ``codes``). Safe while other threads search.
         """
-        codes = check_codes(codes, self.n_bits, "codes")
+        codes = self._check_codes(codes)
         words = as_words(codes).reshape(codes.shape[0], self._n_words)
         return self._store.add({"words": words}, ids)
 
@@ -124,6 +124,9 @@ class BinaryIndex(IndexBase):
         number of codes removed. Safe while other threads search.
         """
         return self._store.remove(ids, missing=missing)
+
+    def _check_codes(self, codes) -> np.ndarray:
+        return check_codes(codes, self.n_bits, "codes")
 
     def _check_queries(self, queries) -> np.ndarray:
         return check_codes(queries, self.n_bits, "queries")

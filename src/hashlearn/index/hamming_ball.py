@@ -252,10 +252,9 @@ class HammingBallIndex(BinaryIndex):
         answered by a scan instead (``probe_cost=1``: only when the ball is bigger than the
         database). Results are the same either way; only speed differs.
 
-    The table is rebuilt (``O(n log n)``) by the first search after an ``add`` or
-    ``remove``: add in large batches. Searches may run in several threads while another
-    thread writes; each sees the index before or after each write. ``radius`` means
-    distance ``<= radius`` (faiss: ``< radius``).
+    ``add`` and ``remove`` rebuild the table (``O(n log n)``): add in large batches.
+    Searches may run in several threads while another thread writes; each sees the index
+    before or after each write. ``radius`` means distance ``<= radius`` (faiss: ``< radius``).
 
     Examples
     --------
@@ -279,6 +278,28 @@ class HammingBallIndex(BinaryIndex):
         return len(self._table_of(self._store.snapshot)["keys"])
 
     # ---------------------------------------------------------------------------- build
+
+    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
+        """Add packed codes with optional distinct ids (see :meth:`FlatIndex.add`); the table
+        of the new state is built before it is published."""
+        codes = self._check_codes(codes)
+        words = as_words(codes).reshape(codes.shape[0], self._n_words)
+        with self._store.writing():
+            new_ids = self._store.new_ids(ids, len(words))
+            if len(new_ids):
+                snap, buffers, _, _ = self._store.plan_add({"words": words}, new_ids)
+                snap.attach("ball", self._build_table(snap))
+                self._store.publish(snap, buffers=buffers)
+        return new_ids
+
+    def remove(self, ids, *, missing: str = "raise") -> int:
+        """Remove codes by id; the other ids are kept (see :meth:`FlatIndex.remove`)."""
+        with self._store.writing():
+            snap, _, removed = self._store.plan_remove(ids, missing)
+            if removed:
+                snap.attach("ball", self._build_table(snap))
+                self._store.publish(snap)
+        return removed
 
     def _table_of(self, snap: Snapshot) -> dict:
         return snap.derived("ball", self._build_table)
