@@ -400,22 +400,25 @@ def plot(result: dict, path: Path) -> None:
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["label"], []).append(r)
-    markers = "os^vD<>phX*"
-    cmap = plt.get_cmap("tab20")
-    for i, (label, rs) in enumerate(groups.items()):
+    method_colors = {m[0]: plt.get_cmap("tab10")(i) for i, m in enumerate(METHODS)}
+    bit_markers = {128: "o", 256: "s", 384: "^", 512: "D"}
+    for label, rs in groups.items():
         rs = sorted(rs, key=lambda r: r["recall"])
-        style = "-" if rs[0]["learned"] else "--"
-        if label.startswith("HNSW"):
-            style, color = "-", "black"
+        first = rs[0]
+        if first["method"] == "faiss-hnsw":
+            style, color, marker = "-", "black", "x"
         else:
-            color = cmap(i % 20)
+            style = "-" if first["learned"] else "--"
+            color = method_colors.get(first["method"], "grey")
+            marker = bit_markers.get(first["bits"], "o")
         ax.plot(
             [r["recall"] for r in rs],
             [r[qk] for r in rs],
             style,
-            marker=markers[i % len(markers)],
+            marker=marker,
             ms=4,
             color=color,
+            alpha=0.5 + 0.5 * (first["bits"] or 512) / 512,
             label=label,
         )
     flat_qps = result["targets"][timing]["flat_qps"]
