@@ -693,3 +693,78 @@ def test_a_real_process_prints_one_line_without_traceback(cli_files):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("Error: "), proc.stderr
     assert "notes.hdf5" in proc.stderr
+
+
+# ------------------------------------------------------------------------ numba's cache
+
+
+def _run_without_numba_cache_dir(tmp_path: Path, code: str) -> tuple[str, Path]:
+    """Run ``code`` in a Python with no home directory, NUMBA_CACHE_DIR and the user cache
+    unwritable and a read-only copy of hashlearn (every ``__pycache__`` unusable)."""
+    import shutil
+
+    package = Path(hashlearn.__file__).parent
+    site = tmp_path / "site"
+    shutil.copytree(package, site / "hashlearn", ignore=shutil.ignore_patterns("__pycache__"))
+    for directory in [site / "hashlearn", *(site / "hashlearn").rglob("*")]:
+        if directory.is_dir():
+            (directory / "__pycache__").write_bytes(b"")  # a file: no cache can go there
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o500)  # read-only for a normal user; root is stopped by the file below
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "NUMBA_CACHE_DIR")}
+    env.update(
+        PYTHONPATH=str(site),
+        PYTHONDONTWRITEBYTECODE="1",
+        NUMBA_CACHE_DIR=str(readonly if not os.access(readonly, os.W_OK) else blocker / "c"),
+        XDG_CACHE_HOME=str(blocker / "xdg"),
+        TMPDIR=str(temp),
+    )
+    script = (
+        "import hashlearn\n"
+        "from hashlearn import _numba_config\n"
+        f"assert hashlearn.__file__.startswith({str(site)!r}), hashlearn.__file__\n"
+        "print(_numba_config.CACHE_FALLBACK)\n" + code
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        readonly.chmod(0o700)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, temp
+
+
+def test_import_works_without_any_writable_numba_cache_dir(tmp_path):
+    """Importing used to raise numba's "cannot cache function ... no locator available"
+    there; now numba's cache points at a private temporary directory."""
+    out, temp = _run_without_numba_cache_dir(tmp_path, "")
+    fallback = Path(out.split("\n")[0])
+    assert fallback.parent == temp and fallback.is_dir()
+    assert fallback.stat().st_mode & 0o077 == 0  # private to the user
+
+
+@pytest.mark.slow
+def test_kernels_compile_and_cache_without_any_writable_numba_cache_dir(tmp_path):
+    code = (
+        "import numpy as np\n"
+        "from hashlearn.index import FlatIndex\n"
+        "index = FlatIndex(64)\n"
+        "index.add(np.arange(24, dtype=np.uint8).reshape(3, 8))\n"
+        "print(index.search(np.zeros((1, 8), np.uint8), 2)[1].tolist())\n"
+    )
+    out, temp = _run_without_numba_cache_dir(tmp_path, code)
+    fallback, result = out.split("\n")[:2]
+    assert result == "[[0, 1]]"
+    assert any(Path(fallback).rglob("*.nbi"))  # compiled kernels were cached there
