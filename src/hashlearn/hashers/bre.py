@@ -34,6 +34,8 @@ pairs (labels ``y`` are turned into such pairs by :func:`hashlearn.supervision.r
 
 from __future__ import annotations
 
+import time
+
 import numba
 import numpy as np
 from sklearn.utils import check_random_state
@@ -41,6 +43,7 @@ from sklearn.utils import check_random_state
 from hashlearn._validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
+from hashlearn.kernels import log_message
 from hashlearn.supervision import resolve_pairs
 
 __all__ = ["BinaryReconstructiveEmbedding"]
@@ -184,11 +187,25 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         Passes of coordinate descent over all weights.
     max_train : int, default=2000
         At most this many training points are used (BRE's cost grows with the pairs).
+    verbose : int, default=0
+        ``> 0``: log each coordinate-descent pass (objective, time) to
+        ``logging.getLogger("hashlearn")``, or to stderr when that logger shows nothing.
     random_state : int, RandomState or None
+
+    Notes
+    -----
+    The input is divided by ``input_scale_`` (the root mean square row norm of the training
+    data) before anything else, so very large or very small finite values cannot overflow
+    the kernel or the distance targets; linear-kernel codes do not change with the scale of
+    ``X``, and ``gamma`` / ``gamma_`` are in the units of the rescaled input. A fit whose
+    parameters would not all be finite raises ``ValueError``.
 
     Attributes
     ----------
+    input_scale_ : float
+        Inputs are divided by it before the kernel.
     landmarks_ : ndarray (n_landmarks, n_features)
+        In the rescaled units.
     weights_ : ndarray (n_bits, n_landmarks)
     kernel_mean_ : ndarray (n_landmarks,)
         Training mean of each landmark's kernel column, subtracted before projecting.
@@ -208,6 +225,7 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         n_random: int = 20,
         n_iter: int = 2,
         max_train: int = 2000,
+        verbose: int = 0,
         random_state=None,
     ):
         self.n_bits = n_bits
@@ -218,6 +236,7 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         self.n_random = n_random
         self.n_iter = n_iter
         self.max_train = max_train
+        self.verbose = verbose
         self.random_state = random_state
 
     def _kernel(self, X, Z):
@@ -238,11 +257,14 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         n_random = check_int(self.n_random, "n_random", owner, low=0)
         n_iter = check_int(self.n_iter, "n_iter", owner, low=0)
         max_train = check_int(self.max_train, "max_train", owner, low=2)
+        verbose = check_int(self.verbose, "verbose", owner, low=0)
         rng = check_random_state(self.random_state)
         X = np.asarray(X, dtype=np.float64)
         n = X.shape[0]
         if n < 2:
-            raise ValueError(f"{owner} needs at least 2 training points; got {n}.")
+            raise ValueError(f"{owner} needs at least 2 training points; got n_samples={n}.")
+        self.input_scale_ = _input_scale(X)
+        X = _rescale(X, self.input_scale_)
         if y is not None or pairs is not None:
             P, s = resolve_pairs(
                 X,
@@ -299,12 +321,40 @@ class BinaryReconstructiveEmbedding(BaseHasher):
             return float(np.mean((targets - dist / self.n_bits) ** 2))
 
         history = [objective()]
-        for _ in range(n_iter):
+        log_message(
+            verbose,
+            "%s: %d bits, %d points, %d pairs, %d landmarks; objective %.5f",
+            owner,
+            self.n_bits,
+            nt,
+            len(P),
+            K.shape[1],
+            history[0],
+        )
+        for it in range(n_iter):
+            t0 = time.process_time()
             coords = rng.permutation(W.size).astype(np.int64)
             _coordinate_descent(K, W, Y, B, dist, P, targets, indptr, pair_of, coords)
             history.append(objective())
+            log_message(
+                verbose,
+                "%s: pass %d/%d, objective %.5f (%.1f s CPU)",
+                owner,
+                it + 1,
+                n_iter,
+                history[-1],
+                time.process_time() - t0,
+            )
         self.weights_ = W
         self.objective_history_ = np.asarray(history)
+        for name in ("landmarks_", "weights_", "kernel_mean_", "objective_history_"):
+            if not np.isfinite(getattr(self, name)).all():
+                raise ValueError(
+                    f"{owner}: the fitted {name} is not finite; X must hold finite values "
+                    "that are not all equal."
+                )
+        if not (np.isfinite(self.gamma_) and np.isfinite(self.input_scale_)):
+            raise ValueError(f"{owner}: the fitted gamma_ or input_scale_ is not finite.")
 
     @staticmethod
     def _default_pairs(X, n_neighbors, n_random, rng):
@@ -328,5 +378,27 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         return np.concatenate(parts).astype(np.int64)
 
     def _project(self, X) -> np.ndarray:
-        K = self._kernel(np.asarray(X, dtype=np.float64), self.landmarks_) - self.kernel_mean_
+        X = _rescale(np.asarray(X, dtype=np.float64), getattr(self, "input_scale_", 1.0))
+        K = self._kernel(X, self.landmarks_) - self.kernel_mean_
         return K @ self.weights_.T
+
+
+def _input_scale(X) -> float:
+    """Root mean square row norm of ``X``, computed without overflow (1 for all-zero X)."""
+    m = float(np.max(np.abs(X))) if X.size else 0.0
+    if not np.isfinite(m):
+        raise ValueError("X holds NaN or infinite values.")
+    if m == 0.0:
+        return 1.0
+    Xm = X / m
+    rms = float(np.sqrt(np.mean(np.einsum("ij,ij->i", Xm, Xm))))
+    scale = m * rms
+    return scale if np.isfinite(scale) and scale > 0.0 else m
+
+
+def _rescale(X, scale: float):
+    if scale == 1.0:
+        return X
+    m = np.float64(scale)
+    # two steps, so that a scale near the float64 limit does not underflow the quotient
+    return (X / np.sqrt(m)) / np.sqrt(m)

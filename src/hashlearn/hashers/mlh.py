@@ -464,8 +464,9 @@ class MinimalLossHashing(BaseHasher):
       1, 2, 4, ... times the screening length and at the end; ``n_epochs_`` is the longest
       training scoring within 0.01 of the best checkpoint.
     * **budget**: ``time_budget`` nominal CPU seconds for the whole fit: 40 % for the
-      screening (which sets the epochs per candidate, at least 1), 30 % for the epoch search
-      and 30 % for the final training on all rows with the chosen values. The budget is
+      screening (which sets the epochs per candidate: at least one, shortened below
+      ``pairs_per_epoch`` pairs when the budget cannot afford a full one), 30 % for the
+      epoch search and 30 % for the final training on all rows with the chosen values. The budget is
       turned into a number of training pairs with a fixed cost model of the training kernel
       (calibrated on one core of an x86-64 machine), so the same ``random_state`` gives the
       same codes on every machine; a slower machine takes proportionally longer.
@@ -541,6 +542,8 @@ class MinimalLossHashing(BaseHasher):
     selection_results_ : ndarray (n_candidates, 6)
         One row per candidate scored by the selection, columns
         ``selection_columns = ("rho", "lam", "epsilon", "n_epochs", "score", "stage")``
+        (``n_epochs`` in epochs of ``pairs_per_epoch_`` pairs, fractional when the budget
+        shortened the selection's epochs)
         (stage 0: rho x epsilon screen, 1: epsilon, 2: lambda, 3: rho refinement,
         4: epochs); empty when nothing was selected.
     bre_scale_ : float
@@ -832,8 +835,8 @@ def _select(
     train_sup, train_rows, val_a, val_b, val_s = split
     Xa = _augment(X, train_kw["fit_offset"])
     Xa_tr = np.ascontiguousarray(Xa[train_rows])
-    ppe = train_kw["pairs_per_epoch"]
-    epoch_s = ppe * _nominal_pair_seconds(n_bits, Xa.shape[1])
+    ppe_final = train_kw["pairs_per_epoch"]
+    pair_s = _nominal_pair_seconds(n_bits, Xa.shape[1])
     rows: list[dict] = []
 
     def evaluate(W):
@@ -887,9 +890,15 @@ def _select(
         + (2 if auto_rho else 0)
     )
     screen_budget = 0.4 * time_budget if n_epochs is None else 0.7 * time_budget
+    # selection epochs: as in the final training, unless the budget cannot afford one such
+    # epoch per candidate, in which case each candidate gets one shorter epoch
+    per_candidate = screen_budget / (n_candidates * pair_s)
+    ppe = int(min(ppe_final, max(1000, per_candidate)))
+    epoch_s = ppe * pair_s
     # epochs after which every distinct training pair has been visited ~50 times
     data_cap = max(1, int(np.ceil(50.0 * train_sup.n_available / ppe)))
-    e_sel = int(max(1, min(10, data_cap, screen_budget // max(n_candidates * epoch_s, 1e-12))))
+    e_sel = int(max(1, min(10, data_cap, per_candidate // ppe)))
+    scale = ppe / ppe_final  # the table counts epochs of the final training's length
     if n_epochs is not None:
         e_sel = max(1, min(e_sel, n_epochs)) if n_epochs > 0 else 1
     seed = rng.randint(2**31 - 1)  # one initialisation for all candidates: fair comparison
@@ -902,7 +911,9 @@ def _select(
         params = dict(rho=rho, lam=lam, epsilon=eps)
         state = train(params, e_sel, seed=seed)
         value = evaluate(state[0])
-        rows.append(dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e_sel, score=value, stage=stage))
+        rows.append(
+            dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e_sel * scale, score=value, stage=stage)
+        )
         seen[key] = (value, state)
         log_message(
             verbose,
@@ -958,13 +969,15 @@ def _select(
         state = train(chosen, e - done, state=state)
         done = e
         v = evaluate(state[0])
-        rows.append(dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e, score=v, stage=4))
+        rows.append(dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e * scale, score=v, stage=4))
         log_message(verbose, "%s: %d epochs: held-out score %.4f", owner, e, v)
         scores[e] = v
     # the longest training scoring within 0.01 of the best (more epochs only lower the bound;
     # small differences between checkpoints are validation noise)
     top = max(scores.values())
-    chosen["n_epochs"] = max(e for e, v in scores.items() if v >= top - 0.01)
+    best_e = max(e for e, v in scores.items() if v >= top - 0.01)
+    # in epochs of the final training's length
+    chosen["n_epochs"] = max(1, int(round(best_e * ppe / ppe_final)))
     return chosen, rows
 
 
