@@ -146,3 +146,25 @@ def test_bad_supervision(digits):
         BinaryReconstructiveEmbedding(8).fit(X[:50], np.zeros(50))
     with pytest.raises(ValueError, match="rows"):
         BinaryReconstructiveEmbedding(8).fit(X[:50], pairs=[[0, 50]], similar=[True])
+
+
+@pytest.mark.parametrize("kernel", ["linear", "rbf"])
+@pytest.mark.parametrize("factor", [1e150, 1e200, 1e300, 1e-300])
+def test_large_or_tiny_finite_input_gives_a_finite_model(kernel, factor):
+    """Issue 13: finite but large input used to overflow the kernel (a NaN model, no error).
+    Inputs are rescaled internally: every fitted array is finite and the codes equal those
+    of the unscaled data (the rescaling divides by the data's own RMS row norm)."""
+    X = np.random.default_rng(0).standard_normal((200, 5))
+    kw = dict(n_bits=8, kernel=kernel, n_landmarks=16, n_iter=1, random_state=0)
+    ref = BinaryReconstructiveEmbedding(**kw).fit(X)
+    h = BinaryReconstructiveEmbedding(**kw).fit(X * factor)
+    for name in ("landmarks_", "weights_", "kernel_mean_", "objective_history_"):
+        assert np.isfinite(getattr(h, name)).all(), name
+    assert np.isfinite(h.gamma_) and h.input_scale_ > 0
+    np.testing.assert_array_equal(h.encode(X * factor), ref.encode(X))
+
+
+def test_constant_input_is_finite_or_refused():
+    X = np.full((50, 4), 3.0)
+    h = BinaryReconstructiveEmbedding(8, n_landmarks=8, n_iter=1, random_state=0).fit(X)
+    assert np.isfinite(h.weights_).all() and np.isfinite(h.kernel_mean_).all()
