@@ -768,3 +768,194 @@ def test_kernels_compile_and_cache_without_any_writable_numba_cache_dir(tmp_path
     fallback, result = out.split("\n")[:2]
     assert result == "[[0, 1]]"
     assert any(Path(fallback).rglob("*.nbi"))  # compiled kernels were cached there
+
+
+# ----------------------------------------------------------------- fuzzing the loaders
+#
+# Each fuzz target runs a few hundred examples in the fast suite and 10^4 in the slow one
+# (`make test-all`, CI's full run): every damaged input is loaded or refused with a
+# ValueError (FileNotFoundError for a save whose meta.json is gone), never another error.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FUZZ_FAST = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=None,
+)
+FUZZ_FULL = settings(FUZZ_FAST, max_examples=10_000)
+
+
+def _save_template() -> dict[str, bytes]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        index = FlatIndex(64)
+        index.add(_codes(0, 12), ids=np.arange(12) * 3 + 1)
+        index.save(Path(tmp) / "idx")
+        opened = FlatIndex.open(Path(tmp) / "idx")
+        opened.add(_codes(1, 3))  # an appended block too
+        return {p.name: p.read_bytes() for p in (Path(tmp) / "idx").iterdir()}
+
+
+_TEMPLATE = _save_template()
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _paths(value, (*prefix, i))
+
+
+@st.composite
+def damaged_saves(draw):
+    files = dict(_TEMPLATE)
+    meta = json.loads(files["meta.json"])
+    kind = draw(st.sampled_from(["meta-value", "meta-delete", "meta-bytes", "array", "both"]))
+    if kind in ("meta-value", "meta-delete", "both"):
+        paths = [p for p in _paths(meta) if p]
+        path = draw(st.sampled_from(paths))
+        parent = meta
+        for key in path[:-1]:
+            parent = parent[key]
+        if kind == "meta-delete":
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(json_values)
+        files["meta.json"] = json.dumps(meta).encode()
+    if kind == "meta-bytes":
+        raw = bytearray(files["meta.json"])
+        for _ in range(draw(st.integers(1, 4))):
+            raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
+        files["meta.json"] = bytes(raw)
+    if kind in ("array", "both"):
+        name = draw(st.sampled_from(sorted(n for n in files if n.endswith(".npy"))))
+        raw = bytearray(files[name])
+        action = draw(st.sampled_from(["flip", "truncate", "extend", "header"]))
+        if action == "flip":
+            for _ in range(draw(st.integers(1, 8))):
+                raw[draw(st.integers(0, len(raw) - 1))] ^= 1 << draw(st.integers(0, 7))
+        elif action == "truncate":
+            del raw[draw(st.integers(0, len(raw) - 1)) :]
+        elif action == "extend":
+            raw += draw(st.binary(min_size=1, max_size=64))
+        else:  # rewrite the .npy header's dict
+            header = draw(st.sampled_from([b"'<u8'", b"'<i8'", b"'|u1'", b"'|O'", b"(1,)"]))
+            start = raw.find(b"'descr': ") + len(b"'descr': ")
+            raw[start : start + len(header)] = header
+        files[name] = bytes(raw)
+        if draw(st.booleans()) and kind == "array":  # a crafted save: checksums made to match
+            meta = json.loads(files["meta.json"])
+            for entry in meta["arrays"].values():
+                if entry["file"] == name and "appended" not in entry:
+                    entry["sha256"] = hashlib.sha256(files[name]).hexdigest()
+            files["meta.json"] = json.dumps(meta).encode()
+    return files, draw(st.booleans()), draw(st.booleans())
+
+
+def _check_damaged_save(case) -> None:
+    import tempfile
+
+    files, mmap, verify = case
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "idx"
+        path.mkdir()
+        for name, content in files.items():
+            (path / name).write_bytes(content)
+        try:
+            loaded = io.load(path, mmap=mmap, verify=verify)
+        except ValueError as exc:
+            assert str(exc)
+            return
+        assert isinstance(loaded, FlatIndex)
+        D, I = loaded.search(_codes(9, 2), 4)  # a loaded index must be usable
+        assert D.shape == I.shape == (2, 4)
+        del loaded, D, I
+
+
+@FUZZ_FAST
+@given(damaged_saves())
+def test_fuzz_damaged_saves(case):
+    _check_damaged_save(case)
+
+
+@pytest.mark.slow
+@FUZZ_FULL
+@given(damaged_saves())
+def test_fuzz_damaged_saves_full(case):
+    _check_damaged_save(case)
+
+
+def _idx_bytes(arr: np.ndarray) -> bytes:
+    codes = {"uint8": 0x08, "int8": 0x09, "int16": 0x0B, "int32": 0x0C, "float32": 0x0D}
+    head = bytes([0, 0, codes[arr.dtype.name], arr.ndim]) + np.asarray(arr.shape, ">i4").tobytes()
+    return head + arr.astype(arr.dtype.newbyteorder(">")).tobytes()
+
+
+@st.composite
+def damaged_idx(draw):
+    import gzip
+
+    dtype = draw(st.sampled_from(["uint8", "int8", "int16", "int32", "float32"]))
+    shape = draw(st.lists(st.integers(0, 5), min_size=0, max_size=3))
+    raw = bytearray(_idx_bytes(np.zeros(shape, dtype)))
+    for _ in range(draw(st.integers(0, 3))):
+        action = draw(st.sampled_from(["flip", "truncate", "extend"]))
+        if action == "flip" and raw:
+            raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
+        elif action == "truncate":
+            del raw[draw(st.integers(0, len(raw))) :]
+        else:
+            raw += draw(st.binary(max_size=16))
+    data = bytes(raw)
+    if draw(st.booleans()):
+        data = bytearray(gzip.compress(data, compresslevel=1))
+        if draw(st.booleans()):
+            cut = draw(st.integers(0, len(data)))
+            data = data[:cut] if draw(st.booleans()) else data
+            if data and draw(st.booleans()):
+                data[draw(st.integers(0, len(data) - 1))] ^= 0xFF
+        data = bytes(data)
+    return data
+
+
+def _check_idx(data: bytes) -> None:
+    import tempfile
+
+    from hashlearn.datasets import read_idx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x-idx1-ubyte"
+        path.write_bytes(data)
+        try:
+            arr = read_idx(path)
+        except ValueError as exc:
+            assert str(path) in str(exc)
+            return
+        assert isinstance(arr, np.ndarray) and arr.dtype.isnative
+
+
+@FUZZ_FAST
+@given(damaged_idx())
+def test_fuzz_idx_files(data):
+    _check_idx(data)
+
+
+@pytest.mark.slow
+@FUZZ_FULL
+@given(damaged_idx())
+def test_fuzz_idx_files_full(data):
+    _check_idx(data)

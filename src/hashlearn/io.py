@@ -39,6 +39,7 @@ import secrets
 import shutil
 import stat
 import time
+import tokenize
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -323,7 +324,15 @@ def _read_header(f, file: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
         else:
             raise ValueError(f"unsupported .npy version {version}")
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+    except (
+        ValueError,
+        OSError,
+        EOFError,
+        SyntaxError,
+        TypeError,
+        RecursionError,
+        tokenize.TokenError,  # numpy's header parser tokenizes the header's dict
+    ) as exc:
         raise ValueError(f"{file} is corrupted or truncated: {exc}") from None
     if dtype.hasobject:
         raise ValueError(f"{file} holds Python objects (dtype {dtype}); it is never unpickled.")
