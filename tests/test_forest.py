@@ -10,7 +10,7 @@ from sklearn.exceptions import NotFittedError
 from hashlearn.datasets import load_digits
 from hashlearn.evaluate import exact_knn, recall_at_m_from_ids
 from hashlearn.forest.base import TreeBuilder, tree_leaves, weighted_candidates_csr
-from hashlearn.forest.boosted import BoostedSearchForest, _best_threshold
+from hashlearn.forest.boosted import BoostedSearchForest, _best_threshold, _candidate_directions
 from hashlearn.forest.kmeans_tree import KMeansTree
 from hashlearn.forest.lsh_tables import LSHTables
 from hashlearn.index.table import KEY_LOCAL_MASK, TableIndex
@@ -424,3 +424,27 @@ def test_weighted_candidates_unit_weights_are_collision_counts(blobs):
         weighted_candidates_csr(index, km.keys(blobs[:2]), np.array([1.0, 0.0, 1.0]))
     with pytest.raises(TypeError, match="TableIndex"):
         weighted_candidates_csr(object(), km.keys(blobs[:2]), np.ones(3))
+
+
+@pytest.mark.parametrize(
+    "m, n_pairs, d", [(5, 3, 24), (12, 10, 24), (40, 60, 24), (300, 900, 24), (300, 900, 12)]
+)
+def test_candidate_directions_are_the_top_eigenvectors(m, n_pairs, d):
+    """Eq. 18's direction (and the principal direction) against numpy's dense eigh: exact
+    reductions for small nodes, 16 Lanczos steps for larger ones (checked to be within a
+    small angle on data with a decaying spectrum, as image features have)."""
+    rng = np.random.default_rng(m)
+    Xc = rng.standard_normal((m, d)) * np.geomspace(4.0, 0.1, d)
+    Xc -= Xc.mean(axis=0)
+    a, b = rng.integers(0, m, n_pairs), rng.integers(0, m, n_pairs)
+    pw = rng.random(n_pairs) + 0.1
+    dirs = _candidate_directions(Xc, Xc, a, b, pw)
+    S = np.zeros((m, m))
+    np.add.at(S, (a, b), pw)
+    top_pair = np.linalg.eigh(Xc.T @ (S + S.T) @ Xc)[1][:, -1]
+    top_pca = np.linalg.eigh(Xc.T @ Xc)[1][:, -1]
+    np.testing.assert_allclose(np.linalg.norm(dirs, axis=1), 1.0, atol=1e-9)
+    assert abs(dirs[0] @ top_pair) > 0.999
+    assert abs(dirs[2] @ top_pca) > 0.999
+    no_pairs = _candidate_directions(Xc, Xc, a[:0], b[:0], pw[:0])
+    assert no_pairs.shape == (1, d) and abs(no_pairs[0] @ top_pca) > 0.999

@@ -59,24 +59,27 @@ the unweighted collision count.)
 
 from __future__ import annotations
 
+import heapq
 import time
 import warnings
 
+import numba
 import numpy as np
-import scipy.sparse as sp
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from hashlearn._validation import check_int, check_real
-from hashlearn.forest.base import BaseBucketer, TreeBuilder, node_scores, tree_leaves
+from hashlearn.forest.base import BaseBucketer, TreeBuilder, _score, node_scores, tree_leaves
 from hashlearn.io import persistable
 from hashlearn.kernels import log_message
 
 __all__ = ["BoostedSearchForest"]
 
 _MIN_RANDOM_PAIRS = 20
+_NO_PROJ = np.zeros((1, 1))
+_NO_FEATURES = np.zeros(0, np.int64)
 
 
 class _Node:
@@ -87,6 +90,50 @@ class _Node:
         self.wbar, self.depth = wbar, depth
         self.split = None
         self.gain = -np.inf
+
+
+@numba.njit(cache=True, nogil=True)
+def _best_threshold_kernel(v_rows, v_a, v_b, weight, cost, min_leaf, n_thresholds):
+    m = v_rows.shape[0]
+    s = np.sort(v_rows)
+    best_theta = np.nan
+    best_gain = -np.inf
+    first = True
+    prev_q = 0.0
+    r = 0
+    for t in range(1, n_thresholds + 1):
+        p = (t * (m - 1)) // (n_thresholds + 1)
+        q = s[p]
+        if not first and q == prev_q:
+            continue  # the same candidate again
+        first = False
+        prev_q = q
+        r = max(r, p + 1)
+        while r < m and s[r] <= q:
+            r += 1
+        if r >= m:
+            break  # no larger value: this and every later candidate split nothing off
+        upper = s[r]
+        mid = q / 2.0 + upper / 2.0
+        if not (mid > q and mid < upper):
+            mid = q  # adjacent floats: v > q is the same split
+        m_left = m - r
+        m_right = r
+        if best_theta != best_theta:  # nan: the first valid candidate
+            best_theta = mid
+        if m_left < min_leaf or m_right < min_leaf:
+            continue
+        cut = 0.0
+        for k in range(weight.shape[0]):
+            lo = min(v_a[k], v_b[k])
+            hi = max(v_a[k], v_b[k])
+            if lo <= q and hi > q:
+                cut += weight[k]
+        gain = 2.0 * cost * float(m_left) * float(m_right) - cut
+        if gain > best_gain:
+            best_gain = gain
+            best_theta = mid
+    return best_theta, best_gain
 
 
 def _best_threshold(
@@ -104,37 +151,204 @@ def _best_threshold(
     The candidates are ``n_thresholds`` quantiles of ``v_rows``; each threshold is put
     midway between the quantile and the next larger distinct value (as scikit-learn's tree
     splitter does), never on a training value, so no training point lies on a split plane.
-    Returns ``(nan, -inf)`` when every value is equal.
+    Returns ``(nan, -inf)`` when every value is equal (numba kernel; the first best
+    candidate wins ties).
     """
-    m = len(v_rows)
-    sorted_v = np.sort(v_rows)
-    picks = (np.arange(1, n_thresholds + 1) * (m - 1)) // (n_thresholds + 1)
-    qs = np.unique(sorted_v[picks])
-    m_right = np.searchsorted(sorted_v, qs, side="right")
-    valid = m_right < m  # a larger value exists
-    qs, m_right = qs[valid], m_right[valid]
-    if len(qs) == 0:
-        return float("nan"), -np.inf
-    upper = sorted_v[m_right]  # the next distinct value above each candidate
-    mids = qs / 2.0 + upper / 2.0
-    # adjacent floats: the midpoint rounds onto one of them; v > qs is the same split
-    mids = np.where((mids > qs) & (mids < upper), mids, qs)
-    m_left = m - m_right
-    if len(weight):
-        lo, hi = np.minimum(v_a, v_b), np.maximum(v_a, v_b)
-        o_lo, o_hi = np.argsort(lo), np.argsort(hi)
-        cum_lo = np.concatenate([[0.0], np.cumsum(weight[o_lo])])
-        cum_hi = np.concatenate([[0.0], np.cumsum(weight[o_hi])])
-        cut = (
-            cum_lo[np.searchsorted(lo[o_lo], qs, side="right")]
-            - cum_hi[np.searchsorted(hi[o_hi], qs, side="right")]
-        )
+    theta, gain = _best_threshold_kernel(
+        np.ascontiguousarray(v_rows, dtype=np.float64),
+        np.ascontiguousarray(v_a, dtype=np.float64),
+        np.ascontiguousarray(v_b, dtype=np.float64),
+        np.ascontiguousarray(weight, dtype=np.float64),
+        float(cost),
+        int(min_leaf),
+        int(n_thresholds),
+    )
+    return float(theta), float(gain)
+
+
+_LANCZOS_STEPS = 16
+_FAST = {"reassoc", "nsz", "arcp", "contract"}  # direction finding only, never routing
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def _apply_node_matrix(pairs, Xc, a_loc, b_loc, pw, v, out, u, t):
+    """``out = A v`` without forming ``A``: ``A = Xc^T (S + S^T) Xc`` when ``pairs`` (eq. 18),
+    else ``A = Xc^T Xc`` (the scatter matrix)."""
+    m, d = Xc.shape
+    for i in range(m):
+        acc = 0.0
+        for j in range(d):
+            acc += Xc[i, j] * v[j]
+        u[i] = acc
+    if pairs:
+        t[:] = 0.0
+        for e in range(pw.shape[0]):
+            t[a_loc[e]] += pw[e] * u[b_loc[e]]
+            t[b_loc[e]] += pw[e] * u[a_loc[e]]
     else:
-        cut = np.zeros(len(qs))
-    gain = 2.0 * cost * m_left.astype(np.float64) * m_right - cut
-    gain[(m_left < min_leaf) | (m_right < min_leaf)] = -np.inf
-    best = int(np.argmax(gain))
-    return float(mids[best]), float(gain[best])
+        t[:] = u
+    out[:] = 0.0
+    for i in range(m):
+        ti = t[i]
+        for j in range(d):
+            out[j] += Xc[i, j] * ti
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def _lanczos_top(pairs, Xc, a_loc, b_loc, pw, n_steps, n_vec):
+    """Top ``n_vec`` Ritz vectors (columns, largest eigenvalue last) of ``A`` (see
+    :func:`_apply_node_matrix`) from ``n_steps`` Lanczos steps with full
+    re-orthogonalisation, started from a fixed generic vector."""
+    m, d = Xc.shape
+    k = min(n_steps, d)
+    V = np.zeros((k, d))
+    alpha = np.zeros(k)
+    beta = np.zeros(k)
+    w = np.empty(d)
+    u = np.empty(m)
+    t = np.empty(m)
+    for j in range(d):
+        V[0, j] = 1.0 + j / d
+    V[0] /= np.sqrt(np.sum(V[0] * V[0]))
+    steps = 0
+    scale = 0.0
+    for j in range(k):
+        _apply_node_matrix(pairs, Xc, a_loc, b_loc, pw, V[j], w, u, t)
+        alpha[j] = np.sum(w * V[j])
+        scale = max(scale, abs(alpha[j]))
+        for _rep in range(2):
+            for i in range(j + 1):
+                c = np.sum(w * V[i])
+                w -= c * V[i]
+        b = np.sqrt(np.sum(w * w))
+        steps = j + 1
+        if j + 1 == k or b <= 1e-10 * max(scale, 1e-300):
+            break
+        beta[j] = b
+        V[j + 1] = w / b
+    T = np.zeros((steps, steps))
+    for j in range(steps):
+        T[j, j] = alpha[j]
+        if j + 1 < steps:
+            T[j, j + 1] = beta[j]
+            T[j + 1, j] = beta[j]
+    vals, vecs = np.linalg.eigh(T)
+    n_out = min(n_vec, steps)
+    out = np.zeros((d, n_vec))
+    for c in range(n_out):
+        col = vecs[:, steps - n_out + c]
+        for j in range(steps):
+            out[:, n_vec - n_out + c] += col[j] * V[j]
+    for c in range(n_vec - n_out):  # fewer Ritz vectors than asked: repeat the top one
+        out[:, c] = out[:, n_vec - 1]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
+    """Candidate split directions of a node, rows of a ``(k, d)`` array: the top two
+    eigenvectors of ``A = X~^T (S + S^T) X~`` (eq. 18, ``S_ab = w_ab z_ab``; only when the
+    node holds similar pairs) and the top principal direction of ``sub`` (the centred node
+    data or a sample of it: a cheap fallback candidate).
+
+    Small problems are solved exactly: when the pairs touch ``r < d`` distinct rows
+    ``Y = X~[U]``, ``A = Y^T S' Y`` has rank ``<= r`` and, with ``Y^T = Q R``, its
+    eigenvectors for nonzero eigenvalues are ``Q u`` for the eigenvectors ``u`` of the
+    ``r x r`` matrix ``R S' R^T`` (the top eigenvalue of ``A`` is positive whenever a pair
+    has positive weight, so the reduction never drops it); the principal direction likewise
+    comes from the ``m x m`` Gram matrix when ``m < d``. When that reduced problem is larger
+    than ``_LANCZOS_STEPS`` (16), the top eigenvectors are approximated by 16 Lanczos steps
+    with full re-orthogonalisation, applying ``A`` implicitly (``O(m d + pairs)`` per step).
+    """
+    d = Xc.shape[1]
+    n_pairs = a_loc.shape[0]
+    n_dirs = 1 if n_pairs == 0 else 3
+    out = np.zeros((n_dirs, d))
+    k = 0
+    if n_pairs:
+        m = Xc.shape[0]
+        slot = np.full(m, -1, np.int64)
+        rows = np.empty(2 * n_pairs, np.int64)
+        r = 0
+        for e in range(2 * n_pairs):
+            i = a_loc[e] if e < n_pairs else b_loc[e - n_pairs]
+            if slot[i] < 0:
+                slot[i] = r
+                rows[r] = i
+                r += 1
+        if min(r, d) > _LANCZOS_STEPS:
+            vecs = _lanczos_top(True, Xc, a_loc, b_loc, pw, _LANCZOS_STEPS, 2)
+        elif r < d:
+            S = np.zeros((r, r))
+            for e in range(n_pairs):
+                ia = slot[a_loc[e]]
+                ib = slot[b_loc[e]]
+                S[ia, ib] += pw[e]
+                S[ib, ia] += pw[e]
+            Yt = np.empty((d, r))
+            for c in range(r):
+                Yt[:, c] = Xc[rows[c]]
+            Q, R = np.linalg.qr(Yt)
+            B = R @ S @ R.T
+            vals, vecs = np.linalg.eigh(0.5 * (B + B.T))
+            vecs = Q @ np.ascontiguousarray(vecs)
+        else:
+            A = np.zeros((d, d))
+            for e in range(n_pairs):
+                xa = Xc[a_loc[e]]
+                xb = Xc[b_loc[e]]
+                for i in range(d):
+                    c = pw[e] * xa[i]
+                    for j in range(d):
+                        A[i, j] += c * xb[j]
+            vals, vecs = np.linalg.eigh(A + A.T)
+        nv = vecs.shape[1]
+        out[0] = vecs[:, nv - 1]
+        out[1] = vecs[:, nv - 2] if nv > 1 else vecs[:, nv - 1]
+        k = 2
+    m_sub = sub.shape[0]
+    empty = np.zeros(0, np.int64)
+    if min(m_sub, d) > _LANCZOS_STEPS:
+        out[k] = _lanczos_top(False, sub, empty, empty, np.zeros(0), _LANCZOS_STEPS, 1)[:, 0]
+    elif m_sub < d:
+        vals, vecs = np.linalg.eigh(sub @ sub.T)
+        v = sub.T @ vecs[:, m_sub - 1]
+        norm = np.sqrt(np.sum(v * v))
+        if norm > 0:
+            out[k] = v / norm
+        else:
+            out[k, 0] = 1.0
+    else:
+        vals, vecs = np.linalg.eigh(sub.T @ sub)
+        out[k] = vecs[:, d - 1]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _best_split_kernel(X, rows, proj, feature_list, a_loc, b_loc, pw, cost, min_leaf, n_thresholds):
+    """Best split of a node over candidate splits: ``proj`` rows (hyperplanes, when
+    ``feature_list`` is empty) or the stumps on ``feature_list``. Scores use the forest's
+    split-score kernel (the arithmetic of ``keys``). Returns (candidate, theta, gain); the
+    first best candidate wins ties."""
+    m = rows.shape[0]
+    n_cand = proj.shape[0] if feature_list.shape[0] == 0 else feature_list.shape[0]
+    v = np.empty(m)
+    v_a = np.empty(a_loc.shape[0])
+    v_b = np.empty(a_loc.shape[0])
+    best_c = -1
+    best_theta = np.nan
+    best_gain = -np.inf
+    for c in range(n_cand):
+        f = -(c + 1) if feature_list.shape[0] == 0 else feature_list[c]
+        for i in range(m):
+            v[i] = _score(X, rows[i], f, proj)
+        for e in range(a_loc.shape[0]):
+            v_a[e] = v[a_loc[e]]
+            v_b[e] = v[b_loc[e]]
+        theta, gain = _best_threshold_kernel(v, v_a, v_b, pw, cost, min_leaf, n_thresholds)
+        if gain > best_gain:
+            best_c, best_theta, best_gain = c, theta, gain
+    return best_c, best_theta, best_gain
 
 
 @persistable
@@ -419,15 +633,15 @@ class BoostedSearchForest(BaseBucketer):
         )
         where = np.zeros(n, np.int64)  # training row -> position in `where_rows` bookkeeping
         self._find_split(X, start, sa, sb, sim_weight, lam, where, rng)
-        open_nodes = [start]
-        leaves: list[_Node] = []
+        # best-first: a heap on (-gain, creation order), so equal gains go first-come
+        heap = [(-start.gain, 0, start)]
+        counter = 1
         n_leaves = 1
-        while open_nodes:
-            best = max(range(len(open_nodes)), key=lambda i: open_nodes[i].gain)
-            node = open_nodes[best]
+        while heap:
+            node = heap[0][2]
             if node.gain <= 0 or n_leaves >= max_leaves:
                 break
-            open_nodes.pop(best)
+            heapq.heappop(heap)
             feature, direction, threshold = node.split
             # the same kernel as keys(): a training row reaches the leaf keys() gives it
             left_mask = node_scores(X, node.rows, feature, direction) > threshold
@@ -444,9 +658,10 @@ class BoostedSearchForest(BaseBucketer):
                 child_node = _Node(child, rows, sim, rand, wbar, node.depth + 1)
                 if child_node.depth < self.max_depth:
                     self._find_split(X, child_node, sa, sb, sim_weight, lam, where, rng)
-                open_nodes.append(child_node)
+                heapq.heappush(heap, (-child_node.gain, counter, child_node))
+                counter += 1
             # the sides of the rows below are written again by their own splits
-        leaves = open_nodes
+        leaves = [entry[2] for entry in heap]
         leaf_of_row = np.empty(n, np.int64)
         # number leaves like TreeBuilder.finish_tree (depth-first, left first)
         node_leaf = {}
@@ -469,46 +684,33 @@ class BoostedSearchForest(BaseBucketer):
         min_leaf = self.min_samples_leaf
         if m < 2 * min_leaf or m < 2:
             return
-        Xn = X[node.rows]
         cost = lam * node.wbar
         # local indices of the similar pairs' endpoints
         where[node.rows] = np.arange(m)
-        a_loc, b_loc = where[sa[node.sim]], where[sb[node.sim]]
-        pw = sim_weight[node.sim]
+        a_loc = np.ascontiguousarray(where[sa[node.sim]])
+        b_loc = np.ascontiguousarray(where[sb[node.sim]])
+        pw = np.ascontiguousarray(sim_weight[node.sim], dtype=np.float64)
+        rows = np.ascontiguousarray(node.rows, dtype=np.int64)
         use_stump = self.split == "stump" or (self.split == "hybrid" and m > self.stump_above)
         best = (-np.inf, None)
         if use_stump:
-            for f in range(X.shape[1]):
-                v = Xn[:, f]
-                if v[0] == v.max() and v[0] == v.min():
-                    continue
-                theta, gain = _best_threshold(
-                    v, v[a_loc], v[b_loc], pw, cost, min_leaf, self.n_thresholds
-                )
-                if gain > best[0]:
-                    best = (gain, (f, None, theta))
+            features = np.arange(X.shape[1], dtype=np.int64)
+            c, theta, gain = _best_split_kernel(
+                X, rows, _NO_PROJ, features, a_loc, b_loc, pw, cost, min_leaf, self.n_thresholds
+            )
+            if c >= 0:
+                best = (gain, (int(features[c]), None, theta))
         else:
-            mean = Xn.mean(axis=0)
-            Xc = Xn - mean
-            directions = []
-            if len(pw):
-                S = sp.coo_matrix((pw, (a_loc, b_loc)), shape=(m, m)).tocsr()
-                A = Xc.T @ (S @ Xc)
-                A = A + A.T
-                vals, vecs = np.linalg.eigh(A)
-                directions += [vecs[:, -1], vecs[:, -2]] if len(vals) > 1 else [vecs[:, -1]]
+            Xn = X[rows]
+            Xc = Xn - Xn.mean(axis=0)
             # the node's top principal direction (a cheap fallback candidate)
             sub = Xc if m <= 2000 else Xc[rng.choice(m, 2000, replace=False)]
-            directions.append(np.linalg.eigh(sub.T @ sub)[1][:, -1])
-            for p in directions:
-                v = node_scores(X, node.rows, None, p)
-                if v.max() == v.min():
-                    continue
-                theta, gain = _best_threshold(
-                    v, v[a_loc], v[b_loc], pw, cost, min_leaf, self.n_thresholds
-                )
-                if gain > best[0]:
-                    best = (gain, (None, p.astype(np.float64), theta))
+            dirs = _candidate_directions(Xc, np.ascontiguousarray(sub), a_loc, b_loc, pw)
+            c, theta, gain = _best_split_kernel(
+                X, rows, dirs, _NO_FEATURES, a_loc, b_loc, pw, cost, min_leaf, self.n_thresholds
+            )
+            if c >= 0:
+                best = (gain, (None, dirs[c].copy(), theta))
         node.gain, node.split = best
 
     def table_weights(self) -> np.ndarray:
