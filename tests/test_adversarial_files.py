@@ -959,3 +959,80 @@ def test_fuzz_idx_files(data):
 @given(damaged_idx())
 def test_fuzz_idx_files_full(data):
     _check_idx(data)
+
+
+# ------------------------------------------------------------------------------ datasets
+
+
+@pytest.mark.parametrize(
+    ("damage", "culprit"),
+    [
+        ("truncated-gz", "train-images-idx3-ubyte.gz"),
+        ("bad-gzip-crc", "train-images-idx3-ubyte.gz"),
+        ("wrong-magic", "t10k-images-idx3-ubyte"),
+        ("wrong-counts", "t10k-labels-idx1-ubyte"),
+        ("wrong-labels", "t10k-labels-idx1-ubyte"),
+    ],
+)
+def test_corrupted_fashion_mnist_is_one_value_error_naming_the_file(tmp_path, damage, culprit):
+    from hashlearn.datasets import load_fashion_mnist
+
+    directory = _fashion_dir(tmp_path, damage)
+    with pytest.raises(ValueError) as info:
+        load_fashion_mnist(directory)
+    assert str(directory / culprit) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["text", "truncated", "no-neighbors", "sparse", "shapes", "strings", "group", "ids"]
+)
+def test_files_that_are_not_ann_benchmarks_are_a_value_error_naming_them(cli_files, name):
+    from hashlearn.datasets import check_ann_benchmarks, load_ann_benchmarks
+
+    path = cli_files[name]
+    for reader in (load_ann_benchmarks, check_ann_benchmarks):
+        with pytest.raises(ValueError) as info:
+            reader(path)
+        assert str(path) in str(info.value)
+    assert load_ann_benchmarks(cli_files["good"]).train.shape == (30, 4)
+
+
+def _check_fvecs(data: bytes) -> None:
+    import tempfile
+
+    from hashlearn.datasets import read_fvecs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.fvecs"
+        path.write_bytes(data)
+        try:
+            X = read_fvecs(path)
+        except ValueError as exc:
+            assert str(path) in str(exc)
+            return
+        assert X.dtype == np.float32 and X.ndim == 2
+        assert len(data) == X.shape[0] * (4 + 4 * X.shape[1])
+
+
+fvecs_bytes = st.one_of(
+    st.binary(max_size=64),
+    st.builds(
+        lambda d, n, tail: (np.int32(d).tobytes() + b"\0" * 4 * d) * n + tail,
+        st.integers(-2, 6),
+        st.integers(0, 4),
+        st.binary(max_size=6),
+    ),
+)
+
+
+@FUZZ_FAST
+@given(fvecs_bytes)
+def test_fuzz_fvecs_files(data):
+    _check_fvecs(data)
+
+
+@pytest.mark.slow
+@FUZZ_FULL
+@given(fvecs_bytes)
+def test_fuzz_fvecs_files_full(data):
+    _check_fvecs(data)
