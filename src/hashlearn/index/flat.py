@@ -108,11 +108,23 @@ class FlatIndex(BinaryIndex):
             )
         else:
             self._save_snapshot(snap)
-        self._remap()
+        self._remap(snap)
 
-    def _remap(self) -> None:
-        reopened = type(self).load(self._path, mmap=True, verify=False)
-        self._store.publish(reopened._store.snapshot)
+    def _remap(self, written: Snapshot) -> None:
+        """Publish the state just written as memory maps of the files. They hold what this
+        writer checked and wrote (``written``), so only their shapes are checked: an append
+        stays O(new rows) instead of re-validating the whole index."""
+        meta, arrays = io.read_dir(self._path, mmap=True, verify=False)
+        words, ids = arrays.get("words"), arrays.get("ids")
+        if (
+            words is None
+            or ids is None
+            or words.shape != written.rows["words"].shape
+            or ids.shape != written.ids.shape
+            or meta["state"].get("next_id") != written.next_id
+        ):
+            raise ValueError(f"{self._path} changed while this index was writing to it")
+        self._store.publish(Snapshot(ids, {"words": words}, written.next_id))
 
     def remove(self, ids, *, missing: str = "raise") -> int:
         """Remove the codes with these ids; the other ids stay as they are.
@@ -128,7 +140,7 @@ class FlatIndex(BinaryIndex):
                     self._store.publish(snap)
                 else:
                     self._save_snapshot(snap)
-                    self._remap()
+                    self._remap(snap)
         return removed
 
     # ---------------------------------------------------------------------------- search
