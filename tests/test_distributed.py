@@ -116,3 +116,116 @@ def test_unreachable_scheduler_fails_fast_with_a_clear_error():
     assert time.monotonic() - start < 30  # a bounded failure, not a hang
     with pytest.raises(ValueError, match="timeout"):
         connect("tcp://127.0.0.1:9", timeout=0)
+
+
+# ------------------------------------------------------- recovery, add / remove, save / load
+
+
+def _equal(got, want):
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["codes", "dask"])
+def test_lost_shards_are_rebuilt_from_their_source(client, problem, kind):
+    """Futures lost with a worker (here: cancelled, as ``client.restart()`` does) are rebuilt
+    from the client's codes or the dask array's lineage, and the search is still exact."""
+    db, q = problem
+    if kind == "codes":
+        sharded = ShardedIndex.from_codes(client, db, n_bits=64, n_shards=3, index="mih")
+    else:
+        sharded = ShardedIndex.from_dask_array(
+            client, da.from_array(db, chunks=(2500, 8)), n_bits=64
+        )
+    want = reference(db, q, 10)
+    _equal(sharded.search(q, 10), want)
+    client.cancel(sharded.shards[:2])  # as a restart or a lost worker leaves them
+    assert sharded.shards[0].status == "cancelled"
+    _equal(sharded.search(q, 10), want)
+    assert all(f.status == "finished" for f in sharded.shards)
+    client.cancel(sharded.shards)
+    assert len(sharded) == len(db)
+
+
+def test_add_and_remove_route_to_shards_and_survive_a_rebuild(client, problem):
+    db, q = problem
+    sharded = ShardedIndex.from_codes(client, db[:4000], n_bits=64, n_shards=3)
+    new_ids = np.arange(4000, 6000) * 3  # disjoint from 0..3999
+    assert sharded.add(db[4000:], ids=new_ids).tolist() == new_ids.tolist()
+    drop = np.arange(0, 4000, 7)
+    assert sharded.remove(drop) == len(drop)
+    keep = np.setdiff1d(np.arange(4000), drop)
+    flat = FlatIndex(64)
+    flat.add(np.concatenate([db[keep], db[4000:]]), ids=np.concatenate([keep, new_ids]))
+    want = flat.search(q, 25)
+    _equal(sharded.search(q, 25), want)
+    assert len(sharded) == len(flat)
+    client.cancel(sharded.shards)  # every shard lost: rebuilt from codes + logged add/remove
+    _equal(sharded.search(q, 25), want)
+    with pytest.raises(ValueError, match="already"):
+        sharded.add(db[:1], ids=[new_ids[0]])
+    with pytest.raises(ValueError, match="not in the index"):
+        sharded.remove([drop[0], 1])
+    _equal(sharded.search(q, 25), want)  # refused calls changed nothing
+
+
+def test_save_and_load_the_whole_sharded_index(client, problem, tmp_path):
+    db, q = problem
+    sharded = ShardedIndex.from_codes(client, db, n_bits=64, n_shards=3, index="mih")
+    sharded.remove([0, 1, 2])
+    sharded.save(tmp_path / "idx")
+    assert sorted(p.name[:6] for p in (tmp_path / "idx").iterdir() if p.is_dir()) == ["shard-"] * 3
+    loaded = ShardedIndex.load(client, tmp_path / "idx", mmap=True)
+    flat = FlatIndex(64)
+    flat.add(db[3:], ids=np.arange(3, len(db)))
+    want = flat.search(q, 10)
+    _equal(loaded.search(q, 10), want)
+    assert loaded.n_shards == 3 and len(loaded) == len(db) - 3
+    client.cancel(loaded.shards)  # reloaded from the save
+    _equal(loaded.search(q, 10), want)
+    # saving again replaces the save (old shard directories removed)
+    loaded.add(db[:3], ids=[0, 1, 2])
+    loaded.save(tmp_path / "idx")
+    again = ShardedIndex.load(client, tmp_path / "idx")
+    _equal(again.search(q, 10), reference(db, q, 10))
+    assert len([p for p in (tmp_path / "idx").iterdir() if p.is_dir()]) == 3
+    with pytest.raises(TypeError, match="ShardedIndex"):
+        flat.save(tmp_path / "flat")
+        ShardedIndex.load(client, tmp_path / "flat")
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_search_and_restart_on_process_cluster(problem):
+    """A real 2-process LocalCluster: kill a worker process while searches run, then
+    ``client.restart()``; every search still equals one FlatIndex."""
+    import os
+    import signal
+    import threading
+
+    db, q = problem
+    want = reference(db, q, 10)
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    try:
+        with distributed.Client(cluster) as c:
+            sharded = ShardedIndex.from_codes(c, db, n_bits=64, n_shards=4)
+            _equal(sharded.search(q, 10), want)
+            victim_pid = next(iter(cluster.workers.values())).process.process.pid
+            killer = threading.Timer(0.2, os.kill, (victim_pid, signal.SIGKILL))
+            killer.start()
+            deadline = time.monotonic() + 8
+            n = 0
+            while time.monotonic() < deadline or n < 3:
+                _equal(sharded.search(q, 10), want)
+                n += 1
+            killer.join()
+            assert victim_pid not in {
+                p.process.process.pid
+                for p in cluster.workers.values()
+                if p.process is not None and p.process.process is not None
+            }
+            c.restart(timeout=300)
+            _equal(sharded.search(q, 10), want)
+    finally:
+        cluster.close()
