@@ -19,7 +19,16 @@ function of eq. 32,
 where :math:`e_S` is the indicator of the ``t`` sampled indices and :math:`\\kappa_c` the
 kernel centred on the sample. Two items collide on a bit with probability
 :math:`1 - \\theta/\\pi`, :math:`\\theta` the angle between their centred feature vectors
-(eq. 6), so a linear kernel reproduces random-hyperplane LSH with centring.
+(eq. 6), so a linear kernel reproduces random-hyperplane LSH (Gaussian directions) with
+centring.
+
+**What it is for, measured.** Kernels whose feature space is implicit (non-vector objects,
+histogram kernels) and high-dimensional vectors. On Fashion-MNIST (784-d) the RBF default
+beats orthogonal random-hyperplane LSH on Euclidean neighbours (recall of the 50 nearest in
+the first 150 Hamming neighbours: 0.693 vs 0.539 at 32 bits, 0.814 vs 0.694 at 64); on
+low-dimensional data (digits, 64-d) it does not (0.783 vs 0.823 at 32 bits; 0.804 for
+Gaussian LSH): there, hash the input with ``RandomHyperplaneLSH``
+(``tests/test_defaults_vs_lsh.py``).
 """
 
 from __future__ import annotations

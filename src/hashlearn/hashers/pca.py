@@ -13,6 +13,17 @@ orthogonal rotation :math:`R` minimising the quantization loss
 :math:`R = \\hat U U^T` from the SVD :math:`B^T V = U S \\hat U^T`. Bits are
 :math:`[R^T V^T (x - \\mu) \\ge 0]`.
 
+**What they are for.** Euclidean nearest neighbours with *short* codes. PCA hashing spends
+one bit per principal direction, and the variance of direction ``k`` falls with ``k``, so
+beyond a few tens of bits (or the data's intrinsic dimension) its extra bits add more noise
+than information; ITQ's rotation spreads the variance over the bits and keeps improving.
+Measured (recall of the 50 Euclidean neighbours in the first 500 / 150 Hamming neighbours,
+orthogonal ``RandomHyperplaneLSH`` as reference): digits, PCAH 0.923 vs LSH 0.800 at 8 bits,
+0.925 vs 0.916 at 16, but 0.891 vs 0.976 at 32 and 0.823 vs 0.997 at 64 bits; ITQ 0.988 vs
+0.916 at 16 bits and 0.996 vs 0.976 at 32. Fashion-MNIST (784-d): PCAH 0.551 vs 0.376 at 16
+bits, 0.598 vs 0.539 at 32, 0.570 vs 0.694 at 64; ITQ 0.740 vs 0.539 at 32 and 0.818 vs 0.694
+at 64 (``tests/test_defaults_vs_lsh.py``).
+
 Both have at most ``min(n_samples, n_features)`` bits (a code cannot have more principal
 directions than the data has): a larger ``n_bits`` is clipped at fit time with a
 ``UserWarning`` and ``n_bits_`` gives the code length produced.

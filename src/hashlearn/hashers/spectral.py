@@ -14,6 +14,12 @@ are uniform in a box aligned with their principal directions:
    smallest frequencies :math:`m\\pi / (c_k - a_k)`, :math:`m \\ge 1`), and threshold each at 0.
 
 Long directions get several bits (higher modes); this is why SH degrades for long codes.
+
+**What it is for.** Euclidean nearest neighbours with short codes, or on high-dimensional
+data. Measured (recall of the 50 Euclidean neighbours in the first 500 / 150 Hamming
+neighbours; orthogonal ``RandomHyperplaneLSH`` as reference): digits (64-d) 0.918 vs 0.800 at
+8 bits and 0.950 vs 0.916 at 16, but 0.951 vs 0.976 at 32 bits; Fashion-MNIST (784-d) 0.673
+vs 0.539 at 32 bits and 0.734 vs 0.694 at 64 (``tests/test_defaults_vs_lsh.py``).
 """
 
 from __future__ import annotations
