@@ -1,11 +1,18 @@
 """ITML fit time: hashlearn's numba kernel vs metric-learn's ITML on identical constraints.
 
-metric-learn 0.7 fails on scikit-learn >= 1.6, so it runs in its own virtualenv (never a
-dependency of hashlearn), in a subprocess, on constraints saved to .npy files:
+metric-learn 0.7 cannot run beside the scikit-learn >= 1.6 that hashlearn requires (it
+passes ``force_all_finite``, which scikit-learn 1.6 removed), so it is not in any hashlearn
+extra: this script builds its own isolated virtualenv for it (once, with pip; needs network
+access the first time) and runs metric-learn there, in a subprocess, on constraints saved to
+.npy files. One command:
 
-    python3 -m venv /tmp/ml-venv && /tmp/ml-venv/bin/pip install metric-learn "scikit-learn<1.6"
     python bench/itml.py                      # writes the "bench-itml" section of docs/results.md
     python bench/itml.py --no-write --repeats 1
+    python bench/itml.py --setup-only         # only build the metric-learn venv
+
+The venv lives in ``--venv`` (default ``~/.cache/hashlearn/metric-learn-0.7``) and holds
+``metric-learn==0.7.0``, ``scikit-learn<1.6`` and ``numpy<2``; ``--python`` points at another
+interpreter that already has metric-learn instead.
 
 Both run the same algorithm (Davis et al. 2007) from A0 = I with gamma = 1 and the same
 bounds (u, l); the pairs are ordered similar-first, which is metric-learn's cyclic order, so
@@ -50,6 +57,27 @@ print(json.dumps({"times": times, "n_iter": int(getattr(m, "n_iter_", -1))}))
 """
 
 
+ML_REQUIREMENTS = ("metric-learn==0.7.0", "scikit-learn>=1.3,<1.6", "numpy<2", "scipy")
+DEFAULT_VENV = Path.home() / ".cache" / "hashlearn" / "metric-learn-0.7"
+
+
+def ensure_metric_learn_venv(venv: Path) -> Path:
+    """The python of an isolated venv with metric-learn 0.7, created with pip if missing."""
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import metric_learn, sklearn; print(sklearn.__version__)"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"building the metric-learn venv in {venv} (one time) ...", file=sys.stderr)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", *ML_REQUIREMENTS],
+        check=True,
+    )
+    subprocess.run(check, check=True)
+    return python
+
+
 def datasets(data_dir=None):
     X, y = load_digits()
     yield "digits (64-d, 10 classes)", X.astype(np.float64), y
@@ -67,11 +95,20 @@ def datasets(data_dir=None):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--python", default="/tmp/ml-venv/bin/python")
+    parser.add_argument(
+        "--python", default=None, help="interpreter with metric-learn (default: build --venv)"
+    )
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument("--setup-only", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--data-dir", default=None, help="Fashion-MNIST IDX directory")
     args = parser.parse_args()
+    if args.python is None:
+        args.python = str(ensure_metric_learn_venv(args.venv))
+    if args.setup_only:
+        print(args.python)
+        return
     rows = []
     for name, X, y in datasets(args.data_dir):
         pairs, similar = pairs_from_labels(y, 20 * len(np.unique(y)) ** 2, random_state=0)
