@@ -403,6 +403,7 @@ def flat64():
     return index
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
 def test_matrix_queries_give_the_ndarray_results(flat64):
     queries = _codes(1, 7)
     expected = flat64.search(queries, 5)
@@ -414,6 +415,7 @@ def test_matrix_queries_give_the_ndarray_results(flat64):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
 def test_matrix_codes_are_added_like_an_ndarray():
     a, b = FlatIndex(64), FlatIndex(64)
     a.add(_codes(0, 30))
@@ -434,6 +436,7 @@ def test_masked_queries_are_refused_when_anything_is_masked(flat64):
         FlatIndex(64).add(masked)
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
 def test_hasher_input_matrix_is_converted_and_masked_values_refused():
     pytest.importorskip("hashlearn.hashers.base")
     from hashlearn.hashers import base
