@@ -146,3 +146,12 @@ def test_rbf_klsh_beats_lsh_on_euclidean_recall_fashion_mnist():
         d = hamming_cdist(h.encode(q), h.encode(db), 32)
         scores[name] = recall_at_m(d, true, [500])[0]
     assert scores["klsh"] > scores["lsh"] + 0.02, scores
+
+
+def test_verbose_logs_the_fit(capsys):
+    X = _anisotropic(100)
+    KernelizedLSH(8, p=50, t=5, random_state=0).fit(X)
+    assert capsys.readouterr().err == ""
+    KernelizedLSH(8, p=50, t=5, random_state=0, verbose=True).fit(X)
+    err = capsys.readouterr().err
+    assert "p=50 sampled items" in err and "eigendecomposition of the 50 x 50" in err

@@ -321,3 +321,16 @@ def test_kernel_itml_caps_and_warns_on_long_fits(blobs, capsys):
     assert "eigendecomposition" in err and "3 passes, converged=False" in err
     with pytest.raises(ValueError, match="'max_points' parameter"):
         KernelITML(max_points=1).fit(X, y)
+
+
+def test_itml_verbose_logs_each_candidate(blobs, capsys, caplog):
+    import logging
+
+    X, y = blobs
+    ITML(gamma_grid=(0.1, 1.0), grid_extensions=0, random_state=0, verbose=True).fit(X, y)
+    err = capsys.readouterr().err
+    assert "prior A0, cv score" in err and err.count("cv score") == 1 + 2 * 2
+    with caplog.at_level(logging.DEBUG, logger="hashlearn"):  # verbose=False: DEBUG records
+        ITML(gamma_grid=(0.1,), grid_extensions=0, random_state=0).fit(X, y)
+    assert capsys.readouterr().err == ""
+    assert any("gamma=0.1" in r.getMessage() for r in caplog.records)

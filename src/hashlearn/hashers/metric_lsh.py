@@ -339,6 +339,19 @@ class KernelMetricLSH(BaseHasher):
         Lemma 2's coefficients and the constrained points' input kernel.
     constrained_data_, constrained_indices_, constrained_indptr_ : ndarray
         The constrained points (CSR).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import scipy.sparse as sp
+    >>> from hashlearn.hashers import KernelMetricLSH
+    >>> rng = np.random.RandomState(0)
+    >>> y = rng.randint(0, 2, 40)
+    >>> X = sp.random(40, 10**6, density=1e-5, format="csr", random_state=0)
+    >>> X = (X + sp.csr_matrix((np.ones(40), (np.arange(40), y)), shape=X.shape)).tocsr()
+    >>> h = KernelMetricLSH(n_bits=16, num_constraints=60, random_state=0).fit(X, y)
+    >>> h.encode(X[:3]).shape
+    (3, 2)
     """
 
     supervised = True
