@@ -24,6 +24,20 @@ checksum (one per appended block: ``appended: [{"rows", "sha256"}]``; the origin
 original shape; the shape in ``meta.json`` is authoritative. A crash before the replace
 leaves trailing bytes the old ``meta.json`` does not cover, so the old index still loads and
 verifies; the next append truncates them first. An append costs O(new rows), never a copy.
+
+Hostile or damaged files. :func:`load` verifies every sha256 by default (``verify=False`` is
+the explicit fast path) and checks the structure either way: ``meta.json``'s fields and types
+(``format_version`` a supported positive int, array file names of the committed generation,
+canonical plain dtypes), every ``.npy`` header against it (dtype, shape, appended row counts,
+file size), then the class's own invariants in ``_from_state`` (:func:`require_array` and
+:func:`require_state` are the helpers; hasher state goes through
+:func:`estimator_from_state`). Any failure is a ``ValueError``. Files are opened without
+following symbolic links and created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``); a save
+directory holding a link is refused, so nothing is ever written through a link. A save
+deletes only files hashlearn wrote: those the previous ``meta.json`` named (or recorded as
+superseded), array files of generations never committed, and its own temporaries, including
+the ``.NAME.tmp-PID-XXXXXXXX`` directories of interrupted first saves whose process is gone.
+Writers of one directory are serialised by an advisory lock (``flock``).
 """
 
 from __future__ import annotations
@@ -697,17 +711,21 @@ def _write_over(path, class_name, params, state, arrays) -> None:
     seen = [int(m["gen"]) for m in present.values() if m]
     generation = max([old_gen, *seen]) + 1
     old_files = {e["file"] for e in old_meta["arrays"].values()}
-    # files the previous meta.json named, and those it recorded as superseded that a crash
-    # left behind: the only committed files this save deletes
-    superseded = sorted(old_files | (set(old_meta.get("superseded", ())) & set(present)))
+    # what this save deletes once it is committed: the files the previous meta.json named,
+    # those it recorded as superseded that a crash left behind, and the array files of
+    # generations above the committed one (written by interrupted saves, never named by a
+    # meta.json). All are recorded in the new meta.json, so after a crash during the
+    # deletion the next save finishes it.
+    uncommitted = {n for n, m in present.items() if m and old_gen < int(m["gen"]) < generation}
+    superseded = sorted(
+        old_files | (set(old_meta.get("superseded", ())) & set(present)) | uncommitted
+    )
     meta = _new_meta(class_name, params, state, generation)
     meta["arrays"] = _write_arrays(path, arrays, generation)
-    meta["superseded"] = superseded  # a later save finishes the deletion after a crash
+    meta["superseded"] = superseded
     _write_meta(path, meta)
     doomed = set(superseded)
-    for name, match in present.items():
-        if match and old_gen < int(match["gen"]) < generation:
-            doomed.add(name)  # written by an interrupted save, never named by a meta.json
+    for name in present:
         tmp = _META_TMP.fullmatch(name)
         if tmp and (tmp["pid"] is None or not _pid_alive(int(tmp["pid"]))):
             doomed.add(name)
@@ -744,9 +762,11 @@ def _read_meta(path: Path) -> dict[str, Any]:
     meta_path = path / _META
     try:
         with _open_regular(meta_path) as f:
-            raw = f.read()
+            raw = f.read(_META_MAX_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(f"{path} is not a hashlearn save: {_META} is missing.") from None
+    if len(raw) > _META_MAX_BYTES:
+        raise ValueError(f"{meta_path} is corrupted: larger than {_META_MAX_BYTES} bytes.")
     try:
         meta = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -767,6 +787,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+_META_MAX_BYTES = 1 << 28  # a meta.json holds parameters and scalars, never data
 _TOP_KEYS = {"format", "format_version", "class", "generation", "params", "state", "arrays"}
 _ENTRY_KEYS = {"file", "shape", "dtype", "sha256", "appended"}
 
