@@ -50,6 +50,7 @@ def main(argv=None) -> str:
                 return MinimalLossHashing(
                     n_bits,
                     rho=n_bits / 4,
+                    lam=0.5,  # every hyper-parameter explicit: no "auto" selection timed
                     epsilon=eps,
                     loss=loss,
                     n_epochs=epochs,
