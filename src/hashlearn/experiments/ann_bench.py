@@ -1,9 +1,10 @@
 """The ann-benchmarks recall-QPS sweep, run locally: ``hashlearn bench ann FILE.hdf5``.
 
-:class:`HashlearnANN` is the algorithm wrapped by the ann-benchmarks plug-in in
-``contrib/ann_benchmarks/`` (it has the harness's ``fit`` / ``set_query_arguments`` /
-``query`` / ``batch_query`` / ``get_batch_results`` methods), so the local sweep and the
-harness measure the same code:
+:class:`HashlearnANN` has the ann-benchmarks harness's ``fit`` / ``set_query_arguments`` /
+``query`` / ``batch_query`` / ``get_batch_results`` methods and runs the same algorithms as
+the plug-in in ``contrib/ann_benchmarks/`` (``hashlearn-lsh-mih`` / ``-flat``, ``hashlearn-mih``
+/ ``-flat``; the plug-in is self-contained so that it can be copied into an ann-benchmarks
+checkout, and re-ranks through :class:`hashlearn.Searcher`):
 
 * **Hamming datasets** (ann-benchmarks stores them as unpacked booleans, metric
   ``"hamming"``): the rows are packed into binary codes and searched *exactly* with
