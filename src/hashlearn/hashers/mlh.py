@@ -440,20 +440,21 @@ class MinimalLossHashing(BaseHasher):
     perceptron-like rule (eq. 14).
 
     With the defaults (``rho``, ``lam``, ``epsilon`` and ``n_epochs`` all ``"auto"``) the
-    hyper-parameters are chosen inside :meth:`fit` for this code length and this data, as the
-    paper does (§5: 10 % of the training set held out, "a few candidate choices"), by
-    :func:`select_mlh_hyperparameters`:
+    hyper-parameters are chosen inside :meth:`fit` for this code length and this data by
+    :func:`select_mlh_hyperparameters`, as the paper does (§5 holds out 10 % of the training
+    set and validates "a few candidate choices"; here 20 % by default):
 
     * **split**: ``validation_fraction`` of the training rows (at most 1000) are held out;
       candidates are trained on the supervision among the other rows only (test data is
       never seen).
     * **criterion**: precision within Hamming radius ``selection_radius`` (default 3, the
-      measure of the paper's Fig. 2), averaged over held-out rows used as queries against the
-      training rows, a row retrieving nothing scoring 0. The ground truth is the held-out
-      supervision: labels ``y`` (same class = relevant; at most 2000 training rows per
-      query), or the given pairs with one end held out. With pairs the criterion treats them
-      as a sample of the ground truth, so pairs drawn with similar ones over-represented
-      overstate every candidate's precision.
+      measure of Fig. 2 of Norouzi & Fleet 2011), averaged over held-out rows used as queries
+      against the training rows, a row retrieving nothing scoring 0. The ground truth is the
+      held-out supervision: labels ``y`` (same class = relevant; at most 2000 training rows
+      per query), or the given pairs with one end held out. With pairs the criterion treats
+      them as a sample of the ground truth, so pairs drawn with similar ones over-represented
+      overstate every candidate's precision (give all pairs, or uniformly sampled ones, for
+      an unbiased criterion).
     * **grid** (coordinate search, hinge loss): ``rho`` in {2, 4, 8, 16, 32} (those in
       ``[1, n_bits / 2]``; {1} below 4 bits) crossed with ``epsilon`` in {0.03, 0.1} at
       ``lam = 0.5``; then ``epsilon`` in {0.01, 0.3} and ``lam`` in {0.2, 1.0} at the best
@@ -466,8 +467,8 @@ class MinimalLossHashing(BaseHasher):
     * **budget**: ``time_budget`` nominal CPU seconds for the whole fit: 40 % for the
       screening (which sets the epochs per candidate: at least one, shortened below
       ``pairs_per_epoch`` pairs when the budget cannot afford a full one), 30 % for the
-      epoch search and 30 % for the final training on all rows with the chosen values. The budget is
-      turned into a number of training pairs with a fixed cost model of the training kernel
+      epoch search and 30 % for the final training on all rows with the chosen values. The
+      budget is turned into a number of training pairs with a fixed cost model of the kernel
       (calibrated on one core of an x86-64 machine), so the same ``random_state`` gives the
       same codes on every machine; a slower machine takes proportionally longer.
       In the auto modes an epoch has ``min(pairs_per_epoch, max(1000, 2 x #pairs))``
