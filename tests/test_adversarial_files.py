@@ -1039,3 +1039,23 @@ def test_fuzz_fvecs_files(data):
 @given(fvecs_bytes)
 def test_fuzz_fvecs_files_full(data):
     _check_fvecs(data)
+
+
+def test_a_kill_during_the_deletion_orphans_nothing(saved, monkeypatch):
+    """Leftovers of an interrupted save and the old generation are recorded in the new
+    meta.json before it is committed: a save killed while deleting them (simulated by an
+    unlink that raises) leaves them to the next save, which removes them."""
+    (saved / "words.g2.npy").write_bytes(b"half written")
+    index = FlatIndex.load(saved)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(io.os, "unlink", killed)
+        with pytest.raises(KeyboardInterrupt):
+            index.save(saved)
+    assert len(FlatIndex.load(saved)) == 50  # generation 3 is committed
+    assert "words.g2.npy" in {p.name for p in saved.iterdir()}
+    index.save(saved)
+    assert sorted(p.name for p in saved.iterdir()) == ["ids.g4.npy", "meta.json", "words.g4.npy"]
