@@ -523,3 +523,15 @@ def test_save_refusals_and_corrupt_saves(split, tmp_path):
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="inconsistent"):
         Searcher.load(tmp_path / "s")
+
+
+def test_save_load_bucketer_with_table_index(split, tmp_path):
+    from hashlearn import LSHTables, TableIndex
+
+    db, ids, queries = split
+    s = Searcher(LSHTables(4, 8, random_state=0), TableIndex(4), rerank="euclidean")
+    s.fit(db).add(db, ids=ids)
+    s.save(tmp_path / "s")
+    loaded = Searcher.load(tmp_path / "s")
+    assert type(loaded.hasher) is LSHTables and type(loaded.index) is TableIndex
+    _assert_same_results(s, loaded, queries)
