@@ -535,3 +535,25 @@ def test_save_load_bucketer_with_table_index(split, tmp_path):
     loaded = Searcher.load(tmp_path / "s")
     assert type(loaded.hasher) is LSHTables and type(loaded.index) is TableIndex
     _assert_same_results(s, loaded, queries)
+
+
+class _SparseEuclideanMetricLSH(_EuclideanMetricLSH):
+    """Also scores CSR pair differences directly (the sparse learned-metric protocol)."""
+
+    calls = 0
+
+    def metric_distances_from_differences(self, Z):
+        assert sp.issparse(Z) and Z.format == "csr"  # never densified by the searcher
+        type(self).calls += 1
+        return np.sqrt(np.asarray(Z.multiply(Z).sum(axis=1)).ravel())
+
+
+def test_sparse_metric_rerank_scores_csr_differences(split):
+    db, ids, queries = split
+    hasher = _SparseEuclideanMetricLSH(n_bits=N_BITS, random_state=0)
+    s = Searcher(hasher, rerank="metric").fit(db).add(sp.csr_matrix(db), ids=ids)
+    plain = make_searcher(db, ids, rerank="euclidean")
+    got = s.search(sp.csr_matrix(queries), 5)
+    assert _SparseEuclideanMetricLSH.calls >= 1
+    for a, b in zip(got, plain.search(queries, 5), strict=True):
+        np.testing.assert_array_equal(a, b)
