@@ -508,20 +508,15 @@ def _test_and_set(bitmap, p):
 
 
 @njit(nogil=True, inline="always")
-def _push_touched(touched, count, p):
-    if count == touched.shape[0]:
-        grown = np.empty(2 * count, np.int64)
-        grown[:count] = touched
-        touched = grown
-    touched[count] = p
-    return touched
-
-
-@njit(nogil=True, inline="always")
-def _clear_touched(bitmap, touched, count):
-    """Zero the bitmap words of the first ``count`` touched positions (all set bits)."""
-    for t in range(count):
-        bitmap[touched[t] >> 6] = np.uint64(0)
+def _clear_touched(bitmap, touched, count, n):
+    """Zero the bitmap after a query that set ``count`` bits: the words of the recorded
+    positions, or, when more were set than ``touched`` holds (``n / 64 + 1``), all
+    ``ceil(n / 64)`` words -- never more than O(min(candidates, n / 64)) stores."""
+    if count > touched.shape[0]:
+        bitmap[: (n + 63) >> 6] = np.uint64(0)
+    else:
+        for t in range(count):
+            bitmap[touched[t] >> 6] = np.uint64(0)
 
 
 _SCRATCH = threading.local()
@@ -576,10 +571,11 @@ def mih_knn(
 
     ``seen`` is an all-zero visited bitmap of at least ``ceil(n / 64)`` words (see
     :func:`visited_bitmap`); only the words of the candidates a query touched are written,
-    and they are cleared again after the query, so the cost is O(candidates), not O(n).
+    and they are cleared again after the query (:func:`_clear_touched`), so a query costs
+    O(candidates), not O(n).
     """
     m = sub_start.shape[0]
-    touched = np.empty(256, np.int64)
+    touched = np.empty((n >> 6) + 1, np.int64)  # uninitialised: O(1) time
     qkeys = np.empty(m, np.int64)
     best_d = np.empty(k, np.int64)
     best_p = np.empty(k, np.int64)
@@ -608,7 +604,8 @@ def mih_knn(
                         for j in range(b0, b1):
                             p = postings[j]
                             if not _test_and_set(seen, p):
-                                touched = _push_touched(touched, n_seen, p)
+                                if n_seen < touched.shape[0]:
+                                    touched[n_seen] = p
                                 n_seen += 1
                                 d = _hamming(db, p * n_words, queries, qo, n_words)
                                 cnt = _insert_best(best_d, best_p, cnt, k, d, p)
@@ -626,7 +623,7 @@ def mih_knn(
                     done = True
                     break
             r += 1
-        _clear_touched(seen, touched, n_seen)
+        _clear_touched(seen, touched, n_seen, n)
         for j in range(k):
             if j < cnt:
                 out_d[qi, j] = best_d[j]
@@ -670,7 +667,7 @@ def mih_range(
     """
     m = sub_start.shape[0]
     counting = lims.shape[0] == 0
-    touched = np.empty(256, np.int64)
+    touched = np.empty((n >> 6) + 1, np.int64)  # uninitialised: O(1) time
     qkeys = np.empty(m, np.int64)
     r_max = radius // m
     probes = 0
@@ -710,7 +707,8 @@ def mih_range(
                         for j in range(b0, b1):
                             p = postings[j]
                             if not _test_and_set(seen, p):
-                                touched = _push_touched(touched, n_touched, p)
+                                if n_touched < touched.shape[0]:
+                                    touched[n_touched] = p
                                 n_touched += 1
                                 d = _hamming(db, p * n_words, queries, qo, n_words)
                                 if d <= radius:
@@ -723,7 +721,7 @@ def mih_range(
                         if r == 0:
                             break
                         mask = _next_mask(mask)
-            _clear_touched(seen, touched, n_touched)
+            _clear_touched(seen, touched, n_touched, n)
         if counting:
             counts[qi] = found
         else:
