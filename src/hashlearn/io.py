@@ -105,7 +105,11 @@ class Persistable:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap: bool = False, verify: bool = True):
-        """Load what :meth:`save` wrote; ``mmap=True`` maps the arrays read-only."""
+        """Load what :meth:`save` wrote; ``mmap=True`` maps the arrays read-only.
+
+        Every array's sha256 is verified by default; ``verify=False`` is the explicit fast
+        path that trusts the bytes on disk (the structure is checked either way).
+        """
         obj = load(path, mmap=mmap, verify=verify)
         if not isinstance(obj, cls):
             raise TypeError(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}.")
