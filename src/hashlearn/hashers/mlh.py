@@ -456,11 +456,12 @@ class MinimalLossHashing(BaseHasher):
       overstate every candidate's precision (give all pairs, or uniformly sampled ones, for
       an unbiased criterion).
     * **grid** (coordinate search, hinge loss): ``rho`` in {2, 4, 8, 16, 32} (those in
-      ``[1, n_bits / 2]``; {1} below 4 bits) crossed with ``epsilon`` in {0.03, 0.1} at
-      ``lam = 0.5``; then ``epsilon`` in {0.01, 0.3} and ``lam`` in {0.2, 1.0} at the best
-      point; then the geometric midpoints of ``rho`` next to the best (e.g. 6 and 12 around
-      8). With ``loss="bre"`` only ``epsilon`` in ``n_bits / 32`` x {0.3, 1, 3, 10}.
-      Parameters given explicitly are held fixed.
+      ``[1, n_bits / 2]``; {1} below 4 bits) at ``epsilon = 0.1``, ``lam = 0.5``; then
+      ``epsilon`` in {0.03, 0.3}, then ``lam`` in {0.2, 1.0} at the best point; then the
+      geometric midpoints of ``rho`` next to the best (e.g. 6 and 11 around 8). After the
+      first stage a candidate replaces the incumbent only if it scores more than 0.005
+      higher (validation noise). With ``loss="bre"`` only ``epsilon`` in ``n_bits / 32`` x
+      {0.3, 1, 3, 10}. Parameters given explicitly are held fixed.
     * **epochs**: the best candidate is trained on for more epochs, scored after
       1, 2, 4, ... times the screening length and at the end; ``n_epochs_`` is the longest
       training scoring within 0.01 of the best checkpoint.
@@ -876,8 +877,8 @@ def _select(
     auto_rho = rho_values is None and not bre
     rho_list = [float(v) for v in (_rho_grid(n_bits) if auto_rho else rho_values or [0.0])]
     if epsilon_values is None:
-        eps_first = [n_bits / 32.0] if bre else [0.03, 0.1]
-        eps_more = [n_bits / 32.0 * f for f in (0.3, 3.0, 10.0)] if bre else [0.01, 0.3]
+        eps_first = [n_bits / 32.0] if bre else [0.1]
+        eps_more = [n_bits / 32.0 * f for f in (0.3, 3.0, 10.0)] if bre else [0.03, 0.3]
     else:
         eps_first, eps_more = [float(v) for v in epsilon_values], []
     if lam_values is None:
@@ -929,15 +930,20 @@ def _select(
         )
         return seen[key]
 
-    def best_key():
+    def best_key(incumbent=None):
         scored = [(v[0], k) for k, v in seen.items() if np.isfinite(v[0])]
         if not scored:
             raise ValueError(
                 "select_mlh_hyperparameters: the held-out pairs are all similar or all "
                 "dissimilar; cannot score."
             )
-        # highest score; ties to the earliest candidate
-        return max(scored, key=lambda t: t[0])[1]
+        # highest score; ties to the earliest candidate. A later stage moves away from the
+        # incumbent only for a gain above the validation noise (0.005)
+        value, key = max(scored, key=lambda t: t[0])
+        if incumbent is not None and np.isfinite(seen[incumbent][0]):
+            if value < seen[incumbent][0] + 0.005:
+                return incumbent
+        return key
 
     for rho in rho_list:
         for eps in eps_first:
@@ -946,14 +952,14 @@ def _select(
     rho, lam, eps = best_key()
     for e in eps_more:
         try_point(rho, lam, e, 1)
-    rho, lam, eps = best_key()
+    rho, lam, eps = best_key((rho, lam, eps))
     for lv in lam_more:
         try_point(rho, lv, eps, 2)
-    rho, lam, eps = best_key()
+    rho, lam, eps = best_key((rho, lam, eps))
     if auto_rho:
         for r in _rho_refinements(rho_list, rho):
             try_point(r, lam, eps, 3)
-        rho, lam, eps = best_key()
+        rho, lam, eps = best_key((rho, lam, eps))
     chosen = dict(rho=rho, lam=lam, epsilon=eps)
     if n_epochs is not None:
         chosen["n_epochs"] = n_epochs
