@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", type=Path, default=None, help="data set directory")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "embeddings")
     parser.add_argument("--n-queries", type=int, default=1000)
-    parser.add_argument("--fit-size", type=int, default=30000)
+    parser.add_argument("--fit-size", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--bits", default=",".join(map(str, BITS)))
     parser.add_argument("--methods", default=",".join(m[0] for m in METHODS))
