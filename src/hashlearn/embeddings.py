@@ -540,15 +540,16 @@ class EmbeddingIndex:
         return obj
 
     @classmethod
-    def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EmbeddingIndex:
+    def open(cls, path: str | os.PathLike, *, verify: bool = True) -> EmbeddingIndex:
         """Open a save memory-mapped for searching **and appending in place**: ``add`` then
-        appends the vectors and codes to the files (O(new rows), crash-safe per chunk)."""
+        appends the vectors and codes to the files (O(new rows), crash-safe per chunk).
+        ``verify`` checks every array's sha256 first (like :meth:`load`)."""
         obj = cls.load(path, mmap=True, verify=verify)
         path = Path(path)
         if path.is_symlink():
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
         meta, _ = _io.read_dir(path, mmap=True, verify=False)
-        obj.codes_ = FlatIndex.open(path / meta["state"]["codes_dir"])
+        obj.codes_ = FlatIndex.open(path / meta["state"]["codes_dir"], verify=verify)
         obj._path = path
         return obj
 
