@@ -182,3 +182,39 @@ def test_sparse_encoding_costs_nonzeros_not_dimension():
     clear = np.abs(ref) > 1e-6  # bits off the decision boundary, whatever the rounding
     np.testing.assert_array_equal(bits[clear], (ref >= 0)[clear])
     assert h.n_iter_ >= 1
+
+
+def test_metric_distances_from_sparse_differences_equal_dense(data):
+    """The sparse re-ranking hook of Searcher: distances from CSR differences equal
+    metric_distances on the dense vectors, for both forms."""
+    X, y = data
+    for h in (
+        KernelMetricLSH(16, num_constraints=80, random_state=0).fit(X, y),
+        MetricLSH(16, gamma=1.0, random_state=0).fit(X, y),
+    ):
+        q, cands = X[:3], np.stack([X[5:9], X[9:13], X[13:17]])
+        ref = h.metric_distances(q, cands)
+        Z = sp.csr_matrix((cands - q[:, None, :]).reshape(12, -1))
+        np.testing.assert_allclose(
+            h.metric_distances_from_differences(Z).reshape(3, 4), ref, rtol=1e-9, atol=1e-9
+        )
+        with pytest.raises(ValueError, match="columns"):
+            h.metric_distances_from_differences(np.zeros((2, X.shape[1] + 1)))
+
+
+def test_searcher_sparse_metric_rerank_with_kernel_metric_lsh():
+    """Sparse vectors end to end: exhaustive candidates re-ranked by the implicit learned
+    metric (through metric_distances_from_differences) give the exact learned k-NN."""
+    rng = np.random.RandomState(1)
+    y = rng.randint(0, 3, 80)
+    X = sp.random(80, 5000, density=0.004, format="csr", random_state=1)
+    X = (X + sp.csr_matrix((np.ones(80), (np.arange(80), y)), shape=X.shape)).tocsr()
+    h = KernelMetricLSH(16, num_constraints=100, random_state=0).fit(X, y)
+    s = Searcher(h, FlatIndex(16), rerank="metric", n_candidates=80).add(X)
+    D, I = s.search(X[:6], 4)
+    G = h.metric_factor()
+    dense = X.toarray()
+    full = np.array([np.sum(((dense - dense[i]) @ G.T) ** 2, axis=1) for i in range(6)])
+    np.testing.assert_allclose(D, np.take_along_axis(full, I, axis=1), rtol=1e-5, atol=1e-6)
+    assert np.all(D[:, :-1] <= D[:, 1:] + 1e-9)
+    np.testing.assert_allclose(D[:, 0], np.sort(full, axis=1)[:, 0], atol=1e-6)

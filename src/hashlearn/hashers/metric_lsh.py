@@ -131,6 +131,17 @@ def hashed_hyperplanes(n_bits: int, n_features: int, seed: int) -> np.ndarray:
     return hashed_projection(sp.identity(n_features, format="csr"), n_bits, seed).T.copy()
 
 
+def _check_differences(Z, d: int):
+    """Dense float64 or CSR differences with ``d`` columns."""
+    if sp.issparse(Z):
+        Z = sp.csr_matrix(Z, dtype=np.float64)
+    else:
+        Z = np.asarray(Z, dtype=np.float64)
+    if Z.ndim != 2 or Z.shape[1] != d:
+        raise ValueError(f"Z must be a 2-D array of differences with {d} columns. Got {Z.shape}.")
+    return Z
+
+
 # ----------------------------------------------------------------------------- explicit
 
 
@@ -286,6 +297,14 @@ class MetricLSH(BaseHasher):
             )
         Z = (candidates - queries[:, None, :]) @ self.G_.T
         return np.einsum("bcd,bcd->bc", Z, Z)
+
+    def metric_distances_from_differences(self, Z) -> np.ndarray:
+        """Squared learned distances ``|G z|^2`` of the rows ``z`` of ``Z`` (dense or
+        scipy.sparse differences ``x - q``), ``(rows,)``; O(nnz(Z) d) for sparse ``Z``."""
+        check_is_fitted(self)
+        Z = _check_differences(Z, self.G_.shape[1])
+        GZ = np.asarray(Z @ self.G_.T)
+        return np.einsum("ij,ij->i", GZ, GZ)
 
     def _get_state(self):
         metric = self.__dict__.pop("metric_", None)
@@ -451,6 +470,19 @@ class KernelMetricLSH(BaseHasher):
         M = self.S_ + self.S_.T + self.S_.T @ self.K0_ @ self.S_
         out = np.einsum("ij,ij->i", Z, Z) + np.einsum("ij,jk,ik->i", T, M, T)
         return out.reshape(b, c)
+
+    def metric_distances_from_differences(self, Z) -> np.ndarray:
+        """Squared learned distances ``|z|^2 + t^T M t`` (``t = Phi z``) of the rows of the
+        differences ``Z`` (dense or scipy.sparse CSR), ``(rows,)``, without densifying:
+        O(nnz(z) + c^2) per row for the c constrained points (``Searcher(rerank="metric")``
+        on sparse vectors uses it)."""
+        check_is_fitted(self)
+        Z = _check_differences(Z, self.n_features_in_)
+        Zs = sp.csr_matrix(Z)
+        sq = np.asarray(Zs.multiply(Zs).sum(axis=1)).ravel()
+        T = np.asarray((Zs @ self._phi().T).todense())  # (rows, c)
+        M = self.S_ + self.S_.T + self.S_.T @ self.K0_ @ self.S_
+        return sq + np.einsum("ij,jk,ik->i", T, M, T)
 
     def _get_state(self):
         metric = self.__dict__.pop("metric_", None)
