@@ -91,6 +91,7 @@ def test_kernel_itml_rbf_and_precomputed_agree(blobs):
     assert rbf.violated_fraction_ <= 1.0 and rbf.converged_
 
 
+@pytest.mark.slow
 def test_auto_gamma_always_learns_and_reports_the_prior():
     X, y = load_digits()
     rng = np.random.RandomState(0)
