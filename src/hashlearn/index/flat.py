@@ -84,8 +84,9 @@ class FlatIndex(BinaryIndex):
     def open(cls, path, *, verify: bool = True) -> FlatIndex:
         """Open a saved index memory-mapped, for searching and **appending in place**.
 
-        Opening reads only ``meta.json`` (instant at any size unless ``verify``) and checks
-        the arrays' structure (O(n)); searches page the codes in from the file. ``add`` on
+        Opening checks every array's sha256 (reads the files once) unless ``verify=False``,
+        the explicit fast path that trusts the bytes on disk; either way the arrays'
+        structure is checked (O(n)). Searches page the codes in from the file. ``add`` on
         the opened index writes through: codes whose ids are all larger than the stored ones
         are appended to the array files and ``meta.json`` is replaced atomically
         (:func:`hashlearn.io.append_rows`, O(new codes)); other adds and ``remove`` save a
