@@ -24,6 +24,7 @@ from hashlearn.hashers import (
     RankHashing,
     RBMHashing,
     ShiftInvariantKernelHashing,
+    SignHashing,
     SpectralHashing,
 )
 from hashlearn.metric import ITML, KernelITML
@@ -31,6 +32,7 @@ from hashlearn.metric import ITML, KernelITML
 ESTIMATORS = [
     # unsupervised hashers
     RandomHyperplaneLSH(n_bits=16, random_state=0),
+    SignHashing(n_bits=8),
     PCAHashing(n_bits=8),
     IterativeQuantization(n_bits=8, n_iter=5, random_state=0),
     SpectralHashing(n_bits=8, random_state=0),
