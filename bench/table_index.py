@@ -13,7 +13,9 @@ word per item). Both are fitted on the measurements and extrapolated to 0.5B ite
 
 Also: the boosted search forest's training (32 trees, depth 12, 10k points of 64-d
 Gaussian blobs, 1e5 pairs per tree) and building a 32-tree index over 1M items (keys of 1M
-points through the trained forest + TableIndex.add).
+points through the trained forest + TableIndex.add). Both are reported in CPU seconds
+(``time.process_time``, summed over threads: ``keys`` runs on every core), with the
+targets of issue 14 item 5 (<= 30 s each).
 
     python bench/table_index.py                 # full run, writes docs/results.md
     python bench/table_index.py --quick --no-write
@@ -98,6 +100,7 @@ def forest_times(n_index: int, quick: bool):
         k_similar=17,
         random_state=0,
     )
+    bsf.fit(X[:300])  # compile / load the numba kernels outside the timing
     t0, c0 = time.perf_counter(), time.process_time()
     bsf.fit(X)
     fit_s = (time.perf_counter() - t0, time.process_time() - c0)
@@ -228,9 +231,10 @@ def main() -> None:
             "",
             f"Boosted search forest: training {n_trees} trees (depth <= 12, mean {leaves} "
             f"leaves) on {n_train:,} points with {'2e4' if args.quick else '1e5'} pairs per "
-            f"tree: {fit_s[0]:.1f} s wall, {fit_s[1]:.1f} s CPU (claim <= 120 s). Building the {n_trees}-tree index over "
+            f"tree: {fit_s[0]:.1f} s wall, {fit_s[1]:.1f} s CPU (target <= 30 s). Building the "
+            f"{n_trees}-tree index over "
             f"{100_000 if args.quick else 1_000_000:,} items (keys + TableIndex.add): "
-            f"{build_s[0]:.1f} s wall, {build_s[1]:.1f} s CPU (claim <= 60 s).",
+            f"{build_s[0]:.1f} s wall, {build_s[1]:.1f} s CPU summed over threads (target <= 30 s).",
         ]
     )
     print(md)
