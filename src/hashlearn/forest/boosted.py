@@ -44,6 +44,10 @@ Implementation choices (documented deviations, all within the paper's framework)
   chosen exactly, by scanning ``n_thresholds`` quantiles for the largest gain (eq. 17's
   "choose the split that maximises J_k(1) + J_k(2)").
 * Trees grow best-first (largest gain first) up to ``max_leaves`` leaves / ``max_depth``.
+* The eigenvectors of eq. 18 (and the fallback principal direction) are computed exactly
+  in a reduced form for small nodes and approximated by 16 Lanczos steps when the reduced
+  problem is larger than 16 (see ``_candidate_directions``); the split search itself runs
+  in numba.
 * Split thresholds lie midway between consecutive distinct training scores, and one kernel
   (:func:`hashlearn.forest.base.node_scores` / ``tree_leaves``) routes points at fit and at
   query time, so a training point's leaf while boosting is its leaf in the index.
