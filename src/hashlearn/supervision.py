@@ -70,7 +70,7 @@ def _check_labels(y, n_samples: int, owner: str) -> np.ndarray:
         )
     if len(np.unique(y)) < 2:
         raise ValueError(
-            f"y passed to {owner} holds a single class, so there are no "
+            f"y passed to {owner} has 1 class: with a single class there are no "
             "dissimilar pairs to learn from; pass at least two classes."
         )
     return y
@@ -154,7 +154,8 @@ def resolve_pairs(
         raise ValueError(f"{owner} got similar=... without pairs=...")
     if y is None:
         raise ValueError(
-            f"{owner} is supervised: pass labels, fit(X, y), or pairs, fit(X, pairs=P, similar=s)."
+            f"{owner} requires y to be passed, but the target y is None: it is supervised, "
+            "call fit(X, y) with labels or fit(X, pairs=P, similar=s)."
         )
     _check_labels(y, n_samples, owner)
     return pairs_from_labels(
