@@ -295,7 +295,7 @@ def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
             Q, R = np.linalg.qr(Yt)
             B = R @ S @ R.T
             vals, vecs = np.linalg.eigh(0.5 * (B + B.T))
-            vecs = Q @ np.ascontiguousarray(vecs)
+            vecs = np.ascontiguousarray(Q) @ np.ascontiguousarray(vecs)
         else:
             A = np.zeros((d, d))
             for e in range(n_pairs):
