@@ -557,3 +557,21 @@ def test_sparse_metric_rerank_scores_csr_differences(split):
     assert _SparseEuclideanMetricLSH.calls >= 1
     for a, b in zip(got, plain.search(queries, 5), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_clipped_hasher_gets_an_index_of_its_fitted_code_length():
+    """PCA hashing clips n_bits to the number of features at fit; the Searcher follows."""
+    from hashlearn import PCAHashing, load_digits
+
+    X, _ = load_digits()
+    X = X[:400].astype(np.float64)
+    s = Searcher(PCAHashing(n_bits=80), "flat")
+    with pytest.warns(UserWarning, match="n_bits"):
+        s.fit(X)
+    assert s.hasher.n_bits_ == 64 and s.index.n_bits == 64
+    s.add(X)
+    D, I = s.search(X[:5], k=1)
+    assert (D[:, 0] == 0).all()
+    fixed = Searcher(PCAHashing(n_bits=80), FlatIndex(n_bits=80))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="64-bit codes"):
+        fixed.fit(X)

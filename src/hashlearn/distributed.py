@@ -63,7 +63,7 @@ def encode(hasher, X):
         raise ValueError(f"X must be 2-D. Got shape {X.shape} instead.")
     if len(X.chunks[1]) != 1:
         X = X.rechunk({1: -1})
-    code_size = (int(hasher.n_bits) + 7) // 8
+    code_size = (int(getattr(hasher, "n_bits_", hasher.n_bits)) + 7) // 8
     return X.map_blocks(hasher.encode, dtype=np.uint8, chunks=(X.chunks[0], (code_size,)))
 
 

@@ -179,6 +179,11 @@ def _rerank_csr_kernel(
             out[i, j] = _finish(kind, sq, dot, qq, xx)
 
 
+def _code_bits(hasher) -> int | None:
+    """Bits per code of ``hasher``: its fitted ``n_bits_`` (which may be clipped) or ``n_bits``."""
+    return getattr(hasher, "n_bits_", getattr(hasher, "n_bits", None))
+
+
 class Searcher:
     """Hasher + index (+ exact re-ranking) in one object.
 
@@ -237,20 +242,21 @@ class Searcher:
                 f"hasher must be a hashlearn hasher (encode) or bucketer (keys). "
                 f"Got {type(hasher).__name__}."
             )
+        self._index_name = index if isinstance(index, str) else None
         if isinstance(index, str):
             if not hasattr(hasher, "n_bits"):
                 raise TypeError(
                     "a bucketer needs an index object such as TableIndex, not a registry name."
                 )
-            index = make_index(index, n_bits=hasher.n_bits)
+            index = make_index(index, n_bits=_code_bits(hasher))
         if not (isinstance(index, BinaryIndex) or _is_candidate_index(index)):
             raise TypeError(
                 f"index must be a hashlearn index or a registry name. Got {type(index).__name__}."
             )
-        if isinstance(index, BinaryIndex) and index.n_bits != getattr(hasher, "n_bits", None):
+        if isinstance(index, BinaryIndex) and index.n_bits != _code_bits(hasher):
             raise ValueError(
                 f"index holds {index.n_bits}-bit codes but the hasher makes "
-                f"{getattr(hasher, 'n_bits', 'no')}-bit codes."
+                f"{_code_bits(hasher) or 'no'}-bit codes."
             )
         if rerank == "metric":
             if not callable(getattr(hasher, "metric_distances", None)):
@@ -279,8 +285,21 @@ class Searcher:
         self._vector_ids = np.zeros(0, np.int64)
 
     def fit(self, X, y=None, **fit_params) -> Searcher:
-        """Fit the hasher (on a training sample); does not add anything to the index."""
+        """Fit the hasher (on a training sample); does not add anything to the index.
+
+        A hasher may make fewer bits than asked for (e.g. PCA hashing clips ``n_bits`` to the
+        number of features, with a warning); an empty index made from a registry name is then
+        re-made for the fitted code length, any other index mismatch is an error.
+        """
         self.hasher.fit(X, y, **fit_params)
+        bits = _code_bits(self.hasher)
+        if isinstance(self.index, BinaryIndex) and self.index.n_bits != bits:
+            if self._index_name is None or len(self.index):
+                raise ValueError(
+                    f"the fitted hasher makes {bits}-bit codes but the index holds "
+                    f"{self.index.n_bits}-bit codes; build the index with n_bits={bits}."
+                )
+            self.index = make_index(self._index_name, n_bits=bits)
         return self
 
     def add(self, X, ids=None) -> Searcher:
