@@ -179,6 +179,15 @@ class MetricLSH(BaseHasher):
     mean_ : ndarray (d,)
     metric_ : ITML or None
         The fitted ITML (not saved; its ``A_``, ``G_`` are).
+
+    Examples
+    --------
+    >>> from hashlearn import load_digits
+    >>> from hashlearn.hashers import MetricLSH
+    >>> X, y = load_digits()
+    >>> h = MetricLSH(n_bits=32, num_constraints=200, random_state=0).fit(X[:300], y[:300])
+    >>> h.encode(X[:4]).shape
+    (4, 4)
     """
 
     supervised = True

@@ -140,6 +140,18 @@ class MinHash(Persistable, TransformerMixin, BaseEstimator):
     ``fit(sets)`` draws the orderings (the sets are only validated: Min-Hash is
     data-independent); ``transform(sets)`` returns ``(n, n_hashes)`` int64 signatures.
     Not a vector hasher: it takes sets, not rows of floats.
+
+    Examples
+    --------
+    >>> from hashlearn.hashers import MinHash
+    >>> sets = [{1, 2, 3, 4}, {1, 2, 3, 5}, {7, 8, 9}]
+    >>> mh = MinHash(n_hashes=256, random_state=0).fit(sets)
+    >>> sig = mh.transform(sets)
+    >>> sig.shape
+    (3, 256)
+    >>> est = mh.estimate_jaccard(sig[[0, 0]], sig[[1, 2]])  # pairwise; true values 0.6 and 0
+    >>> bool(abs(est[0] - 0.6) < 0.1), float(est[1])
+    (True, 0.0)
     """
 
     def __init__(self, n_hashes: int = 128, random_state=None):

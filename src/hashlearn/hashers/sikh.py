@@ -72,6 +72,16 @@ class ShiftInvariantKernelHashing(BaseHasher):
         :math:`b_k \\sim U[0, 2\\pi]`.
     thresholds_ : ndarray (n_bits,)
         :math:`t_k \\sim U[-1, 1]`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from hashlearn import ShiftInvariantKernelHashing
+    >>> X = np.random.RandomState(0).randn(200, 8)
+    >>> sikh = ShiftInvariantKernelHashing(n_bits=64, random_state=0).fit(X)
+    >>> codes = sikh.encode(X[:2])
+    >>> codes.shape, bool(sikh.gamma_ > 0)
+    ((2, 8), True)
     """
 
     def __init__(self, n_bits: int = 32, gamma=None, random_state=None):

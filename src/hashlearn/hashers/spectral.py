@@ -56,6 +56,14 @@ class SpectralHashing(BaseHasher):
         Principal direction of each bit.
     frequency_ : ndarray (n_bits,)
         Angular frequency :math:`m\\pi/(c_k - a_k)` of each bit's eigenfunction.
+
+    Examples
+    --------
+    >>> from hashlearn import SpectralHashing, load_digits
+    >>> X, _ = load_digits()
+    >>> sh = SpectralHashing(n_bits=16).fit(X)
+    >>> sh.encode(X[:3]).shape, sh.encode(X[:3]).dtype.name
+    ((3, 2), 'uint8')
     """
 
     def __init__(self, n_bits: int = 32, random_state=None):
