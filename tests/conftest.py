@@ -191,3 +191,13 @@ def code_problems(draw, max_n: int = 300, max_m: int = 20, min_n: int = 0):
 def faiss():
     """faiss, where installed (it is optional)."""
     return pytest.importorskip("faiss")
+
+
+@pytest.fixture
+def stderr_logging(monkeypatch):
+    """The ``"hashlearn"`` logger as in a program that configured no logging: ``verbose=True``
+    messages then go to stderr. (Under pytest the root logger always has capture handlers,
+    and an earlier test may have lowered a level, so this is not left to chance.)"""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("hashlearn"), "hasHandlers", lambda: False)

@@ -148,7 +148,7 @@ def test_rbf_klsh_beats_lsh_on_euclidean_recall_fashion_mnist():
     assert scores["klsh"] > scores["lsh"] + 0.02, scores
 
 
-def test_verbose_logs_the_fit(capsys):
+def test_verbose_logs_the_fit(capsys, stderr_logging):
     X = _anisotropic(100)
     KernelizedLSH(8, p=50, t=5, random_state=0).fit(X)
     assert capsys.readouterr().err == ""

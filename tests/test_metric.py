@@ -307,7 +307,7 @@ def test_kernel_itml_costs_within_10x_of_itml():
     assert times["KernelITML"] <= 10 * times["ITML"], times
 
 
-def test_kernel_itml_caps_and_warns_on_long_fits(blobs, capsys):
+def test_kernel_itml_caps_and_warns_on_long_fits(blobs, capsys, stderr_logging):
     X, y = blobs
     with pytest.warns(UserWarning, match="among max_points=40 random rows"):
         kit = KernelITML(max_points=40, random_state=0).fit(X, y)
@@ -324,7 +324,7 @@ def test_kernel_itml_caps_and_warns_on_long_fits(blobs, capsys):
         KernelITML(max_points=1).fit(X, y)
 
 
-def test_itml_verbose_logs_each_candidate(blobs, capsys, caplog):
+def test_itml_verbose_logs_each_candidate(blobs, capsys, caplog, stderr_logging):
     import logging
 
     X, y = blobs

@@ -139,7 +139,7 @@ def test_beats_lsh_at_32_bits_fashion_mnist():
     assert scores["rbm"] > scores["lsh"] + 0.02, scores
 
 
-def test_pretraining_settings_are_parameters(tmp_path, capsys):
+def test_pretraining_settings_are_parameters(tmp_path, capsys, stderr_logging):
     """The CD-1 mini-batch and weight decay are parameters (no hidden constants): changing
     either changes the pre-trained weights; the saved hasher keeps them and its layer sizes."""
     X = np.random.RandomState(0).randn(120, 6)
