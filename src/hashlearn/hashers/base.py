@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from hashlearn._validation import check_int
+from hashlearn._validation import as_plain_array, check_int
 from hashlearn.codes import pack_bits
 from hashlearn.io import Persistable, estimator_from_state
 from hashlearn.io import estimator_state as _io_estimator_state
@@ -178,6 +178,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
         return n_bits
 
     def _check_X(self, X, *, reset: bool):
+        X = as_plain_array(X, "X")  # np.matrix -> ndarray; masked values refused
         if sp.issparse(X) and not self.accept_sparse:
             raise TypeError(
                 f"{type(self).__name__} needs dense input; got a scipy.sparse "
