@@ -55,7 +55,7 @@ import stat
 import time
 import tokenize
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ __all__ = [
     "require_state",
     "estimator_state",
     "estimator_from_state",
+    "check_fitted_items",
     "check_estimator_state",
 ]
 
@@ -919,7 +920,12 @@ def estimator_state(est: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str,
 
 
 def estimator_from_state(
-    cls: type, params: Mapping[str, Any], state: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+    cls: type,
+    params: Mapping[str, Any],
+    state: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    *,
+    extra_params: Mapping[str, Any] | None = None,
 ) -> Any:
     """Inverse of :func:`estimator_state`: construct with ``params``, set the fitted
     attributes, then check them. Everything a ``meta.json`` could smuggle in is refused:
@@ -936,6 +942,8 @@ def estimator_from_state(
     parameters and arrays that do not fit together), else the generic
     :func:`check_estimator_state`, which also honours a class's declared
     ``_state_shapes``, e.g. ``{"components_": ("n_bits_", "n_features_in_")}``.
+    ``extra_params`` are constructor parameters that are not JSON scalars (e.g. a tuple of
+    layer sizes), already checked by the caller.
     """
     owner = cls.__name__
     allowed = set(cls._get_param_names()) if hasattr(cls, "_get_param_names") else None
@@ -944,7 +952,34 @@ def estimator_from_state(
             raise ValueError(f"{key!r} is not a parameter of {owner}")
         if not (value is None or isinstance(value, str | bool | int | float)):
             raise ValueError(f"parameter {key}={value!r} is not a JSON scalar")
-    declared = getattr(cls, "_fitted_attributes", None)
+    check_fitted_items(cls, state, arrays, getattr(cls, "_fitted_attributes", None))
+    params = {**params, **(extra_params or {})}
+    obj = cls(**params)
+    for key, value in {**state, **arrays}.items():
+        setattr(obj, key, value)
+    check = getattr(obj, "_check_state", None)
+    if callable(check):
+        check()
+    else:
+        check_estimator_state(obj)
+    return obj
+
+
+def check_fitted_items(
+    cls: type,
+    state: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    allowed: Iterable[str] | None = None,
+) -> None:
+    """Refuse saved fitted attributes that could not have come from ``cls.fit``.
+
+    Every key of ``state`` and ``arrays`` must be a fitted-attribute name (ending in ``_``,
+    not starting with one) that the class itself does not define (so nothing shadows a
+    method such as ``encode``), and one of ``allowed`` when given; arrays must be numeric
+    and finite, state values finite JSON scalars. Raises ``ValueError``.
+    """
+    owner = cls.__name__
+    allowed = None if allowed is None else set(allowed)
     overlap = set(state) & set(arrays)
     if overlap:
         raise ValueError(f"{sorted(overlap)} are both in the state and the arrays")
@@ -958,7 +993,7 @@ def estimator_from_state(
             raise ValueError(f"{key!r} is not a fitted attribute (a name ending in '_')")
         if hasattr(cls, key):
             raise ValueError(f"{key!r} would shadow {owner}.{key}; it is not a fitted attribute")
-        if declared is not None and key not in declared:
+        if allowed is not None and key not in allowed:
             raise ValueError(f"{key!r} is not one of the fitted attributes of {owner}")
         if isinstance(value, np.ndarray):
             if value.dtype.kind not in "biufc":
@@ -969,15 +1004,6 @@ def estimator_from_state(
             raise ValueError(f"state entry {key!r} is not a JSON scalar")
         elif isinstance(value, float) and not np.isfinite(value):
             raise ValueError(f"state entry {key!r} is not finite: {value!r}")
-    obj = cls(**params)
-    for key, value in {**state, **arrays}.items():
-        setattr(obj, key, value)
-    check = getattr(obj, "_check_state", None)
-    if callable(check):
-        check()
-    else:
-        check_estimator_state(obj)
-    return obj
 
 
 def check_estimator_state(obj: Any) -> None:

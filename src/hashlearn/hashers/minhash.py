@@ -37,7 +37,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._validation import check_int
-from hashlearn.io import Persistable, persistable
+from hashlearn.io import Persistable, persistable, require_array
 
 __all__ = ["MinHash", "as_token_csr", "jaccard_similarity"]
 
@@ -203,7 +203,16 @@ class MinHash(Persistable, TransformerMixin, BaseEstimator):
 
     @classmethod
     def _from_state(cls, params, state, arrays):
+        if set(state) or set(arrays) != {"coef_a_", "coef_b_"}:
+            raise ValueError(
+                f"a MinHash save holds coef_a_ and coef_b_ only; found {sorted({*state, *arrays})}"
+            )
         obj = cls(**params)
-        obj.coef_a_ = np.asarray(arrays["coef_a_"])
-        obj.coef_b_ = np.asarray(arrays["coef_b_"])
+        n = check_int(obj.n_hashes, "n_hashes", "MinHash")
+        obj.coef_a_ = require_array(
+            arrays, "coef_a_", np.int64, shape=(n,), low=1, high=int(MERSENNE_31)
+        )
+        obj.coef_b_ = require_array(
+            arrays, "coef_b_", np.int64, shape=(n,), low=0, high=int(MERSENNE_31)
+        )
         return obj

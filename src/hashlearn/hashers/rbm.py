@@ -37,7 +37,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, estimator_state, register_hasher
-from hashlearn.io import persistable
+from hashlearn.io import estimator_from_state, persistable
 from hashlearn.kernels import log_message
 
 __all__ = ["RBMHashing"]
@@ -360,8 +360,12 @@ class RBMHashing(BaseHasher):
     @classmethod
     def _from_state(cls, params, state, arrays):
         params = dict(params)
-        params["hidden_layers"] = tuple(int(h) for h in params["hidden_layers"])
-        obj = cls(**params)
-        for key, value in {**state, **arrays}.items():
-            setattr(obj, key, value)
-        return obj
+        hidden = params.pop("hidden_layers", None)
+        if not (
+            isinstance(hidden, list)
+            and all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden)
+        ):
+            raise ValueError(f"hidden_layers must be a list of positive ints, got {hidden!r}")
+        return estimator_from_state(
+            cls, params, state, arrays, extra_params={"hidden_layers": tuple(hidden)}
+        )

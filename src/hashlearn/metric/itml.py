@@ -48,7 +48,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from hashlearn._validation import check_int, check_real
-from hashlearn.io import Persistable, persistable
+from hashlearn.io import Persistable, check_fitted_items, persistable, require_array, require_state
 from hashlearn.kernels import log_message
 from hashlearn.supervision import check_pairs, pairs_from_labels
 
@@ -184,6 +184,23 @@ def default_num_constraints(y: np.ndarray) -> int:
 
 
 # ----------------------------------------------------------------------------- estimator
+
+
+_ITML_FITTED = (
+    "A_",
+    "G_",
+    "bounds_",
+    "gamma_",
+    "lower_percentile_",
+    "upper_percentile_",
+    "learned_",
+    "n_iter_",
+    "converged_",
+    "violated_fraction_",
+    "n_features_in_",
+    "best_score_",
+    "prior_score_",
+)
 
 
 @persistable
@@ -637,8 +654,20 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 )
             ]
         obj.cv_results_ = cv
+        for key in ("best_score_", "prior_score_"):  # NaN when cross-validation could not run
+            score = state.pop(key, None)
+            if not (
+                score is None or isinstance(score, float | int) and not isinstance(score, bool)
+            ):
+                raise ValueError(f"state entry {key!r} must be a number, got {score!r}")
+            setattr(obj, key, None if score is None else float(score))
+        check_fitted_items(cls, state, arrays, _ITML_FITTED)
         for key, value in {**state, **arrays}.items():
             setattr(obj, key, value)
+        d = require_state(state, "n_features_in_", int, low=1)
+        require_array(arrays, "A_", np.float64, shape=(d, d))
+        require_array(arrays, "G_", np.float64, shape=(None, d))
+        require_array(arrays, "bounds_", np.float64, shape=(2,))
         return obj
 
 

@@ -51,7 +51,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from hashlearn._validation import check_int, check_real
-from hashlearn.io import Persistable, persistable
+from hashlearn.io import Persistable, check_fitted_items, persistable, require_array
 from hashlearn.kernels import log_message
 from hashlearn.metric.itml import _bregman_step, default_num_constraints
 from hashlearn.supervision import check_pairs, pairs_from_labels
@@ -196,6 +196,22 @@ def symmetric_factor_coefficients(K0: np.ndarray, K: np.ndarray, rtol: float = 1
     root = (bvecs * np.sqrt(np.clip(bvals, 0.0, None))) @ bvecs.T - np.eye(len(B))
     W = V * inv_sigma[None, :]
     return W @ root @ W.T
+
+
+_KERNEL_ITML_FITTED = (
+    "constrained_index_",
+    "constrained_",
+    "K0_",
+    "K_",
+    "S_",
+    "bounds_",
+    "n_iter_",
+    "rank_",
+    "lemma2_stable_",
+    "converged_",
+    "violated_fraction_",
+    "n_features_in_",
+)
 
 
 @persistable
@@ -653,6 +669,16 @@ class KernelITML(Persistable, BaseEstimator):
         state = dict(state)
         if state.get("n_features_in_") is None:
             state.pop("n_features_in_", None)
+        check_fitted_items(cls, state, arrays, _KERNEL_ITML_FITTED)
+        c = require_array(arrays, "K_", np.float64, ndim=2).shape[0]
+        require_array(arrays, "K_", np.float64, shape=(c, c))
+        require_array(arrays, "K0_", np.float64, shape=(c, c))
+        require_array(arrays, "S_", np.float64, shape=(c, c))
+        require_array(arrays, "bounds_", np.float64, shape=(2,))
+        if "constrained_" in arrays:
+            require_array(arrays, "constrained_", np.float64, shape=(c, None))
+        elif getattr(obj, "constrained_", None) is None or obj.constrained_.shape[0] != c:
+            raise ValueError(f"the constrained points must be {c} rows")
         for key, value in {**state, **arrays}.items():
             setattr(obj, key, value)
         return obj

@@ -1,0 +1,93 @@
+"""Saved estimators with their own loaders refuse state that ``fit`` could not have produced.
+
+ITML, KernelITML, RBMHashing and MinHash do not go through the generic hasher loader; a
+``meta.json`` edited to add an attribute that shadows a method, to change a parameter's type,
+or an array rewritten out of range must raise ``ValueError`` at load, never load silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from hashlearn import io, load_digits
+from hashlearn.hashers import MinHash, RBMHashing
+from hashlearn.metric import ITML, KernelITML
+
+
+@pytest.fixture(scope="module")
+def small():
+    X, y = load_digits()
+    return X[:120].astype(np.float64) / 16.0, y[:120]
+
+
+def _fitted(name, small):
+    if name == "minhash":
+        return MinHash(n_hashes=16, random_state=0).fit([{1, 2}, {3, 4, 5}])
+    X, y = small
+    if name == "itml":
+        return ITML(gamma_grid=(0.1,), grid_extensions=0, max_iter=20, random_state=0).fit(X, y)
+    if name == "kernel-itml":
+        return KernelITML(max_iter=5, random_state=0).fit(X[:60], y[:60])
+    if name == "rbm":
+        return RBMHashing(
+            n_bits=8, hidden_layers=(16,), pretrain_epochs=1, finetune_epochs=1, random_state=0
+        ).fit(X, y)
+    raise AssertionError(name)
+
+
+def _edit_meta(path, edit):
+    meta_path = path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    edit(meta)
+    meta_path.write_text(json.dumps(meta))
+
+
+NAMES = ["itml", "kernel-itml", "rbm", "minhash"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_still_loads(name, small, tmp_path):
+    obj = _fitted(name, small)
+    io.save(obj, tmp_path / name)
+    assert type(io.load(tmp_path / name)) is type(obj)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("key", ["transform", "encode", "__class__", "n_bits"])
+def test_state_key_that_fit_never_makes_is_refused(name, key, small, tmp_path):
+    io.save(_fitted(name, small), tmp_path / name)
+    _edit_meta(tmp_path / name, lambda meta: meta["state"].__setitem__(key, 1))
+    with pytest.raises(ValueError):
+        io.load(tmp_path / name)
+
+
+def test_rbm_hidden_layers_must_be_positive_ints(small, tmp_path):
+    io.save(_fitted("rbm", small), tmp_path / "rbm")
+    _edit_meta(tmp_path / "rbm", lambda meta: meta["params"].__setitem__("hidden_layers", [0]))
+    with pytest.raises(ValueError, match="hidden_layers"):
+        io.load(tmp_path / "rbm")
+
+
+def test_itml_matrix_of_the_wrong_shape_is_refused(small, tmp_path):
+    io.save(_fitted("itml", small), tmp_path / "itml")
+    _edit_meta(tmp_path / "itml", lambda meta: meta["state"].__setitem__("n_features_in_", 10))
+    with pytest.raises(ValueError, match="A_"):
+        io.load(tmp_path / "itml")
+
+
+def test_minhash_coefficients_out_of_range_are_refused(tmp_path):
+    """coef_a_ = 0 would make every ordering constant; it is rewritten with a valid sha256."""
+    path = tmp_path / "mh"
+    io.save(_fitted("minhash", None), path)
+    meta = json.loads((path / "meta.json").read_text())
+    entry = meta["arrays"]["coef_a_"]
+    arr = np.zeros(16, np.int64)
+    np.save(path / entry["file"], arr)
+    entry["sha256"] = hashlib.sha256((path / entry["file"]).read_bytes()).hexdigest()
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="coef_a_"):
+        io.load(path)
