@@ -91,3 +91,69 @@ def test_minhash_coefficients_out_of_range_are_refused(tmp_path):
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="coef_a_"):
         io.load(path)
+
+
+def _save_forest(kind, small, path):
+    from hashlearn.forest import BoostedSearchForest, KMeansTree, LSHTables
+
+    X, _ = small
+    make = {
+        "bsf": lambda: BoostedSearchForest(n_trees=2, max_depth=4, n_pairs=500, random_state=0),
+        "kmeans": lambda: KMeansTree(n_trees=2, max_depth=3, random_state=0),
+        "lsh": lambda: LSHTables(n_tables=2, bits_per_table=4, random_state=0),
+    }[kind]
+    io.save(make().fit(X), path)
+    return path
+
+
+def _rewrite_array(path, name, change):
+    """Rewrite array ``name`` of a save through ``change(arr) -> arr``, with a valid sha256."""
+    meta = json.loads((path / "meta.json").read_text())
+    entry = meta["arrays"][name]
+    arr = change(np.load(path / entry["file"]))
+    np.save(path / entry["file"], arr)
+    entry["sha256"] = hashlib.sha256((path / entry["file"]).read_bytes()).hexdigest()
+    entry["shape"] = list(arr.shape)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("kind", ["bsf", "kmeans", "lsh"])
+def test_forest_round_trip_loads_with_the_same_keys(kind, small, tmp_path):
+    path = _save_forest(kind, small, tmp_path / kind)
+    X, _ = small
+    loaded = io.load(path)
+    assert loaded.keys(X[:20]).shape[0] == 20
+
+
+def _cycle(left):
+    left = left.copy()
+    inner = np.flatnonzero(left >= 0)
+    left[inner[-1]] = 0  # the last split points back at the first root: an endless walk
+    return left
+
+
+TREE_DAMAGE = {
+    "cycle": ("left_", _cycle),
+    "child out of range": ("right_", lambda a: np.where(a >= 0, a + 10**6, a)),
+    "feature out of range": ("feature_", lambda a: np.where(a >= 0, a + 10**6, a - 10**6)),
+    "root out of range": ("roots_", lambda a: a + 10**6),
+    "short threshold": ("threshold_", lambda a: a[:-1]),
+}
+
+
+@pytest.mark.parametrize("kind", ["bsf", "kmeans"])
+@pytest.mark.parametrize("damage", sorted(TREE_DAMAGE))
+def test_damaged_tree_arrays_are_refused_at_load(kind, damage, small, tmp_path):
+    """Before: these loaded, and keys() walked out of the arrays or forever."""
+    path = _save_forest(kind, small, tmp_path / kind)
+    name, change = TREE_DAMAGE[damage]
+    _rewrite_array(path, name, change)
+    with pytest.raises(ValueError):
+        io.load(path)
+
+
+def test_lsh_tables_directions_of_the_wrong_shape_are_refused(small, tmp_path):
+    path = _save_forest("lsh", small, tmp_path / "lsh")
+    _rewrite_array(path, "directions_", lambda a: a[:-1])
+    with pytest.raises(ValueError):
+        io.load(path)

@@ -29,6 +29,7 @@ def _lsh_rows(out) -> dict[int, dict]:
     return {row["n_bits"]: row for row in rows if row["hasher"] == "lsh"}
 
 
+@pytest.mark.slow
 def test_demo_runs_and_writes_every_file(quick_demo):
     result, out = quick_demo
     assert result.exit_code == 0, result.output
@@ -44,6 +45,7 @@ def test_demo_runs_and_writes_every_file(quick_demo):
     assert "| lsh | 16 |" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_demo_json_has_protocol_and_every_hasher(quick_demo):
     _, out = quick_demo
     results = json.loads((out / "results.json").read_text())
@@ -60,6 +62,7 @@ def test_demo_json_has_protocol_and_every_hasher(quick_demo):
             assert row["supervised"] == available_hashers()[row["hasher"]].supervised
 
 
+@pytest.mark.slow
 def test_demo_recall_is_a_real_measure(quick_demo):
     """Recall@M in [0, 1], growing with M and with the code length (LSH on digits)."""
     _, out = quick_demo
@@ -77,6 +80,7 @@ def test_demo_recall_is_a_real_measure(quick_demo):
     assert rows[32]["pr_auc"] > rows[16]["pr_auc"]
 
 
+@pytest.mark.slow
 def test_run_demo_is_deterministic(tmp_path):
     kwargs = {"bits": (8,), "n_queries": 40, "n_train": 300, "random_state": 3}
     first = run_demo(out_dir=tmp_path / "a", **kwargs)

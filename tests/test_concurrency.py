@@ -28,10 +28,20 @@ from hashlearn.index import (
     HammingBallIndex,
     MinHashLSHIndex,
     MultiIndexHashing,
+    PermutationIndex,
     TableIndex,
 )
 
-KINDS = ("flat", "mih", "hamming-ball", "table", "minhash", "cascade", "flat-on-disk")
+KINDS = (
+    "flat",
+    "mih",
+    "hamming-ball",
+    "table",
+    "minhash",
+    "cascade",
+    "flat-on-disk",
+    "permutation",
+)
 N_READERS = 8
 POP8 = np.array([bin(v).count("1") for v in range(256)], np.int64)
 
@@ -103,6 +113,8 @@ class _Kind:
         if self.kind == "flat-on-disk":
             FlatIndex(self.n_bits).save(self.tmp / "flat")
             return FlatIndex.open(self.tmp / "flat")
+        if self.kind == "permutation":
+            return PermutationIndex(self.n_bits, random_state=0)
         cls = {"flat": FlatIndex, "mih": MultiIndexHashing, "hamming-ball": HammingBallIndex}
         return cls[self.kind](self.n_bits, **({"probe_cost": 1.0} if "ball" in self.kind else {}))
 
@@ -135,6 +147,11 @@ class _Kind:
             return _candidates(q, MinHashLSHIndex(2, 2).band_keys(rows), ids)
         if self.kind == "cascade":
             return self._cascade_brute(ids, rows)
+        if self.kind == "permutation":  # approximate: the answer of a fresh index on the state
+            fresh = PermutationIndex(self.n_bits, random_state=0)
+            if len(ids):
+                fresh.add(rows, ids)
+            return fresh.search(self.queries, self.k)
         return _knn(_hamming(self.queries, rows), ids, self.k)
 
     def _cascade_brute(self, ids, rows):

@@ -28,7 +28,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn._parallel import available_cores, parallel_chunks
 from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
-from hashlearn.io import Persistable, estimator_from_state, estimator_state
+from hashlearn.io import Persistable, check_estimator_state, estimator_from_state, estimator_state
 
 __all__ = [
     "BaseBucketer",
@@ -128,6 +128,25 @@ class BaseBucketer(Persistable, BaseEstimator):
     @classmethod
     def _from_state(cls, params, state, arrays):
         return estimator_from_state(cls, params, state, arrays)
+
+    def _check_state(self) -> None:
+        """Structure of a loaded bucketer, checked before any kernel walks it: the generic
+        checks, the key tag, the trees' node arrays (:func:`check_tree_arrays`) and any
+        per-tree weights. Raises ``ValueError``."""
+        check_estimator_state(self)
+        d = getattr(self, "n_features_in_", None)
+        if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+            raise ValueError(f"n_features_in_ must be a positive int, got {d!r}")
+        tag = getattr(self, "key_tag_", None)
+        if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < 1 << 23:
+            raise ValueError(f"key_tag_ must be an int in [0, 2**23), got {tag!r}")
+        if hasattr(self, "roots_"):
+            check_tree_arrays(self, d)
+            weights = getattr(self, "tree_weights_", None)
+            if weights is not None and np.shape(weights) != self.roots_.shape:
+                raise ValueError(
+                    f"tree_weights_ has shape {np.shape(weights)}, expected {self.roots_.shape}"
+                )
 
 
 # ------------------------------------------------------------------------ binary trees
@@ -251,6 +270,54 @@ def node_scores(
     else:
         _node_scores_kernel(X, rows, int(feature), np.zeros((1, X.shape[1])), out)
     return out
+
+
+def check_tree_arrays(trees, n_features: int) -> None:
+    """Refuse node arrays a tree walk could not follow safely (a damaged or crafted save).
+
+    ``trees`` has the attributes of :meth:`TreeBuilder.arrays`. Every array must have its
+    dtype and a common length ``m``; roots lie in ``[0, m)``; an internal node has both
+    children, and its children come after it (as :class:`TreeBuilder` numbers them), which
+    rules out cycles and keeps every walk inside the arrays; a stump's feature lies in
+    ``[0, n_features)`` and a hyperplane's row in ``proj_``; leaves have ids in
+    ``[0, max(n_leaves_))``; thresholds are finite. O(m). Raises ``ValueError``.
+    """
+    ints = ("roots_", "left_", "right_", "feature_", "leaf_id_", "n_leaves_")
+    for name in (*ints, "threshold_", "proj_"):
+        value = getattr(trees, name, None)
+        want = np.float64 if name in ("threshold_", "proj_") else np.int64
+        ndim = 2 if name == "proj_" else 1
+        if not isinstance(value, np.ndarray) or value.dtype != want or value.ndim != ndim:
+            raise ValueError(f"{name} must be a {ndim}-D {np.dtype(want)} array")
+    left, right, feature = trees.left_, trees.right_, trees.feature_
+    m = left.shape[0]
+    for name in ("right_", "feature_", "threshold_", "leaf_id_"):
+        if getattr(trees, name).shape[0] != m:
+            raise ValueError(f"{name} must have one entry per node ({m})")
+    roots = trees.roots_
+    if roots.size == 0 or trees.n_leaves_.shape != roots.shape:
+        raise ValueError("the forest needs at least one tree and one n_leaves_ entry per tree")
+    if roots.min() < 0 or roots.max() >= m:
+        raise ValueError(f"roots_ must index nodes in [0, {m})")
+    inner = left >= 0
+    if (left < -1).any() or (right < -1).any() or (inner != (right >= 0)).any():
+        raise ValueError("left_/right_ must be -1 (leaf) or both child indices")
+    node = np.arange(m)
+    if ((left[inner] <= node[inner]) | (right[inner] <= node[inner])).any() or (
+        inner.any() and max(left.max(), right.max()) >= m
+    ):
+        raise ValueError("a child must come after its parent and lie inside the node arrays")
+    proj = trees.proj_
+    if proj.shape[1] != n_features and proj.shape[0] > 0:
+        raise ValueError(f"proj_ must have {n_features} columns, got {proj.shape[1]}")
+    f = feature[inner]
+    if f.size and (f.max() >= n_features or f.min() < -proj.shape[0]):
+        raise ValueError("feature_ of a split must be a feature index or a row of proj_")
+    leaf = trees.leaf_id_[~inner]
+    if leaf.size and (leaf.min() < 0 or leaf.max() >= trees.n_leaves_.max()):
+        raise ValueError("leaf_id_ of a leaf must lie in [0, max(n_leaves_))")
+    if not (np.isfinite(trees.threshold_).all() and np.isfinite(proj).all()):
+        raise ValueError("thresholds and projections must be finite")
 
 
 @numba.njit(cache=True, nogil=True)

@@ -63,6 +63,18 @@ class LSHTables(BaseBucketer):
         self.directions_ = rng.standard_normal((n_tables * bits, X.shape[1]))
         self.offsets_ = self.directions_ @ X.mean(axis=0)
 
+    def _check_state(self) -> None:
+        super()._check_state()
+        rows = int(self.n_tables) * int(self.bits_per_table)
+        if np.shape(self.directions_) != (rows, self.n_features_in_) or np.shape(self.offsets_) != (
+            rows,
+        ):
+            raise ValueError(
+                f"directions_ {np.shape(self.directions_)} and offsets_ "
+                f"{np.shape(self.offsets_)} do not fit {self.n_tables} tables of "
+                f"{self.bits_per_table} bits over {self.n_features_in_} features"
+            )
+
     def _local_keys(self, X, n_threads=None) -> np.ndarray:
         out = np.empty((X.shape[0], self.n_tables), np.int64)
         directions = np.ascontiguousarray(self.directions_, dtype=np.float64)

@@ -24,6 +24,7 @@ are derived from the codes and ``random_state``, so they are not saved).
 from __future__ import annotations
 
 import math
+import threading
 
 import numba
 import numpy as np
@@ -32,7 +33,7 @@ from sklearn.utils import check_random_state
 from hashlearn._validation import check_codes, check_ids, check_int, check_real
 from hashlearn.codes import unpack_bits
 from hashlearn.index.base import BinaryIndex, register_index
-from hashlearn.io import persistable
+from hashlearn.io import persistable, require_array, require_state
 
 __all__ = ["PermutationIndex"]
 
@@ -181,6 +182,15 @@ def _words(bits: np.ndarray) -> np.ndarray:
     return packed.view(">u8").astype(np.uint64).reshape(n, n_words)
 
 
+class _Contents:
+    """One immutable state of a PermutationIndex: codes, ids and their lazily built orders."""
+
+    __slots__ = ("codes", "ids", "built")
+
+    def __init__(self, codes: np.ndarray, ids: np.ndarray):
+        self.codes, self.ids, self.built = codes, ids, None
+
+
 @persistable
 @register_index("permutation")
 class PermutationIndex(BinaryIndex):
@@ -260,35 +270,55 @@ class PermutationIndex(BinaryIndex):
         self.n_examined = None if n_examined is None else check_int(n_examined, "n_examined", owner)
         self.window = check_int(window, "window", owner)
         self.random_state = check_int(random_state, "random_state", owner, low=0)
-        self._codes = np.zeros((0, self.code_size), np.uint8)
-        self._ids = np.zeros(0, np.int64)
+        # Copy-on-write: writers build a new _Contents and swap it in under the lock; a
+        # search reads self._contents once, so it sees one whole state, never a mix.
+        self._contents = _Contents(np.zeros((0, self.code_size), np.uint8), np.zeros(0, np.int64))
         self._next_id = 0
-        self._built: tuple | None = None
+        self._write_lock = threading.Lock()
+
+    def __getstate__(self):  # copyable (e.g. sent to a dask worker): the lock is not
+        state = self.__dict__.copy()
+        del state["_write_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._write_lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._contents.ids)
 
     @property
     def ids(self) -> np.ndarray:
         """Ids of the stored codes, in insertion order."""
-        return self._ids.copy()
+        return self._contents.ids.copy()
+
+    @property
+    def codes(self) -> np.ndarray:
+        """The stored packed codes, in insertion order."""
+        return self._contents.codes.copy()
+
+    def _orders_for(self, n: int) -> int:
+        if self.n_permutations is not None:
+            return self.n_permutations
+        return max(1, math.ceil(max(n, 1) ** (1.0 / (1.0 + self.epsilon)) - 1e-9))
+
+    def _budget_for(self, n: int) -> int:
+        if self.scan == "charikar" and self.n_examined is not None:
+            return self.n_examined
+        return 2 * self.window * self._orders_for(n)
 
     @property
     def n_orders(self) -> int:
         """The number of sorted permutations ``M`` for the current database size."""
-        if self.n_permutations is not None:
-            return self.n_permutations
-        n = max(len(self), 1)
-        return max(1, math.ceil(n ** (1.0 / (1.0 + self.epsilon)) - 1e-9))
+        return self._orders_for(len(self))
 
     @property
     def budget(self) -> int:
         """Entries examined per query over all orders: ``n_examined`` (Charikar scan,
         default ``2 * window * M``) or ``2 * window * M`` (window scan); fewer when the
         orders hold fewer entries."""
-        if self.scan == "charikar" and self.n_examined is not None:
-            return self.n_examined
-        return 2 * self.window * self.n_orders
+        return self._budget_for(len(self))
 
     def permutations(self, n_orders: int | None = None) -> np.ndarray:
         """The bit permutations ``(M, n_bits)``; the first ones do not depend on ``M``."""
@@ -304,18 +334,24 @@ class PermutationIndex(BinaryIndex):
         """Add packed codes with optional distinct ids (default: numbered on)."""
         codes = check_codes(codes, self.n_bits, "codes")
         m = codes.shape[0]
-        if ids is None:
-            new_ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
-        else:
-            new_ids = check_ids(ids, m)
-            present = np.isin(new_ids, self._ids)
-            if present.any():
-                raise ValueError(f"ids already in the index: {new_ids[present][:5].tolist()}.")
-        if m:
-            self._codes = np.concatenate([self._codes, codes])
-            self._ids = np.concatenate([self._ids, new_ids])
-            self._next_id = max(self._next_id, int(new_ids.max()) + 1)
-            self._built = None
+        with self._write_lock:
+            old = self._contents
+            if ids is None:
+                if self._next_id > np.iinfo(np.int64).max - m:
+                    raise ValueError(
+                        f"automatic ids would leave the int64 id space (next id {self._next_id})."
+                    )
+                new_ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
+            else:
+                new_ids = check_ids(ids, m)
+                present = np.isin(new_ids, old.ids)
+                if present.any():
+                    raise ValueError(f"ids already in the index: {new_ids[present][:5].tolist()}.")
+            if m:
+                self._contents = _Contents(
+                    np.concatenate([old.codes, codes]), np.concatenate([old.ids, new_ids])
+                )
+                self._next_id = max(self._next_id, int(new_ids.max()) + 1)
         return new_ids
 
     def remove(self, ids, *, missing: str = "raise") -> int:
@@ -325,49 +361,56 @@ class PermutationIndex(BinaryIndex):
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise ValueError(f"ids must be a 1-D array of integers. Got shape {ids.shape}.")
-        if missing == "raise":
-            unknown = ~np.isin(ids, self._ids)
-            if unknown.any():
-                raise ValueError(f"ids not in the index: {ids[unknown][:5].tolist()}.")
-        keep = ~np.isin(self._ids, ids)
-        removed = int((~keep).sum())
-        if removed:
-            self._codes, self._ids = self._codes[keep], self._ids[keep]
-            self._built = None
+        with self._write_lock:
+            old = self._contents
+            if missing == "raise":
+                unknown = ~np.isin(ids, old.ids)
+                if unknown.any():
+                    raise ValueError(f"ids not in the index: {ids[unknown][:5].tolist()}.")
+            keep = ~np.isin(old.ids, ids)
+            removed = int((~keep).sum())
+            if removed:
+                self._contents = _Contents(old.codes[keep], old.ids[keep])
         return removed
 
-    def _build(self):
-        if self._built is None:
-            perms = self.permutations()
-            bits = unpack_bits(self._codes, self.n_bits)
-            n, n_orders = len(self), len(perms)
+    def _build(self, contents: _Contents):
+        """The sorted orders of ``contents``, built once per state (a race builds it twice,
+        from the same immutable arrays, and keeps either)."""
+        if contents.built is None:
+            n = len(contents.ids)
+            perms = self.permutations(self._orders_for(n))
+            bits = unpack_bits(contents.codes, self.n_bits)
+            n_orders = len(perms)
             n_words = max(1, (self.n_bits + 63) // 64)
             keys = np.empty((n_orders, n, n_words), np.uint64)
             rows = np.empty((n_orders, n), np.int64)
             for o, perm in enumerate(perms):
                 words = _words(bits[:, perm])
                 order = np.lexsort(
-                    (self._ids,) + tuple(words[:, w] for w in range(n_words - 1, -1, -1))
+                    (contents.ids,) + tuple(words[:, w] for w in range(n_words - 1, -1, -1))
                 )
                 keys[o], rows[o] = words[order], order
-            self._built = (perms, keys, rows, _words(bits))
-        return self._built
+            contents.built = (perms, keys, rows, _words(bits))
+        return contents.built
 
     # ------------------------------------------------------------------------ search
 
     def _candidates(self, queries: np.ndarray):
-        perms, keys, rows, db_words = self._build()
+        contents = self._contents  # one state for the whole search
+        n = len(contents.ids)
+        budget = self._budget_for(n)
+        perms, keys, rows, db_words = self._build(contents)
         m = len(queries)
         q_bits = unpack_bits(queries, self.n_bits)
         n_words = keys.shape[2]
         query_keys = _words(q_bits[:, perms].reshape(m * len(perms), self.n_bits)).reshape(
             m, len(perms), n_words
         )
-        cap = min(len(self), self.budget)
+        cap = min(n, budget)
         out_rows = np.full((m, max(cap, 1)), -1, np.int64)
         out_dist = np.full((m, max(cap, 1)), self.n_bits + 1, np.int64)
         counts = np.zeros(m, np.int64)
-        if m and len(self):
+        if m and n:
             if self.scan == "charikar":
                 charikar_candidates(
                     keys,
@@ -375,7 +418,7 @@ class PermutationIndex(BinaryIndex):
                     query_keys,
                     db_words,
                     _words(q_bits),
-                    self.budget,
+                    budget,
                     self.n_bits,
                     out_rows,
                     out_dist,
@@ -395,8 +438,8 @@ class PermutationIndex(BinaryIndex):
                 )
         sentinel = np.iinfo(np.int64).max
         cand_ids = (
-            np.where(out_rows >= 0, self._ids[np.maximum(out_rows, 0)], sentinel)
-            if len(self)
+            np.where(out_rows >= 0, contents.ids[np.maximum(out_rows, 0)], sentinel)
+            if n
             else np.full(out_rows.shape, sentinel)
         )
         order = np.lexsort((cand_ids, out_dist), axis=-1)
@@ -456,21 +499,23 @@ class PermutationIndex(BinaryIndex):
             "window": self.window,
             "random_state": self.random_state,
         }
-        return params, {"next_id": self._next_id}, {"codes": self._codes, "ids": self._ids}
+        contents = self._contents
+        return params, {"next_id": self._next_id}, {"codes": contents.codes, "ids": contents.ids}
 
     @classmethod
     def _from_state(cls, params, state, arrays):
         params = dict(params)
         params.setdefault("scan", "window")  # saved before the Charikar scan existed
         index = cls(**params)
-        codes, ids = np.asarray(arrays["codes"]), np.asarray(arrays["ids"])
-        if codes.ndim != 2 or codes.shape[1] != index.code_size or len(ids) != len(codes):
-            raise ValueError(
-                f"saved PermutationIndex arrays are inconsistent: codes "
-                f"{codes.shape}, ids {ids.shape}."
-            )
-        index._codes, index._ids = codes, ids
-        index._next_id = int(state["next_id"])
+        codes = require_array(arrays, "codes", np.uint8, shape=(None, index.code_size))
+        n = codes.shape[0]
+        ids = require_array(arrays, "ids", np.int64, shape=(n,), low=0)
+        next_id = require_state(state, "next_id", int, low=0)
+        if n and (len(np.unique(ids)) != n or next_id <= int(ids.max())):
+            raise ValueError("ids must be distinct and below next_id")
+        check_codes(codes, index.n_bits, "codes")  # padding bits zero
+        index._contents = _Contents(np.asarray(codes), np.asarray(ids))
+        index._next_id = next_id
         return index
 
     def __repr__(self) -> str:
