@@ -7,8 +7,8 @@ A table maps int64 keys to posting lists of int64 ids::
     ids      (n,)
 
 No Python dict, no pickle: three flat arrays that save as ``.npy`` and memory-map. Used by
-the inverted TableIndex (boosted-search-forest.txt), the Hamming-ball index (semantic
-hashing, binary-codes-survey.txt §2.2), multi-index hashing's substring tables and the
+the inverted TableIndex (Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011), the Hamming-ball index (semantic
+hashing, Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §2.2), multi-index hashing's substring tables and the
 banded MinHash index. Lookups are a binary search (``find``), callable from other kernels.
 A table read from a file is checked by :func:`check_table` before any kernel uses it.
 """

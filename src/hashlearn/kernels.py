@@ -1,7 +1,7 @@
 """Kernel functions for kernel-based hashing and metric learning, validated.
 
 A kernel :math:`\\kappa(x, y) = \\phi(x)^T \\phi(y)` is an inner product in a (possibly
-implicit) feature space. Kernelized LSH (binary-codes-survey.txt §4.3, eqs. 24-32) needs
+implicit) feature space. Kernelized LSH (Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §4.3, eqs. 24-32) needs
 only kernel values between the input and a small sample, so any Mercer kernel works,
 including kernels on non-vector objects (sets, strings, graphs).
 

@@ -496,7 +496,7 @@ class Searcher:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Neighbours by an absolute or relative Hamming threshold, ties kept: ``(lims, D, I)``.
 
-        lambdarank-bit-vectors.txt, Sec. 3.5.2. ``radius``: every item at Hamming distance
+        the LambdaRank bit-vector paper (WWW), Sec. 3.5.2. ``radius``: every item at Hamming distance
         ``<= radius``. ``n_bins``: every item in the query's ``n_bins`` nearest non-empty
         distance bins (for k-NN classification with a relative threshold). Exactly one.
         CSR form as ``range_search`` (sorted by (distance, id)); needs a Hamming index, and

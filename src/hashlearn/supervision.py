@@ -5,7 +5,7 @@ Every supervised method in hashlearn takes either labels, ``fit(X, y)``, or expl
 ``s`` a boolean array of length ``m`` (True: the two rows are similar). :func:`resolve_pairs`
 turns either form into checked pairs, so every method reads supervision the same way.
 
-Neighbour-based supervision (minimal-loss-hashing.txt §6.1, binary-codes-survey.txt §5): two
+Neighbour-based supervision (Norouzi & Fleet, *Minimal Loss Hashing for Compact Binary Codes*, ICML 2011 §6.1, Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §5): two
 points are neighbours when their Euclidean distance is below a threshold chosen so that each
 training point has ``K`` neighbours on average (:func:`neighbor_threshold`).
 """
@@ -171,7 +171,7 @@ def _sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 def neighbor_threshold(X, n_neighbors: int, *, max_rows: int = 5000, random_state=0) -> float:
     """Euclidean distance threshold giving each point ``n_neighbors`` neighbours on average.
 
-    The MLH protocol (minimal-loss-hashing.txt §6.1): a pair is similar when its distance is
+    The MLH protocol (Norouzi & Fleet, *Minimal Loss Hashing for Compact Binary Codes*, ICML 2011 §6.1): a pair is similar when its distance is
     below this threshold. Self-pairs do not count. For more than ``max_rows`` points the
     threshold is estimated on a random subset of rows against all points, which keeps the
     average exact in expectation.

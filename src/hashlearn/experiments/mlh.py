@@ -1,4 +1,4 @@
-"""Reproduction of minimal-loss-hashing.txt §6.1 (and a reduced §6.2) on this machine.
+"""Reproduction of Norouzi & Fleet, *Minimal Loss Hashing for Compact Binary Codes*, ICML 2011 §6.1 (and a reduced §6.2) on this machine.
 
 Protocol (§6.1, after Kulis & Darrell): for each dataset, 1000 random training points (the
 database) and up to 3000 test queries; mean-centre, normalise each datum to unit length
@@ -489,7 +489,7 @@ def run(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = [
-        "## Minimal loss hashing (minimal-loss-hashing.txt §6)",
+        "## Minimal loss hashing (Norouzi & Fleet, *Minimal Loss Hashing for Compact Binary Codes*, ICML 2011 §6)",
         "",
         f"Seed {seed}; {'quick' if quick else 'full'} mode; "
         "machine shared by several jobs (2 cores).",

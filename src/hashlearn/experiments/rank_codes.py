@@ -1,4 +1,4 @@
-"""Reproduction of lambdarank-bit-vectors.txt, Tables 4-5 and Sec. 5.5-6, on this machine.
+"""Reproduction of the LambdaRank bit-vector paper (WWW), Tables 4-5 and Sec. 5.5-6, on this machine.
 
 Protocol. Classification (Table 4): k-NN error with the relative threshold k = 3 (the
 query's 3 nearest non-empty Hamming bins vote, ties kept) against code length, for random

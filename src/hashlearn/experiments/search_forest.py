@@ -1,4 +1,4 @@
-"""Reproduce boosted-search-forest.txt (Fig. 1-2) on Fashion-MNIST: recall of the true
+"""Reproduce Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 (Fig. 1-2) on Fashion-MNIST: recall of the true
 100-NN against the number of returned candidates, for the boosted search forest, k-means
 trees and LSH tables with as many trees / tables, and spectral hashing with a linear Hamming
 scan at matched bits (tree bits = depth x trees, the paper's accounting).
@@ -255,7 +255,7 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, pro
     )
     held = ", ".join(f"M={m}: {'yes' if ok else 'NO'}" for m, ok in check.items())
     report = [
-        "## search-forest: learning to search (boosted-search-forest.txt)",
+        "## search-forest: learning to search (Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011)",
         "",
         f"{dataset}, database {len(db)} images, {len(queries)} held-out queries, "
         f"PCA to {cfg['n_dims']} dims; ground truth: exact Euclidean {n_true}-NN. "

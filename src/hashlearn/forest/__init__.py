@@ -1,5 +1,5 @@
 """Bucketers for the inverted :class:`~hashlearn.index.table.TableIndex`
-(boosted-search-forest.txt): the boosted search forest, k-means trees and LSH tables.
+(Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011): the boosted search forest, k-means trees and LSH tables.
 Each has ``fit(X, y=None)``, ``keys(X) -> (n, n_tables) int64`` and ``n_tables``."""
 
 from hashlearn.forest.base import BaseBucketer

@@ -1,6 +1,6 @@
 """Bucketers: estimators mapping each item to one integer key per table.
 
-A bucketer (boosted-search-forest.txt §3.4) is the learned half of an inverted index: a
+A bucketer (Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 §3.4) is the learned half of an inverted index: a
 forest of search trees sends an item to one leaf per tree, LSH tables to one bucket per
 table, and the leaf / bucket numbers are the "index words" under which
 :class:`hashlearn.index.table.TableIndex` files the item. Every bucketer has

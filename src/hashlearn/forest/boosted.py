@@ -1,5 +1,5 @@
 """Boosted search forest (Li, Ning, Cao, Zhang, Gong & Huang, "Learning to search
-efficiently in high dimensions", boosted-search-forest.txt).
+efficiently in high dimensions", Li et al., NIPS 2011).
 
 Learning to search: instead of codes whose Hamming distance mimics similarity, learn the
 *candidate-selection function* of an inverted index directly. A selection function
@@ -359,7 +359,7 @@ def _best_split_kernel(X, rows, proj, feature_list, a_loc, b_loc, pw, cost, min_
 class BoostedSearchForest(BaseBucketer):
     """Boosted search forest: search trees learnt by boosting for recall vs. candidate cost.
 
-    boosted-search-forest.txt, Algorithm 1 (boosting, eq. 7-15) and Algorithm 2 (tree
+    Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011, Algorithm 1 (boosting, eq. 7-15) and Algorithm 2 (tree
     growth, eq. 16-18). ``keys(X)`` returns each item's leaf in every tree, the "index
     words" of :class:`hashlearn.index.table.TableIndex`.
 

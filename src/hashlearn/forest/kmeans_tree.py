@@ -1,4 +1,4 @@
-"""K-means trees: the unsupervised tree baseline of boosted-search-forest.txt (§1, §4).
+"""K-means trees: the unsupervised tree baseline of Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 (§1, §4).
 
 A vocabulary tree (Nister & Stewenius; Muja & Lowe's k-means trees) partitions the space by
 hierarchical k-means; its leaves are the index words. Here each tree is *bisecting*

@@ -1,4 +1,4 @@
-"""LSH tables: the data-independent baseline of boosted-search-forest.txt (§4, "multiple sets
+"""LSH tables: the data-independent baseline of Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 (§4, "multiple sets
 of LSH codes").
 
 Each of ``n_tables`` tables concatenates ``bits_per_table`` random-hyperplane bits

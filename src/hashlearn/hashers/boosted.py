@@ -1,4 +1,4 @@
-"""Boosted similarity-sensitive coding, PSH / BoostSSC (binary-codes-survey.txt §3.3.1).
+"""Boosted similarity-sensitive coding, PSH / BoostSSC (Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §3.3.1).
 
 Each bit is a decision stump on one input dimension, :math:`h_l(x) = [x_{d_l} > T_l]`. The
 stumps are chosen by GentleBoost on pairs of items labelled similar (:math:`z_n = 1`) or

@@ -1,5 +1,5 @@
 """Binary reconstructive embedding, BRE (Kulis & Darrell, NIPS 2009; the baseline of
-minimal-loss-hashing.txt §1 and §6).
+Norouzi & Fleet, *Minimal Loss Hashing for Compact Binary Codes*, ICML 2011 §1 and §6).
 
 Each bit is a thresholded kernel expansion over a fixed set of landmark points
 :math:`z_1..z_s` drawn from the training data,

@@ -1,4 +1,4 @@
-"""Kernelized locality-sensitive hashing, KLSH (Kulis & Grauman; binary-codes-survey.txt §4.3).
+"""Kernelized locality-sensitive hashing, KLSH (Kulis & Grauman; Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §4.3).
 
 Random-hyperplane LSH needs an explicit Gaussian vector :math:`r \\sim N(0, I)`, which does
 not exist when the feature space of a kernel :math:`\\kappa(x, y) = \\phi(x)^T\\phi(y)` is only

@@ -1,4 +1,4 @@
-"""Min-Hash signatures of sets (Broder; binary-codes-survey.txt §4.1).
+"""Min-Hash signatures of sets (Broder; Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §4.1).
 
 Min-Hash embeds sets so that collisions measure the normalised set overlap, the Jaccard
 similarity :math:`\\mathrm{sim}(S_1, S_2) = |S_1 \\cap S_2| / |S_1 \\cup S_2|`. Draw a random

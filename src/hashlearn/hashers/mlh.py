@@ -1,4 +1,4 @@
-"""Minimal loss hashing, MLH (Norouzi & Fleet, ICML 2011; minimal-loss-hashing.txt).
+"""Minimal loss hashing, MLH (Norouzi & Fleet, *Minimal Loss Hashing for Compact Binary Codes*, ICML 2011).
 
 MLH learns a linear threshold hash :math:`b(x; W) = \\operatorname{thr}(W x)` (eq. 1; one bit
 per row of :math:`W`, an optional offset through a constant input) that minimises a

@@ -1,6 +1,6 @@
 """PCA hashing and iterative quantization (PCA-ITQ), the linear unsupervised baselines.
 
-**PCAHashing** (the PCAH baseline of the hashing literature; binary-codes-survey.txt §4.2 uses
+**PCAHashing** (the PCAH baseline of the hashing literature; Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §4.2 uses
 the same principal directions as the first step of spectral hashing): centre the data, project
 onto the top ``n_bits`` principal directions :math:`V` and threshold at zero,
 :math:`b(x) = [V^T (x - \\mu) \\ge 0]`.

@@ -1,6 +1,6 @@
 """Task-specific bit vectors learned by ranking: RankNet and LambdaRank codes.
 
-lambdarank-bit-vectors.txt (Sec. 3): a bit vector is the rounded output of a sigmoid layer,
+the LambdaRank bit-vector paper (WWW) (Sec. 3): a bit vector is the rounded output of a sigmoid layer,
 
 .. math:: h_j(v) = \\sigma(b_j + \\textstyle\\sum_i W_{ij} v_i), \\qquad b_j = [h_j \\ge 1/2]
    \\quad (1)
@@ -96,7 +96,7 @@ def _bin_thresholds(dist: np.ndarray, k: int, window: int) -> tuple[np.ndarray, 
 class RankHashing(BaseHasher):
     """Bit vectors learned with RankNet or LambdaRank for a task's own measure.
 
-    lambdarank-bit-vectors.txt, eq. 1-8 and 11, Fig. 3.
+    the LambdaRank bit-vector paper (WWW), eq. 1-8 and 11, Fig. 3.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Semantic hashing with stacked RBMs fine-tuned by NCA (binary-codes-survey.txt §3.3.2).
+"""Semantic hashing with stacked RBMs fine-tuned by NCA (Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §3.3.2).
 
 A deep encoder maps an input to ``n_bits`` logistic units whose thresholded states are the
 code (Salakhutdinov & Hinton's semantic hashing, as applied to Gist by Torralba et al.).

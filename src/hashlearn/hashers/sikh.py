@@ -1,4 +1,4 @@
-"""Shift-invariant kernel hashing, SIKH (Raginsky & Lazebnik, NIPS 2009; binary-codes-survey.txt §4).
+"""Shift-invariant kernel hashing, SIKH (Raginsky & Lazebnik, NIPS 2009; Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §4).
 
 Random Fourier features of a shift-invariant kernel, binarised with random thresholds:
 

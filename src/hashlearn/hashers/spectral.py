@@ -1,4 +1,4 @@
-"""Spectral hashing (Weiss, Torralba & Fergus, NIPS 2008; binary-codes-survey.txt §4.2).
+"""Spectral hashing (Weiss, Torralba & Fergus, NIPS 2008; Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §4.2).
 
 Spectral hashing relaxes "similar points get nearby codes, bits balanced and uncorrelated"
 into an eigenproblem of the graph Laplacian, and solves it out of sample by assuming the data

@@ -1,6 +1,6 @@
 """Cascaded Hamming search: short codes narrow the candidates of longer codes.
 
-lambdarank-bit-vectors.txt, Sec. 6 ("Cascade architecture"): ranking functions are cascaded
+the LambdaRank bit-vector paper (WWW), Sec. 6 ("Cascade architecture"): ranking functions are cascaded
 in increasing order of the number of bits, each stage searching only among the neighbours
 found by the previous stage. The paper's two-stage classifier on MNIST (an 8-bit ranking
 function, then a 256-bit one) cut the 256-bit search set by an order of magnitude with
@@ -137,7 +137,7 @@ def _select_stage(
 class Cascade(IndexBase):
     """Multi-stage Hamming search: each stage searches the previous stage's neighbours.
 
-    lambdarank-bit-vectors.txt, Sec. 6 (8-bit -> 256-bit cascade).
+    the LambdaRank bit-vector paper (WWW), Sec. 6 (8-bit -> 256-bit cascade).
 
     Parameters
     ----------

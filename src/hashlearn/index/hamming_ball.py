@@ -1,7 +1,7 @@
 """Hamming-ball lookup: binary codes used as hash-table addresses (semantic hashing).
 
-binary-codes-survey.txt §2.2 (Salakhutdinov & Hinton's semantic hashing; also the inverted
-index of lambdarank-bit-vectors.txt, Sec. 5.5): every database code is a key of a hash table
+Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §2.2 (Salakhutdinov & Hinton's semantic hashing; also the inverted
+index of the LambdaRank bit-vector paper (WWW), Sec. 5.5): every database code is a key of a hash table
 whose posting list holds the items with that code. A query does not scan the database; it
 enumerates its *Hamming ball*, the codes at distance 0, 1, 2, ... from its own code, in order
 of distance, and looks each one up. A ball of radius ``r`` around a ``b``-bit code holds
@@ -235,7 +235,7 @@ def _ball_table(keys: np.ndarray, offsets: np.ndarray, postings: np.ndarray) -> 
 class HammingBallIndex(BinaryIndex):
     """Exact k-NN and range search by enumerating the query's Hamming ball.
 
-    Semantic hashing's address lookup (binary-codes-survey.txt §2.2): the cost of a query is
+    Semantic hashing's address lookup (Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §2.2): the cost of a query is
     the number of codes in its ball (:func:`ball_size`), not the database size, which makes
     it the fastest exact index for short codes and small radii (32 bits, radius <= 2).
     Results are identical to :class:`~hashlearn.index.flat.FlatIndex` (same ties by smaller

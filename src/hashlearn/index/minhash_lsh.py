@@ -1,4 +1,4 @@
-"""Banded LSH index over Min-Hash signatures (binary-codes-survey.txt §2.3 and §4.1).
+"""Banded LSH index over Min-Hash signatures (Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §2.3 and §4.1).
 
 A signature of ``bands * rows`` Min-Hash values is cut into ``bands`` bands of ``rows``
 consecutive values; each band is hashed to one int64 key and stored in its own hash table.

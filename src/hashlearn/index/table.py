@@ -1,4 +1,4 @@
-"""Inverted index over L tables of integer keys (boosted-search-forest.txt §3.4).
+"""Inverted index over L tables of integer keys (Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 §3.4).
 
 A bucketer (a boosted search forest, k-means trees, LSH tables) maps every item to one
 integer key per table: the leaf it reaches in tree ``l``, or the bucket of its ``l``-th LSH
@@ -153,7 +153,7 @@ def _gathered_sizes(query_keys, table_keys, table_ptr, offsets, sizes):
 class TableIndex(IndexBase):
     """Inverted index of L hash tables over integer keys; returns candidates, not distances.
 
-    The candidate-selection stage of boosted-search-forest.txt (§2 and §3.4): an item is a
+    The candidate-selection stage of Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 (§2 and §3.4): an item is a
     candidate for a query when they share a key in at least ``min_count`` of the L tables
     (``min_count=1``: the paper's ``T(q, x) > 0``). Pair it with an exact re-ranking stage:
     ``Searcher(bucketer, TableIndex(...), rerank="euclidean")``.
