@@ -895,10 +895,15 @@ def _read_dir(
     return meta, arrays
 
 
-def estimator_state(est: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+def estimator_state(
+    est: Any, skip_params: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
     """``_get_state`` of a scikit-learn estimator: its parameters (JSON scalars only) and its
-    fitted attributes ending in ``_`` (arrays go to ``.npy`` files, scalars to the state)."""
-    params = est.get_params(deep=False)
+    fitted attributes ending in ``_`` (arrays go to ``.npy`` files, scalars to the state).
+
+    Parameters named in ``skip_params`` are left out (and not required to be JSON scalars):
+    the caller stores them in its own form (e.g. a tuple of layer sizes as a list)."""
+    params = {k: v for k, v in est.get_params(deep=False).items() if k not in skip_params}
     for key, value in params.items():
         if not (value is None or isinstance(value, (str, bool, numbers.Real))):
             raise TypeError(

@@ -19,7 +19,6 @@ their codes then have ``n_bits_`` bits.
 
 from __future__ import annotations
 
-import numbers
 import warnings
 
 import numpy as np
@@ -29,8 +28,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn._validation import as_plain_array, check_int
 from hashlearn.codes import pack_bits
-from hashlearn.io import Persistable, estimator_from_state
-from hashlearn.io import estimator_state as _io_estimator_state
+from hashlearn.io import Persistable, estimator_from_state, estimator_state
 from hashlearn.supervision import check_pairs
 
 __all__ = [
@@ -40,34 +38,6 @@ __all__ = [
     "available_hashers",
     "estimator_state",
 ]
-
-
-def estimator_state(est, skip_params: tuple[str, ...] = ()):
-    """:func:`hashlearn.io.estimator_state`, except that the parameters named in
-    ``skip_params`` are left out of the returned parameters (and not required to be JSON
-    scalars): the caller stores them in its own form (e.g. a tuple of layer sizes as a list).
-    """
-    if not skip_params:
-        return _io_estimator_state(est)
-    params = {k: v for k, v in est.get_params(deep=False).items() if k not in skip_params}
-    for key, value in params.items():
-        if not (value is None or isinstance(value, (str, bool, numbers.Real))):
-            raise TypeError(
-                f"cannot save {type(est).__name__}: parameter {key}={value!r} is not a "
-                "number, string, bool or None (e.g. pass random_state as an int)."
-            )
-    state: dict = {}
-    arrays: dict = {}
-    for key, value in vars(est).items():
-        if not key.endswith("_") or key.startswith("_"):
-            continue
-        if isinstance(value, np.ndarray):
-            arrays[key] = value
-        elif value is None or isinstance(value, (str, bool, numbers.Real)):
-            state[key] = value
-        else:
-            raise TypeError(f"cannot save attribute {key} of type {type(value).__name__}.")
-    return params, state, arrays
 
 
 _HASHERS: dict[str, type[BaseHasher]] = {}
