@@ -47,14 +47,26 @@ def _check_topk(S, scores, ids, k):
 def test_sign_bits_match_brute_force():
     X, _ = _data()
     bits = np.unpackbits(SignHashing(n_bits=D).fit(X).encode(X), axis=1, bitorder="little")
-    np.testing.assert_array_equal(bits[:, :D], (X >= 0).astype(np.uint8))
+    np.testing.assert_array_equal(bits[:, :D], (X > 0).astype(np.uint8))
     h = SignHashing(n_bits=D, center=True).fit(X)
     bits = np.unpackbits(h.encode(X), axis=1, bitorder="little")[:, :D]
     mean = X.astype(np.float64).mean(axis=0)
     np.testing.assert_allclose(h.mean_, mean, rtol=1e-9)
     far = np.abs(X - mean) > 1e-4  # away from the threshold, float32 vs float64 agree
-    np.testing.assert_array_equal(bits[far], (X - mean >= 0)[far])
+    np.testing.assert_array_equal(bits[far], (X - mean > 0)[far])
     assert isinstance(make_hasher("sign", n_bits=4), SignHashing)
+
+
+def test_sign_bits_of_non_negative_data_with_zeros_are_informative():
+    """Pixels: with ``>= 0`` every code of digits was all ones (recall = chance)."""
+    from hashlearn import load_digits
+
+    X, _ = load_digits()
+    codes = SignHashing(n_bits=64).fit(X).encode(X)
+    assert len(np.unique(codes, axis=0)) > 1000
+    np.testing.assert_array_equal(
+        np.unpackbits(codes, axis=1, bitorder="little"), (X > 0).astype(np.uint8)
+    )
 
 
 def test_sign_bit_selection_and_clipping():
@@ -65,7 +77,7 @@ def test_sign_bit_selection_and_clipping():
     assert SignHashing(n_bits=3, select="first").fit(X).dims_.tolist() == [0, 1, 2]
     h = SignHashing(n_bits=3).fit(X)
     bits = np.unpackbits(h.encode(X), axis=1, bitorder="little")[:, :3]
-    np.testing.assert_array_equal(bits, (X[:, [1, 3, 4]] >= 0).astype(np.uint8))
+    np.testing.assert_array_equal(bits, (X[:, [1, 3, 4]] > 0).astype(np.uint8))
     with pytest.warns(UserWarning, match="n_bits_=6"):
         h = SignHashing(n_bits=10).fit(X)
     assert h.n_bits_ == 6 and h.encode(X).shape == (300, 1)

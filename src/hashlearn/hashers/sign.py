@@ -1,10 +1,12 @@
 """Sign bits: one bit per input dimension, the "binary quantization" of vector databases.
 
-Bit :math:`j` of :math:`x` is :math:`[x_{d_j} - \\mu_{d_j} \\ge 0]` for the selected
+Bit :math:`j` of :math:`x` is :math:`[x_{d_j} - \\mu_{d_j} > 0]` for the selected
 dimensions :math:`d_j`; with ``center=False`` (the default, what vector databases call binary
 quantization) :math:`\\mu = 0` and the bit is the sign of the coordinate itself, with
 ``center=True`` :math:`\\mu` is the training mean, which balances the bits when the
-embeddings are not centred. Nothing else is learned: this is the baseline every learned code
+embeddings are not centred. The comparison is strict, as in vector databases: a zero
+coordinate gives bit 0, so non-negative data with zeros (pixels, counts) still gets informative
+codes (with ``>= 0`` every bit of such data would be 1). Nothing else is learned: this is the baseline every learned code
 (ITQ, spectral hashing, ...) should beat at the same number of bits.
 
 Code length. ``n_bits == n_features`` keeps every dimension (the usual setting). A smaller
@@ -116,3 +118,6 @@ class SignHashing(BaseHasher):
 
     def _project(self, X) -> np.ndarray:
         return X[:, self.dims_] - self.mean_[self.dims_].astype(X.dtype, copy=False)
+
+    def _bits(self, X) -> np.ndarray:
+        return self._project(X) > 0  # strict: a zero coordinate is bit 0
