@@ -595,21 +595,8 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         for key in ("gamma_grid", "percentile_grid"):
             value = params.pop(key)
             grids[key] = None if value is None else np.asarray(value, np.float64).tolist()
-        state = {
-            k: getattr(self, k)
-            for k in (
-                "gamma_",
-                "lower_percentile_",
-                "upper_percentile_",
-                "learned_",
-                "n_iter_",
-                "converged_",
-                "violated_fraction_",
-                "n_features_in_",
-                "best_score_",
-                "prior_score_",
-            )
-        }
+        # every fitted attribute but the arrays above is a JSON scalar
+        state = {k: getattr(self, k) for k in _ITML_FITTED if k not in arrays}
         state["grids"] = grids
         cv = getattr(self, "cv_results_", {})
         for key, value in cv.items():
