@@ -29,6 +29,7 @@ __all__ = [
     "atomic_path",
     "method_styles",
     "plot_pr_curves",
+    "plot_lines",
     "plot_pr_panels",
     "plot_recall_at_m",
     "plot_recall_at_m_panels",
@@ -304,3 +305,32 @@ def plot_recall_at_m(
         reference=None if reference is None else {"": reference},
         styles=styles,
     )
+
+
+def plot_lines(
+    panels: Panels,
+    path: str | os.PathLike,
+    title: str,
+    *,
+    xlabel: str,
+    ylabel: str,
+    xlog: bool = False,
+    reference: Panels | None = None,
+    styles: Mapping[str, dict] | None = None,
+):
+    """Any measure in [0, 1] against any x, one panel per ``panel title -> {label: (x, y)}``
+    with one line per label (one configuration per curve); ``reference`` curves in grey
+    dashes. The experiments' figures (precision against code length, error against bits,
+    recall against candidate-set size). Writes a PNG and returns the Figure."""
+    fig = _panel_figure(
+        panels,
+        _draw_recall,
+        title=title,
+        xlabel=xlabel,
+        ylabel=ylabel,
+        styles=styles,
+        reference=reference,
+        xlog=xlog,
+    )
+    _write(fig, path)
+    return fig

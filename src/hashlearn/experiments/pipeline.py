@@ -1,18 +1,27 @@
 """One evaluation loop for every reproduction: method specs run over a data set.
 
 A reproduction is data, protocol settings, the claims it checks and its plots; the loop that
-fits each method, encodes the database and the queries and measures the codes lives here,
-once, and uses only the public API (:func:`hashlearn.hashers.make_hasher`,
-:func:`hashlearn.codes.hamming_cdist`, :mod:`hashlearn.evaluate`).
+fits each method, encodes (or searches) the database and the queries and measures the result
+lives here, once, and uses only the public API (:func:`hashlearn.hashers.make_hasher`,
+:class:`hashlearn.Searcher`, the indexes, :mod:`hashlearn.evaluate`).
 
-* :class:`MethodSpec` -- a method: a display name, a registered hasher, its parameters and
-  the supervision it trains on (none, the labels, or Euclidean-neighbour pairs).
+* Specs -- a method of a reproduction. :class:`MethodSpec`: a registered hasher, its
+  parameters and the supervision it trains on; measured on the ``(n_queries, n_db)`` Hamming
+  distances. :class:`SearchSpec`: the same hasher behind a :class:`~hashlearn.Searcher` (an
+  index and a re-ranking stage); measured on the neighbours found
+  (:class:`SearchResult`). :class:`BucketerSpec`: a bucketer (search forest, k-means
+  trees, LSH tables) whose keys feed an inverted :class:`~hashlearn.index.table.TableIndex`;
+  measured on the keys (:class:`BucketKeys`).
 * :class:`Split` -- a database, held-out queries, their labels and ground truths.
-* Measures -- functions ``measure(distances, split, n_bits) -> {column: value}`` over the
-  ``(n_queries, n_db)`` Hamming distances; :func:`precision_at_radius`,
-  :func:`recall_at_m_curve`, :func:`pr_curve_auc` and :func:`knn_error` build the papers'.
-* :func:`run_specs` -- every spec x code length x seed, one tidy record (a flat dict) each.
+* Measures -- ``measure(output, split, n_bits) -> {column: value}`` over a spec's output:
+  :func:`precision_at_radius`, :func:`recall_at_m_curve`, :func:`pr_curve_auc` and
+  :func:`knn_error` over Hamming distances; :func:`knn_error_of_neighbors` and
+  :func:`searched_fraction` over search results; :func:`candidate_recall_curve` over keys.
+* :func:`run_specs` -- every spec x code length x seed (one model per seed), one tidy record
+  (a flat dict) each; a progress bar ``progress(total=, desc=)`` advanced once per model.
 * :func:`summarize` -- mean and standard deviation over seeds, for tables and claims.
+* :func:`claim` / :func:`write_claims` -- the claims a reproduction checks, as rows (paper,
+  claim, data, holds, margin, seeds) in ``claims.json`` and a markdown table.
 
 A user runs a paper's protocol on their own data the same way::
 
@@ -30,17 +39,21 @@ A user runs a paper's protocol on their own data the same way::
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from hashlearn.codes import hamming_cdist
 from hashlearn.evaluate import (
     exact_knn,
+    fraction_searched,
     knn_classification_error,
     pr_auc,
     precision_recall_at_radius,
@@ -50,10 +63,16 @@ from hashlearn.evaluate import (
     relevance_from_neighbors,
 )
 from hashlearn.hashers import make_hasher
-from hashlearn.supervision import neighbor_threshold, pairs_from_neighbors
+from hashlearn.index.table import TableIndex
+from hashlearn.search import Searcher
+from hashlearn.supervision import neighbor_threshold, neighbors_within, pairs_from_neighbors
 
 __all__ = [
     "MethodSpec",
+    "SearchSpec",
+    "BucketerSpec",
+    "SearchResult",
+    "BucketKeys",
     "Split",
     "Measure",
     "run_specs",
@@ -62,23 +81,46 @@ __all__ = [
     "recall_at_m_curve",
     "pr_curve_auc",
     "knn_error",
+    "knn_error_of_neighbors",
+    "searched_fraction",
+    "candidate_recall_curve",
+    "claim",
+    "write_claims",
 ]
 
-SUPERVISION = ("none", "labels", "neighbors")
+SUPERVISION = ("none", "labels", "neighbors", "all-pairs")
 
-#: ``measure(distances, split, n_bits) -> {column: value}``; a value is a float or a 1-D array.
-Measure = Callable[[np.ndarray, "Split", int], Mapping[str, Any]]
+#: ``measure(output, split, n_bits) -> {column: value}``; a value is a float or a 1-D array.
+#: ``output`` is what the spec produces: Hamming distances, a SearchResult or BucketKeys.
+Measure = Callable[[Any, "Split", int], Mapping[str, Any]]
+
+
+def _resolve(params: Mapping[str, Any], n_bits: int) -> dict[str, Any]:
+    """Parameters with callables of the code length evaluated."""
+    return {k: (v(n_bits) if callable(v) else v) for k, v in params.items()}
+
+
+def _set_seed(estimator, seed: int):
+    if "random_state" in inspect.signature(type(estimator)).parameters:
+        estimator.set_params(random_state=seed)
+    return estimator
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     """A method of a reproduction: a registered hasher, its parameters, its supervision.
 
-    ``supervision``: ``"none"`` fits on the database alone; ``"labels"`` passes the
-    database labels; ``"neighbors"`` passes pairs labelled by the Euclidean threshold that
+    ``supervision``: ``"none"`` fits on the training rows alone; ``"labels"`` passes their
+    labels; ``"neighbors"`` passes ``n_pairs`` pairs labelled by the Euclidean threshold that
     gives each point ``n_neighbors`` neighbours on average (Norouzi & Fleet, *Minimal Loss
-    Hashing for Compact Binary Codes*, ICML 2011, Sec. 6.1), ``n_pairs`` of them.
-    ``params`` may hold callables of the code length, e.g. ``{"p": lambda b: 10 * b}``.
+    Hashing for Compact Binary Codes*, ICML 2011, Sec. 6.1); ``"all-pairs"`` passes every
+    pair of training rows labelled by that threshold (their Sec. 6.1 with 1000 points).
+    The training rows are the split's ``train_rows`` (default: the whole database), of which
+    a random ``n_train`` when given. ``params`` may hold callables of the code length, e.g.
+    ``{"p": lambda b: 10 * b}``. ``deterministic=True``: fitted once, for the first seed
+    (e.g. spectral hashing). ``max_bits_dim=True``: skipped where the code length exceeds
+    the input dimension (PCA hashing, ITQ). ``fitted`` names fitted attributes copied into
+    each record (e.g. the hyper-parameters a hasher chose).
     """
 
     name: str
@@ -87,34 +129,157 @@ class MethodSpec:
     supervision: str = "none"
     n_neighbors: int = 50
     n_pairs: int = 100_000
+    n_train: int | None = None
+    deterministic: bool = False
+    max_bits_dim: bool = False
+    fitted: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.supervision not in SUPERVISION:
             raise ValueError(
-                f"The 'supervision' parameter of MethodSpec must be a str among "
+                f"The 'supervision' parameter of {type(self).__name__} must be a str among "
                 f"{list(SUPERVISION)}. Got {self.supervision!r} instead."
             )
 
     def build(self, n_bits: int, seed: int):
         """The hasher for ``n_bits`` bits and ``seed`` (``random_state`` where it takes one)."""
-        params = {k: (v(n_bits) if callable(v) else v) for k, v in self.params.items()}
-        hasher = make_hasher(self.hasher, n_bits=n_bits, **params)
-        if "random_state" in inspect.signature(type(hasher)).parameters:
-            hasher.set_params(random_state=seed)
-        return hasher
+        hasher = make_hasher(self.hasher, n_bits=n_bits, **_resolve(self.params, n_bits))
+        return _set_seed(hasher, seed)
+
+    def applies(self, n_bits: int, split: Split) -> bool:
+        """Whether the method runs at ``n_bits`` on ``split`` (see ``max_bits_dim``)."""
+        return not (self.max_bits_dim and n_bits > split.X_db.shape[1])
+
+    def training_rows(self, split: Split, seed: int) -> np.ndarray:
+        """Database rows the method is fitted on."""
+        rows = split.train_rows
+        if rows is None:
+            rows = np.arange(split.X_db.shape[0])
+        if self.n_train is not None and self.n_train < len(rows):
+            rng = check_random_state(seed)
+            rows = np.sort(rng.choice(rows, self.n_train, replace=False))
+        return rows
 
     def fit(self, hasher, split: Split, seed: int):
-        """Fit ``hasher`` on the database of ``split`` with this spec's supervision."""
+        """Fit ``hasher`` on the training rows of ``split`` with this spec's supervision."""
+        rows = self.training_rows(split, seed)
+        X = split.X_db[rows]
         if self.supervision == "none":
-            return hasher.fit(split.X_db)
+            return hasher.fit(X)
         if self.supervision == "labels":
             if split.y_db is None:
                 raise ValueError(f"method {self.name!r} trains on labels; the split has none.")
-            return hasher.fit(split.X_db, split.y_db)
-        pairs, similar = pairs_from_neighbors(
-            split.X_db, self.n_neighbors, self.n_pairs, random_state=seed
-        )
-        return hasher.fit(split.X_db, pairs=pairs, similar=similar)
+            return hasher.fit(X, split.y_db[rows])
+        if self.supervision == "all-pairs":
+            within = neighbors_within(X, X, neighbor_threshold(X, self.n_neighbors))
+            upper = np.triu_indices(X.shape[0], 1)
+            pairs = np.stack(upper, axis=1).astype(np.int64)
+            return hasher.fit(X, pairs=pairs, similar=within[upper])
+        pairs, similar = pairs_from_neighbors(X, self.n_neighbors, self.n_pairs, random_state=seed)
+        return hasher.fit(X, pairs=pairs, similar=similar)
+
+    def evaluate(self, split: Split, n_bits: int, seed: int) -> tuple[Any, dict[str, Any], Any]:
+        """``(Hamming distances (n_q, n_db), timing and fitted columns, the hasher)``."""
+        hasher, columns = self._fitted_hasher(split, n_bits, seed)
+        start = time.process_time()
+        codes_q, codes_db = hasher.encode(split.X_q), hasher.encode(split.X_db)
+        columns["encode_cpu_s"] = time.process_time() - start
+        return hamming_cdist(codes_q, codes_db, n_bits), columns, hasher
+
+    def _fitted_hasher(self, split: Split, n_bits: int, seed: int):
+        hasher = self.build(n_bits, seed)
+        start = time.process_time()
+        self.fit(hasher, split, seed)
+        columns: dict[str, Any] = {"fit_cpu_s": time.process_time() - start}
+        for name in self.fitted:
+            value = getattr(hasher, name)
+            columns[name] = value.item() if isinstance(value, np.generic) else value
+        return hasher, columns
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a :class:`SearchSpec` found: ``ids`` ``(n_q, k)`` (-1 pads), nearest first, and
+    ``n_examined`` ``(n_q,)``, the database items each query's search touched."""
+
+    ids: np.ndarray
+    n_examined: np.ndarray
+
+
+@dataclass(frozen=True)
+class SearchSpec(MethodSpec):
+    """A hasher behind a :class:`~hashlearn.Searcher`: ``index`` (a registry name, or a
+    callable ``index(n_bits, seed)`` returning an index object), ``rerank`` (as Searcher's;
+    ``"metric"`` for the hasher's learned metric) and ``n_candidates`` (``"all"``: every
+    database item is re-ranked -- an exhaustive scan under the re-ranking distance). The
+    database is added through the Searcher and the queries searched for ``k`` neighbours;
+    ``search_cpu_s`` is the CPU time of encoding the queries, finding the candidates and
+    re-ranking them."""
+
+    index: Any = "flat"
+    rerank: Any = None
+    k: int = 10
+    n_candidates: Any = None
+
+    def evaluate(self, split: Split, n_bits: int, seed: int) -> tuple[Any, dict[str, Any], Any]:
+        hasher, columns = self._fitted_hasher(split, n_bits, seed)
+        n_db = split.X_db.shape[0]
+        index = self.index(n_bits, seed) if callable(self.index) else self.index
+        n_candidates = n_db if self.n_candidates == "all" else self.n_candidates
+        searcher = Searcher(hasher, index, rerank=self.rerank, n_candidates=n_candidates)
+        start = time.process_time()
+        searcher.add(split.X_db)
+        columns["encode_cpu_s"] = time.process_time() - start
+        start = time.process_time()
+        _, ids = searcher.search(split.X_q, self.k)
+        columns["search_cpu_s"] = time.process_time() - start
+        if callable(getattr(searcher.index, "candidates", None)) and self.n_candidates != "all":
+            codes_q = hasher.encode(split.X_q)
+            _, n_examined = searcher.index.candidates(codes_q, return_counts=True)
+        else:
+            n_examined = np.full(split.X_q.shape[0], min(n_db, n_candidates or n_db))
+        return SearchResult(ids, np.asarray(n_examined, np.int64)), columns, hasher
+
+
+@dataclass(frozen=True)
+class BucketKeys:
+    """What a :class:`BucketerSpec` produced: the keys of the queries and of the database,
+    ``(n, n_tables)`` int64, tables in the order the bucketer built them."""
+
+    queries: np.ndarray
+    database: np.ndarray
+    bucketer: Any
+
+
+@dataclass(frozen=True)
+class BucketerSpec:
+    """A bucketer (a search forest, k-means trees, LSH tables): ``bucketer`` its class,
+    ``params`` its parameters (callables of the depth allowed), ``depth_param`` the name
+    of the parameter that the code-length loop of :func:`run_specs` sets (the depth of a
+    tree, the bits of a table). Fitted on ``n_train`` random database rows; the output is
+    :class:`BucketKeys`."""
+
+    name: str
+    bucketer: Callable[..., Any]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    depth_param: str = "max_depth"
+    n_train: int | None = None
+    deterministic: bool = False
+
+    def applies(self, n_bits: int, split: Split) -> bool:
+        return True
+
+    def evaluate(self, split: Split, depth: int, seed: int) -> tuple[Any, dict[str, Any], Any]:
+        params = {**_resolve(self.params, depth), self.depth_param: depth}
+        bucketer = _set_seed(self.bucketer(**params), seed)
+        rows = MethodSpec.training_rows(self, split, seed)  # type: ignore[arg-type]
+        start = time.process_time()
+        bucketer.fit(split.X_db[rows])
+        columns: dict[str, Any] = {"fit_cpu_s": time.process_time() - start}
+        start = time.process_time()
+        keys = BucketKeys(bucketer.keys(split.X_q), bucketer.keys(split.X_db), bucketer)
+        columns["encode_cpu_s"] = time.process_time() - start
+        return keys, columns, bucketer
 
 
 @dataclass(frozen=True)
@@ -122,33 +287,60 @@ class Split:
     """A database and held-out queries, with labels and ground truths when known.
 
     ``truth`` maps a ground-truth name to per-query neighbour id lists ``(n_q, K)`` (``-1``
-    pads); ``relevance`` maps a name to a boolean ``(n_q, n_db)`` relevance matrix.
+    pads); ``relevance`` maps a name to a boolean ``(n_q, n_db)`` relevance matrix;
+    ``train_rows`` the database rows methods are fitted on (default: all of them).
     """
 
-    X_db: np.ndarray
-    X_q: np.ndarray
+    X_db: Any
+    X_q: Any
     y_db: np.ndarray | None = None
     y_q: np.ndarray | None = None
     truth: Mapping[str, np.ndarray] = field(default_factory=dict)
     relevance: Mapping[str, np.ndarray] = field(default_factory=dict)
+    train_rows: np.ndarray | None = None
 
     @classmethod
     def holdout(cls, X, y=None, *, n_queries: int, random_state=None) -> Split:
         """``n_queries`` random rows as queries, the rest as the database (order kept)."""
-        X = np.asarray(X)
+        X = X if sp.issparse(X) else np.asarray(X)
         n = X.shape[0]
         if not 1 <= n_queries < n:
             raise ValueError(f"n_queries must be in [1, {n - 1}] for {n} rows. Got {n_queries}.")
         rng = check_random_state(random_state)
         is_query = np.zeros(n, bool)
         is_query[rng.choice(n, n_queries, replace=False)] = True
+        return cls._from_mask(X, y, is_query)
+
+    @classmethod
+    def per_class(cls, X, y, *, n_per_class: int, random_state=None) -> Split:
+        """``n_per_class`` random queries of every class held out, the rest the database
+        (Jain, Kulis & Grauman, *Fast Image Search for Learned Metrics*, CVPR 2008, Sec. 4)."""
+        y = np.asarray(y)
+        rng = check_random_state(random_state)
+        is_query = np.zeros(len(y), bool)
+        for c in np.unique(y):
+            is_query[rng.permutation(np.flatnonzero(y == c))[:n_per_class]] = True
+        return cls._from_mask(X if sp.issparse(X) else np.asarray(X), y, is_query)
+
+    @classmethod
+    def _from_mask(cls, X, y, is_query: np.ndarray) -> Split:
         y = None if y is None else np.asarray(y)
+        db, q = np.flatnonzero(~is_query), np.flatnonzero(is_query)
         return cls(
-            X_db=X[~is_query],
-            X_q=X[is_query],
-            y_db=None if y is None else y[~is_query],
-            y_q=None if y is None else y[is_query],
+            X_db=X[db],
+            X_q=X[q],
+            y_db=None if y is None else y[db],
+            y_q=None if y is None else y[q],
         )
+
+    def with_train_per_class(self, n_per_class: int, random_state=None) -> Split:
+        """``train_rows``: ``n_per_class`` random labelled database rows of every class."""
+        rng = check_random_state(random_state)
+        rows = [
+            rng.permutation(np.flatnonzero(self.y_db == c))[:n_per_class]
+            for c in np.unique(self.y_db)
+        ]
+        return replace(self, train_rows=np.sort(np.concatenate(rows)))
 
     def with_euclidean_truth(self, k: int, name: str = "euclidean") -> Split:
         """Add the exact ``k`` Euclidean nearest neighbours of each query as ``truth[name]``."""
@@ -166,12 +358,8 @@ class Split:
         """Add ``relevance[name]``: items within the Euclidean threshold that gives each point
         ``n_neighbors`` neighbours on average (the MLH protocol, Sec. 6.1)."""
         radius = neighbor_threshold(self.X_db, n_neighbors)
-        d2 = (
-            (self.X_q.astype(np.float64) ** 2).sum(1)[:, None]
-            - 2.0 * self.X_q.astype(np.float64) @ self.X_db.astype(np.float64).T
-            + (self.X_db.astype(np.float64) ** 2).sum(1)[None, :]
-        )
-        return replace(self, relevance={**self.relevance, name: d2 <= radius**2})
+        rel = neighbors_within(self.X_q, self.X_db, radius)
+        return replace(self, relevance={**self.relevance, name: rel})
 
     def relevant(self, name: str) -> np.ndarray:
         """Relevance matrix ``name``, from ``relevance`` or built from ``truth``."""
@@ -242,11 +430,71 @@ def knn_error(*, radius: int | None = None, n_bins: int | None = None) -> Measur
     return measure
 
 
+def knn_error_of_neighbors() -> Measure:
+    """k-NN classification error of a search's neighbours (all ``k`` of them vote, nearest
+    first; a tie between classes goes to the class of the nearest voter, as
+    :func:`hashlearn.evaluate.knn_classify`: the neighbour ranks are its distances)."""
+
+    def measure(result: SearchResult, split: Split, n_bits: int) -> dict[str, float]:
+        ids = result.ids
+        k = ids.shape[1]
+        ranks = np.full((ids.shape[0], split.X_db.shape[0]), k, np.int32)
+        rows, slots = np.nonzero(ids >= 0)
+        ranks[rows, ids[rows, slots]] = slots
+        err = knn_classification_error(
+            ranks, split.y_db.astype(np.int64), split.y_q.astype(np.int64), radius=k - 1
+        )
+        return {"knn_error": err, "knn_accuracy": 1.0 - err}
+
+    return measure
+
+
+def searched_fraction() -> Measure:
+    """Mean fraction of the database a search examined per query (Jain et al., Fig. 1)."""
+
+    def measure(result: SearchResult, split: Split, n_bits: int) -> dict[str, float]:
+        return {"searched": fraction_searched(result.n_examined, split.X_db.shape[0])}
+
+    return measure
+
+
+def candidate_recall_curve(truth: str, tree_counts: Sequence[int]) -> Measure:
+    """Recall of the true neighbours in the candidate set against its size as tables are
+    added (Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011, Fig.
+    2): for the first ``t`` tables of every ``t`` in ``tree_counts``, the candidates are the
+    items sharing a key with the query in at least one of them (an inverted
+    :class:`TableIndex`); the curve gives their mean number and the mean fraction of each
+    query's true neighbours among them. Candidate sets only grow with ``t``, so recall never
+    falls along a curve."""
+    tree_counts = sorted({int(t) for t in tree_counts})
+
+    def measure(keys: BucketKeys, split: Split, n_bits: int) -> dict[str, Any]:
+        relevant = split.relevant(truth)
+        n_true = np.maximum(relevant.sum(axis=1), 1)
+        counts = [t for t in tree_counts if t <= keys.database.shape[1]]
+        sizes, recalls = [], []
+        for t in counts:
+            index = TableIndex(t)
+            index.add(keys.database[:, :t])
+            lims, ids, _ = index.candidates_csr(keys.queries[:, :t])
+            query_of = np.repeat(np.arange(len(lims) - 1), np.diff(lims))
+            hits = np.bincount(query_of[relevant[query_of, ids]], minlength=len(lims) - 1)
+            sizes.append(float(np.diff(lims).mean()))
+            recalls.append(float(np.mean(hits / n_true)))
+        return {
+            "trees": np.asarray(counts),
+            "mean_candidates": np.asarray(sizes),
+            "candidate_recall": np.asarray(recalls),
+        }
+
+    return measure
+
+
 # ------------------------------------------------------------------------------- loop
 
 
 def run_specs(
-    specs: Iterable[MethodSpec],
+    specs: Iterable[MethodSpec | BucketerSpec],
     split: Split,
     *,
     bits: Iterable[int],
@@ -254,40 +502,39 @@ def run_specs(
     measures: Iterable[Measure],
     progress: Callable[..., Any] | None = None,
     desc: str = "methods",
+    models: dict | None = None,
 ) -> list[dict[str, Any]]:
-    """Fit, encode and measure every spec at every code length and seed.
+    """Fit, encode (or search) and measure every spec at every code length and seed.
 
     Returns one record per (method, bits, seed): ``method``, ``bits``, ``seed``,
-    ``fit_cpu_s``, ``encode_cpu_s`` and every measure's columns. ``progress`` is a
-    tqdm-like factory ``progress(total=..., desc=...)`` whose bar is advanced once per fit.
+    ``fit_cpu_s``, ``encode_cpu_s`` (``search_cpu_s`` for a search) and every measure's
+    columns (a spec with ``deterministic=True`` runs for the first seed only; one whose
+    ``applies(bits, split)`` is false is skipped). ``progress`` is a tqdm-like factory
+    ``progress(total=..., desc=...)`` whose bar is advanced once per fitted model.
+    ``models``, when given a dict, receives each fitted model under ``(method, bits, seed)``.
     """
     specs, bits, seeds, measures = list(specs), list(bits), list(seeds), list(measures)
-    bar = progress(total=len(specs) * len(bits) * len(seeds), desc=desc) if progress else None
+    jobs = [
+        (seed, n_bits, spec)
+        for i, seed in enumerate(seeds)
+        for n_bits in bits
+        for spec in specs
+        if spec.applies(n_bits, split) and not (spec.deterministic and i > 0)
+    ]
+    bar = progress(total=len(jobs), desc=desc) if progress else None
     records = []
     try:
-        for seed in seeds:
-            for n_bits in bits:
-                for spec in specs:
-                    hasher = spec.build(n_bits, seed)
-                    start = time.process_time()
-                    spec.fit(hasher, split, seed)
-                    fit_s = time.process_time() - start
-                    start = time.process_time()
-                    codes_q, codes_db = hasher.encode(split.X_q), hasher.encode(split.X_db)
-                    encode_s = time.process_time() - start
-                    d = hamming_cdist(codes_q, codes_db, n_bits)
-                    record: dict[str, Any] = {
-                        "method": spec.name,
-                        "bits": n_bits,
-                        "seed": seed,
-                        "fit_cpu_s": fit_s,
-                        "encode_cpu_s": encode_s,
-                    }
-                    for measure in measures:
-                        record.update(measure(d, split, n_bits))
-                    records.append(record)
-                    if bar is not None:
-                        bar.update(1)
+        for seed, n_bits, spec in jobs:
+            output, columns, model = spec.evaluate(split, n_bits, seed)
+            record: dict[str, Any] = {"method": spec.name, "bits": n_bits, "seed": seed}
+            record.update(columns)
+            for measure in measures:
+                record.update(measure(output, split, n_bits))
+            records.append(record)
+            if models is not None:
+                models[(spec.name, n_bits, seed)] = model
+            if bar is not None:
+                bar.update(1)
     finally:
         if bar is not None:
             bar.close()
@@ -302,3 +549,42 @@ def summarize(
     for rec in records:
         groups.setdefault(tuple(rec[k] for k in by), []).append(float(rec[value]))
     return {key: (float(np.mean(v)), float(np.std(v)), len(v)) for key, v in groups.items()}
+
+
+# ------------------------------------------------------------------------------ claims
+
+
+def claim(
+    paper: str, text: str, data: str, margin: float, seeds: int, *, holds: bool | None = None
+) -> dict[str, Any]:
+    """One row of a reproduction's claims table: the claim ``text`` of ``paper`` on ``data``
+    holds when ``margin`` (the measured advantage, in the claim's units) is positive,
+    unless ``holds`` says otherwise; ``seeds``: the models averaged."""
+    margin = float(margin)
+    return {
+        "paper": paper,
+        "claim": text,
+        "data": data,
+        "holds": bool(margin > 0 if holds is None else holds),
+        "margin": margin,
+        "seeds": int(seeds),
+    }
+
+
+def write_claims(out_dir: str | os.PathLike, claims: Sequence[Mapping[str, Any]]) -> str:
+    """Write ``claims.json`` into ``out_dir``; return the claims as a markdown table."""
+    from hashlearn.experiments._common import markdown_table, write_json
+
+    write_json(Path(out_dir) / "claims.json", list(claims))
+    rows = [
+        [
+            c["paper"],
+            c["claim"],
+            c["data"],
+            "holds" if c["holds"] else "does not hold",
+            f"{c['margin']:+.3f}",
+            c["seeds"],
+        ]
+        for c in claims
+    ]
+    return markdown_table(["paper", "claim", "data", "result", "margin", "seeds"], rows)
