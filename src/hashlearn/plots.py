@@ -132,6 +132,7 @@ def _panel_figure(
     reference: Panels | None = None,
     xlog: bool = False,
     xlim: tuple[float, float] | None = None,
+    ylim: tuple[float, float] | None = (-0.02, 1.02),
 ):
     """One axes per panel, shared y, a single legend right of every panel; returns the Figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -168,7 +169,8 @@ def _panel_figure(
             ax.grid(True, which="minor", alpha=0.12)
         if xlim is not None:
             ax.set_xlim(*xlim)
-        ax.set_ylim(-0.02, 1.02)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
         ax.grid(True, which="major", alpha=0.35)
         if panel_title:
             ax.set_title(panel_title, fontsize="medium")
@@ -315,12 +317,13 @@ def plot_lines(
     xlabel: str,
     ylabel: str,
     xlog: bool = False,
+    ylim: tuple[float, float] | None = (-0.02, 1.02),
     reference: Panels | None = None,
     styles: Mapping[str, dict] | None = None,
 ):
-    """Any measure in [0, 1] against any x, one panel per ``panel title -> {label: (x, y)}``
-    with one line per label (one configuration per curve); ``reference`` curves in grey
-    dashes. The experiments' figures (precision against code length, error against bits,
+    """A measure (in [0, 1] unless ``ylim=None``) against any x, one panel per
+    ``panel title -> {label: (x, y)}`` with one line per label (one configuration per
+    curve); ``reference`` curves in grey dashes. The experiments' figures (precision against code length, error against bits,
     recall against candidate-set size). Writes a PNG and returns the Figure."""
     fig = _panel_figure(
         panels,
@@ -331,6 +334,7 @@ def plot_lines(
         styles=styles,
         reference=reference,
         xlog=xlog,
+        ylim=ylim,
     )
     _write(fig, path)
     return fig
