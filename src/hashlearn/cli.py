@@ -175,6 +175,69 @@ def check_output_file(path: Path, option: str = "--results") -> Path:
     return path
 
 
+# ------------------------------------------------------------- options shared by commands
+
+
+def _out_option(default: Path | None, help: str):
+    return click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )
+
+
+def _seed_option(help: str):
+    return click.option(
+        "--seed", type=click.IntRange(min=0), default=0, show_default=True, help=help
+    )
+
+
+def _count_option(flag: str, dest: str, help: str):
+    """An optional positive integer (``None`` when not given)."""
+    return click.option(flag, dest, type=click.IntRange(min=1), default=None, help=help)
+
+
+def _results_option(help: str):
+    return click.option(
+        "--results",
+        "results_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=help,
+    )
+
+
+#: hidden: where a non-Debian machine (or a test) keeps the Fashion-MNIST IDX files
+_data_dir_option = click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    hidden=True,
+    help="Directory of the Fashion-MNIST IDX files (default: the Debian path).",
+)
+
+
+def _check_outputs(out_dir: Path, results_file: Path | None) -> Path:
+    """Check ``--out`` and ``--results`` (when given) before any work starts."""
+    check_output_dir(out_dir, "--out")
+    if results_file is not None:
+        check_output_file(results_file, "--results")
+    return Path(out_dir)
+
+
+def _print_report(report: str, out_dir: Path, results_file: Path | None, section: str) -> None:
+    """Print ``report`` and, with ``--results``, write it as ``section`` of that file."""
+    from hashlearn.experiments._common import write_section
+
+    if results_file is not None:
+        write_section(results_file, section, report)
+    click.echo(report)
+    click.echo(f"\nwrote {out_dir}")
+
+
 @click.group(cls=OneLineErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hashlearn")
 def main() -> None:
@@ -195,33 +258,16 @@ def main() -> None:
     default=None,
     help="Code lengths to train, comma-separated.  [default: 16,32,64; 16,32 with --quick]",
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("demo-out"),
-    show_default=True,
-    help="Directory for the results.",
+@_out_option(Path("demo-out"), "Directory for the results.")
+@_count_option(
+    "--n-queries", "n_queries", "Number of queries.  [default: 300 digits, 1000 fashion-mnist]"
 )
-@click.option(
-    "--n-queries",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Number of queries.  [default: 300 digits, 1000 fashion-mnist]",
-)
-@click.option(
+@_count_option(
     "--n-train",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Training sample size.  [default: the database for digits, 10000 for fashion-mnist]",
+    "n_train",
+    "Training sample size.  [default: the database for digits, 10000 for fashion-mnist]",
 )
-@click.option(
-    "--seed",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Seed of the split, the hashers and the tie-breaking.",
-)
+@_seed_option("Seed of the split, the hashers and the tie-breaking.")
 @click.option(
     "--quick",
     is_flag=True,
@@ -235,13 +281,7 @@ def main() -> None:
     help="Comma-separated hasher names (see `hashlearn info`).  [default: all]",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Report each stage on stderr.")
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    hidden=True,
-    help="Directory of the Fashion-MNIST IDX files (default: the Debian path).",
-)
+@_data_dir_option
 def demo(
     dataset: str,
     bits: tuple[int, ...] | None,
@@ -280,12 +320,12 @@ def demo(
             n_queries=n_queries,
             n_train=n_train,
             random_state=seed,
-            verbose=verbose,
-            progress=progress,
-            data_dir=data_dir,
             hashers=None
             if hasher_names is None
             else [name.strip() for name in hasher_names.split(",")],
+            verbose=verbose,
+            progress=progress,
+            data_dir=data_dir,
         )
     except DemoParameterError as exc:
         raise CLIError(str(exc)) from None
@@ -333,35 +373,11 @@ def info() -> None:
 
 @main.command()
 @click.argument("name", type=click.Choice(sorted(EXPERIMENTS)))
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Directory for tables and plots.  [default: reproduce-out/NAME]",
-)
+@_out_option(None, "Directory for tables and plots.  [default: reproduce-out/NAME]")
 @click.option("--quick", is_flag=True, help="Small settings for a fast check.")
-@click.option(
-    "--seed",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Seed of the splits and of the stochastic methods.",
-)
-@click.option(
-    "--results",
-    "results_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the report as a section of this markdown file (e.g. docs/results.md).",
-)
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    hidden=True,
-    help="Directory of the Fashion-MNIST IDX files (default: the Debian path).",
-)
+@_seed_option("Seed of the splits and of the stochastic methods.")
+@_results_option("Also write the report as a section of this markdown file (e.g. docs/results.md).")
+@_data_dir_option
 def reproduce(
     name: str,
     out_dir: Path | None,
@@ -376,21 +392,14 @@ def reproduce(
     """
     from tqdm import tqdm
 
-    from hashlearn.experiments._common import write_section
-
-    out_dir = check_output_dir(out_dir or Path("reproduce-out") / name, "--out")
-    if results_file is not None:
-        check_output_file(results_file, "--results")
+    out_dir = _check_outputs(out_dir or Path("reproduce-out") / name, results_file)
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
     report = get_experiment(name).run(
         out_dir, quick=quick, seed=seed, data_dir=data_dir, progress=progress
     )
     (out_dir / "results.md").write_text(report.rstrip() + "\n")
-    if results_file is not None:
-        write_section(results_file, f"reproduce-{name}", report)
-    click.echo(report)
-    click.echo(f"\nwrote {out_dir}")
+    _print_report(report, out_dir, results_file, f"reproduce-{name}")
 
 
 @main.group()
@@ -400,14 +409,7 @@ def bench() -> None:
 
 @bench.command("ann")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("bench-out"),
-    show_default=True,
-    help="Directory for the outputs.",
-)
+@_out_option(Path("bench-out"), "Directory for the outputs.")
 @click.option("--index", type=click.Choice(["mih", "flat"]), default="mih", show_default=True)
 @click.option(
     "--bits",
@@ -418,20 +420,8 @@ def bench() -> None:
     help="Code length for vector datasets (Hamming datasets use their own).",
 )
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option(
-    "--queries",
-    "n_queries",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Use only the first N test queries.",
-)
-@click.option(
-    "--results",
-    "results_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the report as a section of this markdown file.",
-)
+@_count_option("--queries", "n_queries", "Use only the first N test queries.")
+@_results_option("Also write the report as a section of this markdown file.")
 def bench_ann(
     file: Path,
     out_dir: Path,
@@ -446,20 +436,14 @@ def bench_ann(
 
     from hashlearn.datasets import check_ann_benchmarks
     from hashlearn.experiments import ann_bench
-    from hashlearn.experiments._common import write_section
 
-    check_output_dir(out_dir, "--out")
-    if results_file is not None:
-        check_output_file(results_file, "--results")
+    _check_outputs(out_dir, results_file)
     check_ann_benchmarks(file)  # FILE is an ann-benchmarks file, before any work
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
     report = ann_bench.run_file(
         file, out_dir, index=index, n_bits=n_bits, k=k, n_queries=n_queries, progress=progress
     )
-    if results_file is not None:
-        write_section(results_file, f"bench-ann-{file.stem}", report)
-    click.echo(report)
-    click.echo(f"\nwrote {out_dir}")
+    _print_report(report, out_dir, results_file, f"bench-ann-{file.stem}")
 
 
 main.add_command(importlib.import_module("hashlearn.cli_index").index)  # hashlearn index ...

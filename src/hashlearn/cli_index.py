@@ -199,6 +199,17 @@ def index() -> None:
     """Build and search binary-code indexes over float embeddings (cosine or inner product)."""
 
 
+def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | None = None):
+    """An integer option of at least ``minimum``; its default shown in ``--help``."""
+    return click.option(
+        flag,
+        default=default,
+        show_default=default is not None,
+        type=click.IntRange(min=minimum),
+        help=help,
+    )
+
+
 @index.command()
 @click.argument("embeddings", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
@@ -215,24 +226,12 @@ def index() -> None:
     type=click.Choice(sorted(available_hashers())),
     help="Hash family; 'sign' is plain binary quantization.",
 )
-@click.option("--bits", default=256, show_default=True, type=click.IntRange(min=1))
+@_count_option("--bits", 256)
 @click.option("--metric", default="cosine", show_default=True, type=click.Choice(["cosine", "ip"]))
-@click.option(
-    "--overfetch",
-    default=8,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Default over-fetch factor saved with the index.",
-)
-@click.option(
-    "--fit-size",
-    default=50_000,
-    show_default=True,
-    type=click.IntRange(min=2),
-    help="Rows the hasher is fitted on.",
-)
-@click.option("--chunk-size", default=65_536, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@_count_option("--overfetch", 8, help="Default over-fetch factor saved with the index.")
+@_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
+@_count_option("--chunk-size", 65_536)
+@_count_option("--seed", 0, minimum=0)
 @click.option("--force", is_flag=True, help="Replace an existing index at --out.")
 @_one_line_errors
 def build(embeddings, out, hasher, bits, metric, overfetch, fit_size, chunk_size, seed, force):
@@ -278,11 +277,10 @@ def build(embeddings, out, hasher, bits, metric, overfetch, fit_size, chunk_size
 @index.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("queries", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-k", "k", default=10, show_default=True, type=click.IntRange(min=1))
-@click.option(
+@_count_option("-k", 10)
+@_count_option(
     "--overfetch",
-    default=None,
-    type=click.IntRange(min=1),
+    None,
     help="Candidates rescored per query, as a multiple of k.  [default: the index's]",
 )
 @click.option(
@@ -293,7 +291,7 @@ def build(embeddings, out, hasher, bits, metric, overfetch, fit_size, chunk_size
     help="Write the ids (int64, m x k) here and the scores next to it as <stem>.scores.npy; "
     "without it, print query, rank, id, score as tab-separated lines.",
 )
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="Search threads.")
+@_count_option("--threads", None, help="Search threads.")
 @click.option("--no-verify", is_flag=True, help="Skip the checksums of the index files.")
 @_one_line_errors
 def search(directory, queries, k, overfetch, out, threads, no_verify):
