@@ -1,56 +1,65 @@
-"""Reproduce Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 (Fig. 1-2) on Fashion-MNIST: recall of the true
-100-NN against the number of returned candidates, for the boosted search forest, k-means
-trees and LSH tables with as many trees / tables, and spectral hashing with a linear Hamming
-scan at matched bits (tree bits = depth x trees, the paper's accounting).
+"""Reproduce Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011 (Fig. 2) on Fashion-MNIST.
+
+The paper's figure: recall of the true 100 nearest neighbours against the size of the
+candidate set, as trees are added. For one configuration (a method and a tree depth) the
+candidates after ``t`` trees are the database items sharing a leaf with the query in at
+least one of the first ``t`` trees (an inverted :class:`~hashlearn.index.table.TableIndex`);
+each curve is one configuration, its points ``t = 1, 2, 4, ...``, so recall never falls as
+the candidate set grows. Methods: the boosted search forest (BSF), k-means trees and LSH
+tables with as many trees / tables, and spectral hashing ranking the whole database by
+Hamming distance (recall of the first M items, random tie order) at several code lengths.
 
 Protocol: the 60k training images are the database, queries come from the 10k test images;
 PCA (fitted on a training sample) to ``n_dims`` dimensions is the representation and the
 ground truth is the exact Euclidean 100-NN in it. Every bucketer is fitted on a random
 sample of ``n_train`` database items; the forest's similar pairs are the
 ``100 * n_train / n_db`` nearest neighbours within that sample (the same neighbourhood
-radius as the 100-NN in the database). Candidates of the tree / table methods come from
-the inverted :class:`~hashlearn.index.table.TableIndex`, ordered by collision count (then
-id), and are truncated at M; spectral hashing ranks the whole database by Hamming distance
-(random tie order). Means over ``n_seeds`` seeds of the bucketers and training samples.
-
-The timing table of the paper's Table 1 (inverted index vs exhaustive Hamming scan at
-1M / 10M items) is ``bench/table_index.py``.
+radius as the 100-NN in the database). Means over seeds of the bucketers and training
+samples. The fit -> keys -> candidates loop is :func:`hashlearn.experiments.pipeline.run_specs`.
+The paper's Table 1 timing (inverted index vs exhaustive Hamming scan) is
+``bench/table_index.py``.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 from sklearn.decomposition import PCA
 
-from hashlearn.codes import hamming_cdist
-from hashlearn.evaluate import exact_knn, recall_at_m, recall_at_m_from_ids
-from hashlearn.experiments._common import markdown_table, write_json
-from hashlearn.forest.boosted import BoostedSearchForest
-from hashlearn.forest.kmeans_tree import KMeansTree
-from hashlearn.forest.lsh_tables import LSHTables
-from hashlearn.index.table import TableIndex
+from hashlearn.experiments._common import available_real, load_real, markdown_table, write_json
+from hashlearn.experiments.pipeline import (
+    BucketerSpec,
+    MethodSpec,
+    Split,
+    candidate_recall_curve,
+    claim,
+    recall_at_m_curve,
+    run_specs,
+    write_claims,
+)
+from hashlearn.forest import BoostedSearchForest, KMeansTree, LSHTables
 
-__all__ = ["run"]
+__all__ = ["run", "settings", "specs", "recall_at_budget"]
 
-M_VALUES = (100, 200, 500, 1000, 2000, 5000)
+PAPER = "Li et al. 2011 (boosted search forest)"
+BUDGETS = (100, 200, 500, 1000, 2000, 5000)
 
 
-def _settings(quick: bool) -> dict:
+def settings(quick: bool) -> dict:
+    """Protocol sizes: the paper's scale in full mode, seconds-long ones in quick mode."""
     if quick:
         return dict(
             n_db=10000,
-            n_queries=200,
-            n_train=3000,
-            n_dims=32,
-            n_trees=12,
-            depths=(8, 6),
-            n_pairs=20000,
-            n_seeds=1,
+            n_queries=100,
+            n_train=1000,
+            n_dims=16,
+            n_trees=8,
+            depths=(6,),
+            n_pairs=5000,
+            seeds=1,
             lam=0.1,
-            sh_bits=(32, 56),
+            sh_bits=(32,),
         )
     return dict(
         n_db=60000,
@@ -60,181 +69,165 @@ def _settings(quick: bool) -> dict:
         n_trees=32,
         depths=(10, 8, 6),
         n_pairs=100000,
-        n_seeds=3,
+        seeds=3,
         lam=0.1,
         sh_bits=(32, 64, 128, 256),
     )
 
 
-def _ranked_candidates(bucketer, db, queries, width):
-    """Candidate lists (collision-count order, -1 padded to ``width``), their mean length,
-    and the seconds to build the index and to probe all queries."""
-    db_keys, q_keys = bucketer.keys(db), bucketer.keys(queries)
-    index = TableIndex(bucketer.n_tables, bucketer=bucketer)
-    t0 = time.perf_counter()
-    index.add(db_keys)
-    build = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    lims, ids, _ = index.candidates_csr(q_keys)
-    query = time.perf_counter() - t0
-    ranked = np.full((len(queries), width), -1, np.int64)
-    for q in range(len(queries)):
-        c = ids[lims[q] : lims[q + 1]][:width]
-        ranked[q, : len(c)] = c
-    return ranked, float(np.diff(lims).mean()), build, query
+def specs(cfg: dict, k_similar: int) -> list[BucketerSpec]:
+    """The three tree / table methods with ``n_trees`` trees each; depth set per run."""
+    T, n = cfg["n_trees"], cfg["n_train"]
+    bsf = {"n_trees": T, "lam": cfg["lam"], "n_pairs": cfg["n_pairs"], "k_similar": k_similar}
+    return [
+        BucketerSpec("BSF", BoostedSearchForest, bsf, n_train=n),
+        BucketerSpec("k-means trees", KMeansTree, {"n_trees": T}, n_train=n),
+        BucketerSpec("LSH tables", LSHTables, {"n_tables": T}, "bits_per_table", n_train=n),
+    ]
 
 
-def _recall_by_budget(per_depth, true_nn, m_values):
-    """Recall@M from the deepest tree configuration whose mean candidate count reaches M
-    (the shallowest if none does) -- a rule that looks at candidate counts, never at
-    recall. ``per_depth`` lists ``(ranked, mean_count)`` from deepest to shallowest."""
-    recall, used = [], []
-    for m in m_values:
-        j = next((j for j, (_, c) in enumerate(per_depth) if c >= m), len(per_depth) - 1)
-        recall.append(recall_at_m_from_ids(per_depth[j][0], true_nn, [m])[0])
-        used.append(j)
-    return np.asarray(recall), used
+def _split(cfg, seed, data_dir, X=None) -> tuple[str, int, Split]:
+    rng = np.random.default_rng(seed)
+    if X is not None:
+        name, n_true = "your data", 100
+        X = np.asarray(X, np.float64)
+        order = rng.permutation(len(X))
+        X_test, X_train = X[order[: cfg["n_queries"]]], X[order[cfg["n_queries"] :]]
+    elif "fashion-mnist" in available_real(data_dir):
+        name, n_true = "Fashion-MNIST", 100
+        X, _ = load_real("fashion-mnist", data_dir)
+        X_train, X_test = X[:60000] / 255.0, X[60000:] / 255.0
+    else:  # digits: a small stand-in, 20-NN
+        name, n_true = "digits (Fashion-MNIST not installed)", 20
+        X, _ = load_real("digits", data_dir)
+        order = rng.permutation(len(X))
+        n_q = min(cfg["n_queries"], len(X) // 5)
+        X_test, X_train = X[order[:n_q]] / 16.0, X[order[n_q:]] / 16.0
+    db_rows = np.sort(rng.permutation(len(X_train))[: cfg["n_db"]])
+    q_rows = np.sort(rng.permutation(len(X_test))[: cfg["n_queries"]])
+    sample = db_rows[rng.permutation(len(db_rows))[: cfg["n_train"]]]
+    pca = PCA(min(cfg["n_dims"], X_train.shape[1]), random_state=seed).fit(X_train[sample])
+    split = Split(pca.transform(X_train[db_rows]), pca.transform(X_test[q_rows]))
+    return name, n_true, split.with_euclidean_truth(n_true)
 
 
-def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None) -> str:
-    """Run the reproduction; returns the markdown report (tables + PNG in ``out_dir``)."""
-    from hashlearn.datasets import fashion_mnist_available, load_digits, load_fashion_mnist
-    from hashlearn.hashers.spectral import SpectralHashing  # written in parallel: lazy
-    from hashlearn.plots import plot_recall_at_m
+def recall_at_budget(sizes, recalls, budget: float) -> float:
+    """Recall of a curve at candidate-set size ``budget``, linear in log size between its
+    points; NaN outside the sizes the curve reaches."""
+    sizes, recalls = np.asarray(sizes, float), np.asarray(recalls, float)
+    if not len(sizes) or budget < sizes[0] or budget > sizes[-1]:
+        return float("nan")
+    return float(np.interp(np.log(budget), np.log(np.maximum(sizes, 1e-9)), recalls))
+
+
+def _curves(records) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``"method, depth D" -> (trees, mean candidates, recall)``, means over seeds."""
+    out = {}
+    for key in dict.fromkeys((r["method"], r["bits"]) for r in records):
+        runs = [r for r in records if (r["method"], r["bits"]) == key]
+        out[f"{key[0]}, depth {key[1]}"] = (
+            runs[0]["trees"],
+            np.mean([r["mean_candidates"] for r in runs], axis=0),
+            np.mean([r["candidate_recall"] for r in runs], axis=0),
+        )
+    return out
+
+
+def _claims(curves, m_values, n_true, name, n_seeds) -> list[dict]:
+    """BSF against the best depth of k-means trees and of LSH tables, at each budget M all
+    three methods reach, and at the middle (geometric) of the sizes they all reach."""
+    methods = ("BSF", "k-means trees", "LSH tables")
+    mine = {m: [c for label, c in curves.items() if label.startswith(m + ",")] for m in methods}
+    lo = max(min(c[1][0] for c in mine[m]) for m in methods)
+    hi = min(max(c[1][-1] for c in mine[m]) for m in methods)
+    budgets = [m for m in m_values if lo <= m <= hi]
+    if not budgets and lo <= hi:
+        budgets = [float(np.sqrt(lo * hi))]
+    rows = []
+    for m in budgets:
+        best = {
+            method: np.nanmax([recall_at_budget(c[1], c[2], m) for c in mine[method]])
+            for method in methods
+        }
+        rows.append(
+            claim(
+                PAPER,
+                f"BSF recall of the true {n_true}-NN above k-means trees and LSH tables at "
+                f"{m:.0f} candidates (best depth of each)",
+                name,
+                best["BSF"] - max(best["k-means trees"], best["LSH tables"]),
+                n_seeds,
+            )
+        )
+    return rows
+
+
+def run(
+    out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None, X=None
+) -> str:
+    """Run the reproduction (``X``: your own data instead of Fashion-MNIST); write
+    ``search_forest.json``, ``claims.json``, ``search_forest_recall.png`` and
+    ``search_forest.md`` into ``out_dir``; return the markdown report."""
+    from hashlearn.plots import plot_lines
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = _settings(quick)
-    rng = np.random.default_rng(seed)
-    if fashion_mnist_available(data_dir):
-        dataset, n_true = "Fashion-MNIST", 100
-        X_train, _ = load_fashion_mnist(data_dir, subset="train")
-        X_test, _ = load_fashion_mnist(data_dir, subset="test")
-        scale = 255.0
-    else:  # the embedded digits: a small stand-in, 20-NN, a tenth of the sizes
-        dataset, n_true, scale = "digits (Fashion-MNIST not installed)", 20, 16.0
-        X_all, _ = load_digits()
-        split = np.random.default_rng(seed).permutation(len(X_all))
-        X_train, X_test = X_all[split[300:]], X_all[split[:300]]
-        cfg.update(
-            n_db=len(X_train),
-            n_queries=300,
-            n_train=len(X_train),
-            n_dims=min(cfg["n_dims"], 32),
-            n_pairs=20000,
-            depths=(6, 4),
-        )
-    db_rows = np.sort(rng.permutation(len(X_train))[: cfg["n_db"]])
-    q_rows = np.sort(rng.permutation(len(X_test))[: cfg["n_queries"]])
-    fit_rows = rng.permutation(len(db_rows))[: cfg["n_train"]]
-    pca = PCA(cfg["n_dims"], random_state=seed).fit(X_train[db_rows[fit_rows]] / scale)
-    db = pca.transform(X_train[db_rows] / scale).astype(np.float64)
-    queries = pca.transform(X_test[q_rows] / scale).astype(np.float64)
-    _, true_nn = exact_knn(db, queries, n_true)
-    m_values = [m for m in M_VALUES if m <= len(db)] if n_true == 100 else [20, 50, 100, 200, 500]
-    width = max(m_values)
-    k_similar = max(1, round(n_true * cfg["n_train"] / len(db)))
-    T, depths = cfg["n_trees"], cfg["depths"]
-
-    methods = ("BSF", "k-means trees", "LSH tables")
-    recalls = {name: [] for name in methods}
-    per_depth_recall = {(name, D): [] for name in methods for D in depths}
-    n_cands = {(name, D): [] for name in methods for D in depths}
-    timings = {(name, D): [] for name in methods for D in depths}
-    used_depth = {}
-    sh_recalls = {b: [] for b in cfg["sh_bits"]}
-    steps = cfg["n_seeds"] * (len(methods) * len(depths) + 1)
-    bar = progress(total=steps, desc="search-forest") if progress else None
-    for s in range(cfg["n_seeds"]):
-        rs = seed * 1000 + s
-        train = db[np.random.default_rng(rs).permutation(len(db))[: cfg["n_train"]]]
-        for name in methods:
-            lists = []
-            for D in depths:
-                bucketer = {
-                    "BSF": lambda D=D, rs=rs: BoostedSearchForest(
-                        n_trees=T,
-                        max_depth=D,
-                        lam=cfg["lam"],
-                        n_pairs=cfg["n_pairs"],
-                        k_similar=k_similar,
-                        random_state=rs,
-                    ),
-                    "k-means trees": lambda D=D, rs=rs: KMeansTree(
-                        n_trees=T, max_depth=D, random_state=rs
-                    ),
-                    "LSH tables": lambda D=D, rs=rs: LSHTables(T, D, random_state=rs),
-                }[name]()
-                t0 = time.perf_counter()
-                bucketer.fit(train)
-                fit_s = time.perf_counter() - t0
-                ranked, mean_c, build_s, query_s = _ranked_candidates(bucketer, db, queries, width)
-                lists.append((ranked, mean_c))
-                per_depth_recall[name, D].append(recall_at_m_from_ids(ranked, true_nn, m_values))
-                n_cands[name, D].append(mean_c)
-                timings[name, D].append((fit_s, build_s, query_s))
-                if bar:
-                    bar.update(1)
-            rec, used = _recall_by_budget(lists, true_nn, m_values)
-            recalls[name].append(rec)
-            used_depth[name] = [depths[j] for j in used]
-        for bits in cfg["sh_bits"]:
-            sh = SpectralHashing(bits).fit(train)
-            dist = hamming_cdist(sh.encode(queries), sh.encode(db), bits)
-            sh_recalls[bits].append(recall_at_m(dist, true_nn, m_values, random_state=rs))
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.close()
-
-    mean = {k: np.mean(v, axis=0) for k, v in recalls.items()}
-    std = {k: np.std(v, axis=0) for k, v in recalls.items()}
-    sh_mean = {b: np.mean(v, axis=0) for b, v in sh_recalls.items()}
-    header = ["method", *[f"R@{m}" for m in m_values]]
-    rows = [
-        [name, *[f"{mu:.3f} ± {sd:.3f}" for mu, sd in zip(mean[name], std[name], strict=True)]]
-        for name in methods
-    ]
-    rows.append(
-        [
-            "(tree depth used)",
-            *[" / ".join(str(used_depth[n][j]) for n in methods) for j in range(len(m_values))],
-        ]
+    cfg = settings(quick)
+    name, n_true, split = _split(cfg, seed, data_dir, X)
+    n_db = split.X_db.shape[0]
+    cfg["n_train"] = min(cfg["n_train"], n_db)
+    k_similar = max(1, round(n_true * cfg["n_train"] / n_db))
+    T = cfg["n_trees"]
+    tree_counts = sorted({*(2**i for i in range(T.bit_length()) if 2**i <= T), T})
+    seeds = [seed * 1000 + s for s in range(cfg["seeds"])]
+    records = run_specs(
+        specs(cfg, k_similar),
+        split,
+        bits=cfg["depths"],
+        seeds=seeds,
+        measures=[candidate_recall_curve("euclidean", tree_counts)],
+        progress=progress,
+        desc="search-forest",
     )
-    rows += [
-        [f"SH {b} bits (linear scan)", *[f"{v:.3f}" for v in sh_mean[b]]] for b in cfg["sh_bits"]
-    ]
-    d_rows = []
-    for name in methods:
-        for D in depths:
-            r = np.mean(per_depth_recall[name, D], axis=0)
-            t = np.median(np.asarray(timings[name, D]), axis=0)
-            d_rows.append(
-                [
-                    name,
-                    D,
-                    T * D,
-                    f"{np.mean(n_cands[name, D]):.0f}",
-                    *[f"{v:.3f}" for v in r],
-                    f"{t[0]:.1f}",
-                    f"{t[1]:.2f}",
-                    f"{t[2]:.3f}",
-                ]
-            )
-    ms = np.array(m_values)
-    check = {}
-    for m in (500, 1000, 5000):
-        if m in m_values:
-            j = m_values.index(m)
-            check[m] = bool(
-                mean["BSF"][j] > mean["k-means trees"][j] and mean["BSF"][j] > mean["LSH tables"][j]
-            )
-    curves = {name: (ms, mean[name]) for name in methods}
-    curves.update({f"SH {b} bits": (ms, sh_mean[b]) for b in cfg["sh_bits"]})
-    plot_recall_at_m(
-        curves,
+    m_values = [m for m in BUDGETS if m <= n_db] if n_true == 100 else [20, 50, 100, 200, 500]
+    m_curve = np.unique(np.r_[np.geomspace(1, n_db, 60).astype(int), m_values])
+    sh = run_specs(
+        [MethodSpec("SH", "spectral", n_train=cfg["n_train"], deterministic=True)],
+        split,
+        bits=cfg["sh_bits"],
+        seeds=seeds[:1],
+        measures=[recall_at_m_curve(m_curve)],
+        progress=progress,
+        desc="search-forest SH",
+    )
+    curves = _curves(records)
+    lines = []
+    for label, (trees, sizes, recall) in curves.items():
+        lines.append(
+            [
+                label,
+                *[f"{t}: {c:.0f} / {r:.3f}" for t, c, r in zip(trees, sizes, recall, strict=True)],
+            ]
+        )
+    at_budget = {
+        label: [recall_at_budget(c[1], c[2], m) for m in m_values] for label, c in curves.items()
+    }
+    at_budget.update(
+        {f"SH {r['bits']} bits (Hamming ranking)": [r[f"recall@{m}"] for m in m_values] for r in sh}
+    )
+    claims = _claims(curves, m_values, n_true, name, len(seeds))
+    plot_lines(
+        {
+            "": {
+                **{label: (c[1], c[2]) for label, c in curves.items()},
+                **{f"SH {r['bits']} bits": (m_curve, r["recall_curve"]) for r in sh},
+            }
+        },
         out_dir / "search_forest_recall.png",
-        title=f"{dataset.split()[0]}: recall of {n_true}-NN ({T} trees / tables)",
+        f"{name.split()[0]}: recall of the true {n_true}-NN as trees are added ({T} trees / tables)",
+        xlabel="candidate-set size (mean items per query)",
+        ylabel=f"recall of the true {n_true}-NN",
+        xlog=True,
     )
     write_json(
         out_dir / "search_forest.json",
@@ -242,56 +235,46 @@ def run(out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, pro
             "settings": cfg,
             "seed": seed,
             "k_similar": k_similar,
+            "records": records,
+            "sh": sh,
             "m_values": m_values,
-            "recall": {k: np.asarray(v) for k, v in recalls.items()},
-            "recall_per_depth": {
-                f"{k[0]} depth {k[1]}": np.asarray(v) for k, v in per_depth_recall.items()
-            },
-            "mean_candidates": {f"{k[0]} depth {k[1]}": v for k, v in n_cands.items()},
-            "timings_fit_build_query_s": {f"{k[0]} depth {k[1]}": v for k, v in timings.items()},
-            "sh_recall": {str(b): np.asarray(v) for b, v in sh_recalls.items()},
-            "bsf_beats_both": {str(k): v for k, v in check.items()},
+            "recall_at_budget": at_budget,
         },
     )
-    held = ", ".join(f"M={m}: {'yes' if ok else 'NO'}" for m, ok in check.items())
     report = [
-        "## search-forest: learning to search (Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011)",
+        f"## search-forest: learning to search (Li et al., NIPS 2011){' [quick]' if quick else ''}",
         "",
-        f"{dataset}, database {len(db)} images, {len(queries)} held-out queries, "
-        f"PCA to {cfg['n_dims']} dims; ground truth: exact Euclidean {n_true}-NN. "
-        f"{T} trees / tables for every method, of depth (= bits per table) {depths}; "
-        f"bucketers fitted on {cfg['n_train']} database items; BSF lam={cfg['lam']}, "
-        f"{cfg['n_pairs']} pairs per tree, similar = {k_similar}-NN within the sample, "
-        "projection splits. Candidates come from the inverted TableIndex ordered by "
-        "collision count, truncated at M. For each M every method uses its deepest "
-        "configuration whose mean candidate count reaches M (the shallowest if none does: "
-        "a rule on candidate counts, never on recall). Spectral hashing ranks the whole "
-        f"database by Hamming distance (random ties). Mean ± std over {cfg['n_seeds']} "
-        f"seed(s){' (quick mode)' if quick else ''}.",
+        f"{name}, database {n_db} items, {split.X_q.shape[0]} held-out queries, PCA to "
+        f"{split.X_db.shape[1]} dims; ground truth: exact Euclidean {n_true}-NN. {T} trees / "
+        f"tables per method, depth (= bits per table) {list(cfg['depths'])}; bucketers "
+        f"fitted on {cfg['n_train']} database items; BSF lam={cfg['lam']}, {cfg['n_pairs']} "
+        f"pairs per tree, similar = {k_similar}-NN within the sample, projection splits. "
+        f"Means over {len(seeds)} seed(s). Deviations: PCA to {split.X_db.shape[1]} dims "
+        f"and a {cfg['n_train']}-item training sample (the paper trains on the full set).",
         "",
-        markdown_table(header, rows),
+        "### Claims",
         "",
-        f"BSF recall above both k-means trees and LSH tables: {held}.",
+        write_claims(out_dir, claims),
         "",
-        "Every configuration (mean over seeds; seconds are medians: fit on the sample, "
-        "build the index over the database, probe all queries):",
+        "Recall at a candidate budget M (each configuration's curve, linear in log size "
+        "between its points; '-' where the curve does not reach M):",
         "",
         markdown_table(
+            ["configuration", *[f"M={m}" for m in m_values]],
             [
-                "method",
-                "depth",
-                "bits",
-                "mean candidates",
-                *[f"R@{m}" for m in m_values],
-                "fit s",
-                "build s",
-                "query s",
+                [k, *["-" if np.isnan(v) else f"{v:.3f}" for v in vals]]
+                for k, vals in at_budget.items()
             ],
-            d_rows,
+        ),
+        "",
+        "Each configuration as trees are added (trees: mean candidates / recall):",
+        "",
+        markdown_table(
+            ["configuration", *[f"point {i + 1}" for i in range(len(tree_counts))]], lines
         ),
         "",
         "![recall](search_forest_recall.png)",
     ]
     md = "\n".join(report) + "\n"
-    (out_dir / "results.md").write_text(md)
+    (out_dir / "search_forest.md").write_text(md)
     return md
