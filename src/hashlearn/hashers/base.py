@@ -28,6 +28,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn._validation import as_plain_array, check_int
 from hashlearn.codes import pack_bits
+from hashlearn.hashers._linear import LinearForm
 from hashlearn.io import Persistable, estimator_from_state, estimator_state
 from hashlearn.supervision import check_pairs
 
@@ -70,7 +71,8 @@ def available_hashers() -> dict[str, type[BaseHasher]]:
 class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
     """Base class of binary hash function families.
 
-    Subclasses implement ``_fit(X, y, pairs, similar)`` and either ``_project(X)`` (bits
+    Subclasses implement ``_fit(X, y, pairs, similar)`` and one of ``_linear_form()``
+    (linear hashers: the scores are ``(X - mean) @ W.T + shift``), ``_project(X)`` (bits
     are ``project(X) >= 0``) or ``_bits(X)``. Class attributes: ``supervised`` (True if
     ``fit`` needs ``y`` or pairs), ``accept_sparse`` (True if ``X`` may be scipy.sparse).
     """
@@ -107,9 +109,16 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
         return self
 
     def encode(self, X) -> np.ndarray:
-        """Packed binary codes ``uint8 (n, ceil(n_bits / 8))`` of the rows of ``X``."""
+        """Packed binary codes ``uint8 (n, ceil(n_bits / 8))`` of the rows of ``X``.
+
+        Linear hashers (see :meth:`_linear_form`) encode block by block in the precision of
+        ``X``: float32 rows never become float64 and never get a full-size centred copy.
+        """
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
+        form = self._linear_form()
+        if form is not None:
+            return form.encode(X)
         return pack_bits(self._bits(X))
 
     def transform(self, X) -> np.ndarray:
@@ -126,8 +135,16 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
     def _fit(self, X, y, pairs, similar) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _project(self, X) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError(f"{type(self).__name__} has no real-valued projection.")
+    def _linear_form(self) -> LinearForm | None:
+        """The fitted ``(W, mean, shift)`` of a hasher whose scores are
+        ``(X - mean) @ W.T + shift``, or None (the default) for any other family."""
+        return None
+
+    def _project(self, X) -> np.ndarray:
+        form = self._linear_form()
+        if form is None:  # pragma: no cover - abstract
+            raise NotImplementedError(f"{type(self).__name__} has no real-valued projection.")
+        return form.project(X)
 
     def _bits(self, X) -> np.ndarray:
         return self._project(X) >= 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
+from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 
@@ -122,5 +123,6 @@ class RandomHyperplaneLSH(BaseHasher):
             self.mean_ = np.zeros(X.shape[1])
         self.offset_ = self.components_ @ self.mean_
 
-    def _project(self, X) -> np.ndarray:
-        return np.asarray(X @ self.components_.T) - self.offset_
+    def _linear_form(self) -> LinearForm:
+        # X @ components_.T - offset_: the mean is folded into the offset so X stays sparse
+        return LinearForm(self.components_, shift=-self.offset_)

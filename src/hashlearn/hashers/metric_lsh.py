@@ -41,6 +41,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._validation import check_int
+from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 from hashlearn.metric.itml import ITML, metric_factor
@@ -279,8 +280,8 @@ class MetricLSH(BaseHasher):
         self.mean_ = np.asarray(X.mean(axis=0), np.float64).ravel() if self.center else np.zeros(d)
         self._set_hyperplanes(rng.standard_normal((self.n_bits, d)))
 
-    def _project(self, X) -> np.ndarray:
-        return np.asarray(X @ self.projection_.T) - self.offset_
+    def _linear_form(self) -> LinearForm:
+        return LinearForm(self.projection_, shift=-self.offset_)  # X @ projection_.T - offset_
 
     @property
     def A_(self) -> np.ndarray:

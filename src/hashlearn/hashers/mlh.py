@@ -43,6 +43,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._validation import check_int, check_real
 from hashlearn.codes import hamming_distance, pack_bits
+from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 from hashlearn.kernels import log_message
@@ -753,8 +754,8 @@ class MinimalLossHashing(BaseHasher):
         self.loss_history_ = np.asarray(losses, dtype=np.float64)
         self.bound_history_ = np.asarray(bounds, dtype=np.float64)
 
-    def _project(self, X) -> np.ndarray:
-        return X @ self.components_.T + self.offset_
+    def _linear_form(self) -> LinearForm:
+        return LinearForm(self.components_, shift=self.offset_)  # X @ components_.T + offset_
 
     def objective(self, X, y=None, *, pairs=None, similar=None, n_pairs: int = 10_000):
         """Mean empirical loss (eq. 3) and mean upper bound (eq. 11 / epsilon) of the fitted

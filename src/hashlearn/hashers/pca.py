@@ -35,6 +35,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from hashlearn._validation import check_int
+from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 
@@ -119,8 +120,8 @@ class PCAHashing(BaseHasher):
         self.components_ = comps.T.copy()
         self.explained_variance_ = var
 
-    def _project(self, X) -> np.ndarray:
-        return (X - self.mean_) @ self.components_.T
+    def _linear_form(self) -> LinearForm:
+        return LinearForm(self.components_, mean=self.mean_)
 
 
 @persistable
@@ -188,5 +189,5 @@ class IterativeQuantization(BaseHasher):
         self.components_ = (comps @ R).T.copy()
         self.quantization_loss_ = losses
 
-    def _project(self, X) -> np.ndarray:
-        return (X - self.mean_) @ self.components_.T
+    def _linear_form(self) -> LinearForm:
+        return LinearForm(self.components_, mean=self.mean_)

@@ -47,6 +47,7 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from hashlearn._validation import check_int, check_real
+from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 from hashlearn.kernels import log_message
@@ -497,11 +498,11 @@ class RankHashing(BaseHasher):
 
     # -------------------------------------------------------------------------- encode
 
-    def _project(self, X) -> np.ndarray:
+    def _linear_form(self) -> LinearForm:
         """``b + W^T ((x - mean) / scale)``: positive exactly where ``h_j >= 1/2`` (eq. 1)."""
         effective = self.weights_ / self.scale_[:, None]
         offset = self.bias_ - self.mean_ @ effective
-        return np.asarray(X @ effective) + offset
+        return LinearForm(effective.T, shift=offset)  # mean folded into the offset: X may be sparse
 
     def relaxed_hamming(self, X_query, X_docs) -> np.ndarray:
         """The relaxed Hamming score (eq. 2) ``(m, n)`` between rows of two inputs."""

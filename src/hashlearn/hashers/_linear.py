@@ -1,0 +1,129 @@
+"""Linear hash functions: bit ``j`` of ``x`` is ``[(x - mean) . w_j + shift_j >= 0]``.
+
+Random-hyperplane LSH, PCA hashing, ITQ, metric LSH, minimal loss hashing and RankNet codes
+all threshold a linear projection at zero. :class:`LinearForm` holds the fitted ``W``,
+``mean`` and ``shift`` of such a hasher and computes its codes and its scores in one shared
+way, block by block, so that neither ever holds more than a block of ``X`` in a new array:
+
+* :meth:`LinearForm.encode` works in the precision of ``X``: float32 rows are multiplied by
+  a float32 copy of ``W`` (single-precision BLAS, the speed and memory of faiss's encoders),
+  float64 rows by ``W`` itself. Each block's product is thresholded and packed straight into
+  the preallocated codes. The bit test ``p + shift >= 0`` is done as ``p >= -shift``, which is
+  the same test in IEEE arithmetic (``p + s`` is zero exactly when ``p == -s``, and rounding
+  keeps its sign), so float64 rows get exactly the codes of the one-shot float64 formula.
+  float32 rows get the float64 codes except where a score lies within float32 rounding of
+  zero (a tie), measured at more than 99.9 % of the bits on digits and Fashion-MNIST
+  (``tests/test_encode.py``).
+* :meth:`LinearForm.project` returns float64 scores whatever the input precision (float32
+  blocks are widened exactly, block by block), so ``project`` stays the precise reference.
+
+Centring (``mean``) subtracts the mean from a block before the product, as the one-shot
+formula ``(X - mean) @ W.T`` does, rather than folding it into the shift: for data far from
+the origin (pixels in 0..255) the folded form would lose the float32 precision to
+cancellation. Hashers that accept scipy.sparse input fold their mean into ``shift`` and pass
+``mean=None`` (a sparse matrix minus a mean is dense).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["LinearForm", "block_rows"]
+
+#: New memory one block may take (the centred block, its scores and its bits).
+BLOCK_BYTES = 4 * 2**20
+#: Fewest rows in a block, so that each BLAS call stays efficient on small budgets.
+MIN_BLOCK_ROWS = 256
+
+
+def block_rows(n_rows: int, bytes_per_row: int, input_bytes: int) -> int:
+    """Rows per block: within :data:`BLOCK_BYTES` and 5 % of the input's size, whichever is
+    smaller (the other 5 % of the 10 % target are left to the cast weights), but at least
+    :data:`MIN_BLOCK_ROWS` (and at most ``n_rows``, at least 1)."""
+    budget = min(BLOCK_BYTES, input_bytes // 20)
+    rows = max(MIN_BLOCK_ROWS, budget // max(1, bytes_per_row))
+    return max(1, min(n_rows, rows))
+
+
+def _input_bytes(X) -> int:
+    if sp.issparse(X):
+        return X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
+    return X.nbytes
+
+
+@dataclass(frozen=True)
+class LinearForm:
+    """Scores ``(X - mean) @ weights.T + shift`` of a fitted linear hasher; bits are
+    ``scores >= 0``.
+
+    Parameters
+    ----------
+    weights : ndarray (n_bits, n_features), float64
+    mean : ndarray (n_features,) or None
+        Subtracted from every row before the product (dense input only); None: no centring.
+    shift : ndarray (n_bits,) or None
+        Added to the products; None: zero.
+    """
+
+    weights: np.ndarray
+    mean: np.ndarray | None = None
+    shift: np.ndarray | None = None
+
+    @property
+    def n_bits(self) -> int:
+        return self.weights.shape[0]
+
+    def _blocks(self, X, dtype, scores_per_row_bytes: int):
+        """Yield ``(start, stop, products)``: ``(X[start:stop] - mean) @ weights.T`` in
+        ``dtype``, one block at a time (the arrays are reused between blocks)."""
+        n, d = X.shape
+        weights_t = self.weights.astype(dtype, copy=False).T
+        centre = self.mean is not None
+        if centre and sp.issparse(X):
+            raise TypeError("a LinearForm with a mean needs dense input; fold it into shift.")
+        itemsize = np.dtype(dtype).itemsize
+        per_row = scores_per_row_bytes + (d * itemsize if centre else 0)
+        rows = block_rows(n, per_row, _input_bytes(X))
+        if centre:
+            mean = self.mean.astype(dtype, copy=False)
+            centred = np.empty((rows, d), dtype)
+        products = np.empty((rows, self.n_bits), dtype)
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            block = X[start:stop]
+            if sp.issparse(block):
+                yield start, stop, np.asarray(block.astype(dtype, copy=False) @ weights_t)
+                continue
+            if centre:
+                block = np.subtract(block, mean, out=centred[: stop - start], dtype=dtype)
+            elif block.dtype != dtype:
+                block = block.astype(dtype)
+            yield start, stop, np.matmul(block, weights_t, out=products[: stop - start])
+
+    def encode(self, X) -> np.ndarray:
+        """Packed codes ``uint8 (n, ceil(n_bits / 8))`` of validated ``X`` (float32 or float64,
+        dense or CSR), computed in the precision of ``X``."""
+        dtype = X.dtype
+        b = self.n_bits
+        thresholds = np.zeros(b) if self.shift is None else -self.shift
+        thresholds = thresholds.astype(dtype)
+        codes = np.empty((X.shape[0], (b + 7) // 8), np.uint8)
+        bits = None
+        for start, stop, products in self._blocks(X, dtype, b * (dtype.itemsize + 1)):
+            if bits is None:
+                bits = np.empty(products.shape, np.bool_)
+            block_bits = np.greater_equal(products, thresholds, out=bits[: stop - start])
+            codes[start:stop] = np.packbits(block_bits, axis=1, bitorder="little")
+        return codes
+
+    def project(self, X) -> np.ndarray:
+        """Scores ``float64 (n, n_bits)`` of validated ``X``, computed in float64."""
+        scores = np.empty((X.shape[0], self.n_bits))
+        for start, stop, products in self._blocks(X, np.float64, self.n_bits * 8):
+            scores[start:stop] = products
+        if self.shift is not None:
+            scores += self.shift
+        return scores
