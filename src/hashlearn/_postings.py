@@ -9,7 +9,8 @@ A table maps int64 keys to posting lists of int64 ids::
 No Python dict, no pickle: three flat arrays that save as ``.npy`` and memory-map. Used by
 the inverted TableIndex (Li et al., *Learning to Search Efficiently in High Dimensions*, NIPS 2011), the Hamming-ball index (semantic
 hashing, Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §2.2), multi-index hashing's substring tables and the
-banded MinHash index. Lookups are a binary search (``find``), callable from other kernels.
+banded MinHash index. Lookups are a binary search (``find``, ``find_in`` on a slice), callable
+from other kernels.
 A table read from a file is checked by :func:`check_table` before any kernel uses it.
 """
 
@@ -22,7 +23,10 @@ __all__ = [
     "build_table",
     "check_table",
     "find",
+    "find_in",
     "find_many",
+    "gathered_sizes",
+    "posting_range",
     "merge_tables",
     "remove_from_table",
 ]
@@ -61,18 +65,52 @@ def remove_from_table(table, drop_ids: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def find(keys: np.ndarray, key: np.int64) -> np.int64:
-    """Position of ``key`` in the sorted ``keys``, or -1 (binary search)."""
-    lo, hi = 0, keys.shape[0]
+def find_in(keys: np.ndarray, lo: np.int64, hi: np.int64, key: np.int64) -> np.int64:
+    """Position of ``key`` in the sorted slice ``keys[lo:hi]``, or -1 (binary search).
+
+    The one binary search of the package's kernels: a table of a multi-table index is a
+    slice of one key array, so lookups take the slice bounds.
+    """
+    stop = hi
     while lo < hi:
         mid = (lo + hi) >> 1
         if keys[mid] < key:
             lo = mid + 1
         else:
             hi = mid
-    if lo < keys.shape[0] and keys[lo] == key:
+    if lo < stop and keys[lo] == key:
         return lo
     return -1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def find(keys: np.ndarray, key: np.int64) -> np.int64:
+    """Position of ``key`` in the sorted ``keys``, or -1 (binary search)."""
+    return find_in(keys, 0, keys.shape[0], key)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def posting_range(table_keys, table_ptr, offsets, t, key) -> tuple[np.int64, np.int64]:
+    """``(start, stop)`` of the postings of ``key`` in table ``t`` of tables packed into one
+    array (table ``t`` is ``table_keys[table_ptr[t]:table_ptr[t+1]]``, its postings indexed
+    by ``offsets``); ``(0, 0)`` when the key is absent."""
+    a = find_in(table_keys, table_ptr[t], table_ptr[t + 1], key)
+    if a < 0:
+        return np.int64(0), np.int64(0)
+    return offsets[a], offsets[a + 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def gathered_sizes(query_keys, table_keys, table_ptr, offsets, sizes) -> None:
+    """``sizes[q]``: the summed length of the posting lists of query ``q``'s keys, one key
+    per table (``query_keys`` (m, L), tables packed as in :func:`posting_range`): the room
+    its gathered candidates need."""
+    for q in range(query_keys.shape[0]):
+        total = 0
+        for t in range(query_keys.shape[1]):
+            start, stop = posting_range(table_keys, table_ptr, offsets, t, query_keys[q, t])
+            total += stop - start
+        sizes[q] = total
 
 
 def find_many(keys: np.ndarray, query_keys: np.ndarray) -> np.ndarray:

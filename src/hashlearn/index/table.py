@@ -31,7 +31,7 @@ import numba
 import numpy as np
 
 from hashlearn._parallel import parallel_chunks
-from hashlearn._postings import build_table, check_table
+from hashlearn._postings import build_table, check_table, gathered_sizes, posting_range
 from hashlearn._validation import as_plain_array, check_int
 from hashlearn.index._storage import IdStore, check_ids_array, check_next_id
 from hashlearn.index.base import IndexBase
@@ -47,45 +47,30 @@ _TAG_MASK = (1 << 23) - 1
 # ----------------------------------------------------------------------------- kernels
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _gather(q, query_keys, tables, out_pos, out_table, base):
+    """Copy the postings of query ``q``'s keys, table by table, to ``out_pos[base:]`` (and
+    each one's table to ``out_table[base:]``); returns their number."""
+    table_keys, table_ptr, offsets, postings = tables
+    total = 0
+    for t in range(query_keys.shape[1]):
+        start, stop = posting_range(table_keys, table_ptr, offsets, t, query_keys[q, t])
+        for p in range(start, stop):
+            out_pos[base + total] = postings[p]
+            out_table[base + total] = t
+            total += 1
+    return total
+
+
 @numba.njit(cache=True, nogil=True)
-def _probe_range(
-    start,
-    stop,
-    query_keys,
-    table_keys,
-    table_ptr,
-    offsets,
-    postings,
-    min_count,
-    lims,
-    out_pos,
-    out_cnt,
-    lengths,
-):
+def _count_probe(start, stop, query_keys, tables, min_count, lims, out_pos, out_cnt, lengths):
     """Candidates of queries ``start..stop``, written at ``out_*[lims[q]:]`` (``lims`` bounds
     the gathered postings) with their number in ``lengths[q]``: gather the postings of the
     query's L keys, sort them, count runs, order by count descending then position."""
     n_tables = query_keys.shape[1]
     for q in range(start, stop):
         base = lims[q]
-        total = 0
-        # gather
-        for t in range(n_tables):
-            lo = table_ptr[t]
-            hi = table_ptr[t + 1]
-            key = query_keys[q, t]
-            # binary search in table_keys[lo:hi]
-            a, b = lo, hi
-            while a < b:
-                mid = (a + b) >> 1
-                if table_keys[mid] < key:
-                    a = mid + 1
-                else:
-                    b = mid
-            if a < hi and table_keys[a] == key:
-                for p in range(offsets[a], offsets[a + 1]):
-                    out_pos[base + total] = postings[p]
-                    total += 1
+        total = _gather(q, query_keys, tables, out_pos, out_cnt, base)
         if total == 0:
             lengths[q] = 0
             continue
@@ -125,25 +110,40 @@ def _probe_range(
 
 
 @numba.njit(cache=True, nogil=True)
-def _gathered_sizes(query_keys, table_keys, table_ptr, offsets, sizes):
-    """Upper bound per query: the summed length of its L posting lists."""
-    n_tables = query_keys.shape[1]
-    for q in range(query_keys.shape[0]):
-        total = 0
-        for t in range(n_tables):
-            lo = table_ptr[t]
-            hi = table_ptr[t + 1]
-            key = query_keys[q, t]
-            a, b = lo, hi
-            while a < b:
-                mid = (a + b) >> 1
-                if table_keys[mid] < key:
-                    a = mid + 1
-                else:
-                    b = mid
-            if a < hi and table_keys[a] == key:
-                total += offsets[a + 1] - offsets[a]
-        sizes[q] = total
+def _weighted_probe(start, stop, query_keys, tables, weights, bound, out_pos, out_score, lengths):
+    """Candidates of queries ``start..stop``: gather the postings of the query's keys table
+    by table, add ``weights[t]`` per table to each position's score (in table order), then
+    order by score descending, position ascending."""
+    for q in range(start, stop):
+        base = bound[q]
+        total = _gather(q, query_keys, tables, out_pos, out_score, base)  # score: the table
+        if total == 0:
+            lengths[q] = 0
+            continue
+        pos = out_pos[base : base + total].copy()
+        tab = out_score[base : base + total].copy()
+        order = np.argsort(pos, kind="mergesort")  # stable: tables stay in order
+        n_unique = 0
+        i = 0
+        while i < total:
+            p0 = pos[order[i]]
+            score = 0.0
+            j = i
+            while j < total and pos[order[j]] == p0:
+                score += weights[np.int64(tab[order[j]])]
+                j += 1
+            out_pos[base + n_unique] = p0
+            out_score[base + n_unique] = score
+            n_unique += 1
+            i = j
+        # positions are ascending; a stable sort on -score keeps them so within a score
+        neg = -out_score[base : base + n_unique]
+        rank = np.argsort(neg, kind="mergesort")
+        pos_sorted = out_pos[base : base + n_unique][rank].copy()
+        score_sorted = out_score[base : base + n_unique][rank].copy()
+        out_pos[base : base + n_unique] = pos_sorted
+        out_score[base : base + n_unique] = score_sorted
+        lengths[q] = n_unique
 
 
 # ----------------------------------------------------------------------------- the index
@@ -333,41 +333,58 @@ class TableIndex(IndexBase):
         counts (number of tables where the query's key equals the item's), ordered by count
         descending, then id ascending; only items colliding in ``>= min_count`` tables.
         """
+        min_count = check_int(min_count, "min_count", "TableIndex.candidates", high=self.n_tables)
+        return self._probe(query_keys, _count_probe, min_count, np.int32, n_threads)
+
+    def weighted_candidates_csr(
+        self, query_keys, weights, *, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates ranked by a weighted vote of the tables: CSR ``(lims, ids int64,
+        scores float64)``.
+
+        The candidate set is the paper's ``{x : T(q, x) > 0}``, the items sharing the query's
+        key in at least one table; each is scored by the ensemble selection function
+        ``T(q, x) = sum_l w_l 1(key_l(q) == key_l(x))`` (Li, Ning, Cao, Zhang, Gong & Huang,
+        "Learning to Search Efficiently in High Dimensions", NIPS 2011, eq. 8, with ``w_l`` the
+        tree weights ``c_m`` of eq. 15 for a boosted search forest) and ordered by score
+        descending, then id ascending. The weights are summed in table order. With unit
+        weights the score is the collision count of :meth:`candidates_csr`.
+
+        ``weights`` must be positive and finite, one per table.
+        """
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (self.n_tables,):
+            raise ValueError(
+                f"weights must have shape ({self.n_tables},), one per table. Got {weights.shape}."
+            )
+        if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
+            raise ValueError("weights must be positive and finite.")
+        return self._probe(query_keys, _weighted_probe, weights, np.float64, n_threads)
+
+    def _probe(self, query_keys, kernel, param, score_dtype, n_threads):
+        """Run a probe kernel (``_count_probe`` or ``_weighted_probe``, with its ``param``)
+        over the queries of one snapshot on the thread pool; CSR ``(lims, ids, scores)``."""
         snap = self._store.snapshot
         t = snap.cached("tables")
+        tables = (t["table_keys"], t["table_ptr"], t["offsets"], t["postings"])
         query_keys = self._check_keys(query_keys, "query_keys")
-        min_count = check_int(min_count, "min_count", "TableIndex.candidates", high=self.n_tables)
         m = query_keys.shape[0]
         sizes = np.zeros(m, np.int64)
-        _gathered_sizes(query_keys, t["table_keys"], t["table_ptr"], t["offsets"], sizes)
+        gathered_sizes(query_keys, t["table_keys"], t["table_ptr"], t["offsets"], sizes)
         bound = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         out_pos = np.empty(bound[-1], np.int32)
-        out_cnt = np.empty(bound[-1], np.int32)
-
-        def kernel(start: int, stop: int) -> None:
-            _probe_range(
-                start,
-                stop,
-                query_keys,
-                t["table_keys"],
-                t["table_ptr"],
-                t["offsets"],
-                t["postings"],
-                min_count,
-                bound,
-                out_pos,
-                out_cnt,
-                lengths,
-            )
-
+        out_score = np.empty(bound[-1], score_dtype)
         lengths = np.zeros(m, np.int64)
-        parallel_chunks(kernel, m, n_threads)
+
+        def run(start: int, stop: int) -> None:
+            kernel(start, stop, query_keys, tables, param, bound, out_pos, out_score, lengths)
+
+        parallel_chunks(run, m, n_threads)
         lims = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        keep = np.zeros(bound[-1], bool)
-        starts = np.repeat(bound[:-1], lengths)
-        keep[starts + (np.arange(lims[-1]) - np.repeat(lims[:-1], lengths))] = True
-        ids = snap.ids[out_pos[keep]]
-        return lims, ids, out_cnt[keep].astype(np.int32)
+        keep = np.repeat(bound[:-1], lengths) + (
+            np.arange(lims[-1]) - np.repeat(lims[:-1], lengths)
+        )
+        return lims, np.asarray(snap.ids)[out_pos[keep]], out_score[keep]
 
     def candidates(
         self, query_keys, min_count: int = 1, *, n_threads: int | None = None
