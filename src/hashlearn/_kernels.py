@@ -30,6 +30,8 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
+from hashlearn._postings import find_in
+
 _U1 = np.uint64(1)
 _U2 = np.uint64(2)
 _U3 = np.uint64(3)
@@ -45,6 +47,42 @@ def popcount64(typingctx, x):
         return builder.call(fn, args)
 
     return sig, codegen
+
+
+#: splitmix64's increment, the golden ratio as a 64-bit fraction
+GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(nogil=True, inline="always")
+def mix64(z):
+    """splitmix64's finaliser (Steele, Lea & Flood, *Fast Splittable Pseudorandom Number
+    Generators*, 2014): a bijective scramble of a uint64 in which every input bit reaches
+    every output bit."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(nogil=True, inline="always")
+def splitmix64(x):
+    """One splitmix64 output for state ``x``: ``mix64(x + GOLDEN_GAMMA)`` (uint64)."""
+    return mix64(x + GOLDEN_GAMMA)
+
+
+@njit(nogil=True, inline="always")
+def grow_hits(pos, dist, total, needed):
+    """``(pos, dist)`` (int64 positions, int32 distances) with room for ``needed`` entries:
+    the capacity doubled as often as it takes, the first ``total`` entries kept."""
+    cap = pos.shape[0]
+    if needed <= cap:
+        return pos, dist
+    while cap < needed:
+        cap *= 2
+    new_pos = np.empty(cap, np.int64)
+    new_dist = np.empty(cap, np.int32)
+    new_pos[:total] = pos[:total]
+    new_dist[:total] = dist[:total]
+    return new_pos, new_dist
 
 
 @njit(nogil=True, inline="always")
@@ -450,16 +488,9 @@ def _bucket(s, key, dense, key_lo, key_hi, keys, off_lo, offsets):
     if dense[s]:
         base = off_lo[s] + key
         return offsets[base], offsets[base + 1]
-    lo = key_lo[s]
-    hi = key_hi[s]
-    while lo < hi:  # binary search (as hashlearn._postings.find, on a slice)
-        mid = (lo + hi) >> 1
-        if keys[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < key_hi[s] and keys[lo] == key:
-        base = off_lo[s] + (lo - key_lo[s])
+    j = find_in(keys, key_lo[s], key_hi[s], key)
+    if j >= 0:
+        base = off_lo[s] + (j - key_lo[s])
         return offsets[base], offsets[base + 1]
     return 0, 0
 

@@ -40,6 +40,8 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from hashlearn._kernels import GOLDEN_GAMMA, mix64, splitmix64
+from hashlearn._postings import find
 from hashlearn._validation import check_int
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
@@ -49,26 +51,16 @@ from hashlearn.metric.kernel_itml import KernelITML
 
 __all__ = ["MetricLSH", "KernelMetricLSH", "hashed_normal", "hashed_hyperplanes"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
 # ----------------------------------------------------------------------------- kernels
-
-
-@numba.njit(cache=True, nogil=True)
-def _mix(z):
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 @numba.njit(cache=True, nogil=True)
 def hashed_normal(seed, bit, coord):
     """Standard normal value of hyperplane ``bit`` at coordinate ``coord`` (splitmix64 hash
     of (seed, bit, coord), then Box-Muller): the same triple always gives the same value."""
-    key = _mix(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(bit))
-    key = _mix(key ^ (np.uint64(coord) + np.uint64(0x632BE59BD9B4E019)))
-    key2 = _mix(key + np.uint64(0x9E3779B97F4A7C15))
+    key = mix64(np.uint64(seed) * GOLDEN_GAMMA + np.uint64(bit))
+    key = mix64(key ^ (np.uint64(coord) + np.uint64(0x632BE59BD9B4E019)))
+    key2 = splitmix64(key)
     u1 = (float(key >> np.uint64(11)) + 1.0) * 1.1102230246251565e-16  # (0, 1]
     u2 = float(key2 >> np.uint64(11)) * 1.1102230246251565e-16
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
@@ -79,24 +71,16 @@ def _implicit_projection_csr(data, indices, indptr, n_bits, seed, support, weigh
     """``out[row] = R x + W x`` over the non-zeros of CSR ``x``: the hashed hyperplanes plus
     the learned term, whose non-zero columns ``support`` (sorted) are found by binary search
     (``weights`` (n_bits, len(support)))."""
-    z = support.shape[0]
     for row in range(len(indptr) - 1):
         for p in range(indptr[row], indptr[row + 1]):
             col = indices[p]
             v = data[p]
             for b in range(n_bits):
                 out[row, b] += v * hashed_normal(seed, b, col)
-            lo = 0
-            hi = z
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if support[mid] < col:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo < z and support[lo] == col:
+            j = find(support, col)
+            if j >= 0:
                 for b in range(n_bits):
-                    out[row, b] += v * weights[b, lo]
+                    out[row, b] += v * weights[b, j]
 
 
 @numba.njit(cache=True, nogil=True)

@@ -36,6 +36,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from hashlearn._kernels import splitmix64
 from hashlearn._validation import check_int
 from hashlearn.io import Persistable, persistable, require_array
 
@@ -98,11 +99,7 @@ def jaccard_similarity(a, b) -> float:
 @numba.njit(cache=True, nogil=True)
 def _mix(x: np.int64) -> np.int64:
     """splitmix64 finaliser reduced mod 2^31 - 1: a fixed scramble of token ids."""
-    z = np.uint64(x) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return np.int64(z % np.uint64(2147483647))
+    return np.int64(splitmix64(np.uint64(x)) % np.uint64(2147483647))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from hashlearn._kernels import popcount64
+from hashlearn._kernels import grow_hits, popcount64
 from hashlearn._validation import check_codes, check_int, check_k
 from hashlearn.codes import as_words
 from hashlearn.index._storage import IdStore, check_ids_array, check_next_id, check_words
@@ -60,9 +60,8 @@ def _select_stage(
     """
     m = queries.shape[0] // n_words
     lims = np.zeros(m + 1, np.int64)
-    cap = 1024
-    out_pos = np.empty(cap, np.int64)
-    out_dist = np.empty(cap, np.int32)
+    out_pos = np.empty(1024, np.int64)
+    out_dist = np.empty(1024, np.int32)
     buf_d = np.empty(n_items, np.int32)
     buf_p = np.empty(n_items, np.int64)
     hist = np.zeros(n_bits + 2, np.int64)
@@ -97,13 +96,7 @@ def _select_stage(
             kept += hist[d]
         if by_distance and max_keep >= 0:
             kept = min(kept, max_keep)
-        while total + kept > cap:
-            cap *= 2
-            new_pos = np.empty(cap, np.int64)
-            new_dist = np.empty(cap, np.int32)
-            new_pos[:total] = out_pos[:total]
-            new_dist[:total] = out_dist[:total]
-            out_pos, out_dist = new_pos, new_dist
+        out_pos, out_dist = grow_hits(out_pos, out_dist, total, total + kept)
         if not by_distance:
             slot = total
             for j in range(count):

@@ -40,9 +40,9 @@ import math
 import numba
 import numpy as np
 
-from hashlearn._kernels import popcount64
+from hashlearn._kernels import grow_hits, popcount64, splitmix64
 from hashlearn._parallel import parallel_chunks
-from hashlearn._postings import build_table, check_table
+from hashlearn._postings import build_table, check_table, find_in
 from hashlearn._validation import check_real
 from hashlearn.codes import as_words
 from hashlearn.index._storage import Snapshot, check_code_state
@@ -52,10 +52,6 @@ from hashlearn.io import persistable, require_array
 
 __all__ = ["HammingBallIndex", "ball_size"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
 
 def ball_size(n_bits: int, radius: int) -> int:
     """Number of codes within Hamming distance ``<= radius`` of a ``n_bits``-bit code."""
@@ -63,18 +59,10 @@ def ball_size(n_bits: int, radius: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _splitmix(x):
-    z = x + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
-
-
-@numba.njit(cache=True, nogil=True)
 def _key(words, offset, n_words):
     h = np.uint64(0)
     for w in range(n_words):
-        h = _splitmix(h ^ words[offset + w])
+        h = splitmix64(h ^ words[offset + w])
     return np.int64(h >> np.uint64(1))
 
 
@@ -99,16 +87,7 @@ def _lookup(keys, directory, shift, bitmap, bitmap_shift, key):
     if ((bitmap[b >> 6] >> np.uint64(b & 63)) & np.uint64(1)) == np.uint64(0):
         return -1  # no key with these top bits: the common case, answered from cache
     slot = key >> shift
-    lo, hi = directory[slot], directory[slot + 1]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if keys[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < directory[slot + 1] and keys[lo] == key:
-        return lo
-    return -1
+    return find_in(keys, directory[slot], directory[slot + 1], key)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -137,9 +116,8 @@ def _ball_chunk(
     """
     m = q_end - q_start
     counts = np.zeros(m, np.int64)
-    cap = 1024
-    pos = np.empty(cap, np.int64)
-    dist = np.empty(cap, np.int32)
+    pos = np.empty(1024, np.int64)
+    dist = np.empty(1024, np.int32)
     total = 0
     probe = np.empty(n_words, np.uint64)
     comb = np.empty(max(max_level, 1), np.int64)
@@ -167,13 +145,7 @@ def _ball_chunk(
                             d += popcount64(db[p * n_words + w] ^ queries[qo + w])
                         if d != level:  # a key collision: this item belongs to another level
                             continue
-                        if total == cap:
-                            cap *= 2
-                            new_pos = np.empty(cap, np.int64)
-                            new_dist = np.empty(cap, np.int32)
-                            new_pos[:total] = pos[:total]
-                            new_dist[:total] = dist[:total]
-                            pos, dist = new_pos, new_dist
+                        pos, dist = grow_hits(pos, dist, total, total + 1)
                         pos[total] = p
                         dist[total] = level
                         total += 1

@@ -30,6 +30,7 @@ import numba
 import numpy as np
 from sklearn.utils import check_random_state
 
+from hashlearn._kernels import popcount64
 from hashlearn._validation import check_codes, check_ids, check_int, check_real
 from hashlearn.codes import unpack_bits
 from hashlearn.index.base import BinaryIndex, register_index
@@ -49,14 +50,6 @@ def _less(keys, o, row, q):
         if a != q[w]:
             return a < q[w]
     return False
-
-
-@numba.njit(cache=True, nogil=True)
-def _popcount(x):
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -94,7 +87,7 @@ def _visit(r, qi, stamp, db_words, query_words, out_rows, out_dist, c):
     stamp[r] = qi
     dist = 0
     for v in range(db_words.shape[1]):
-        dist += _popcount(db_words[r, v] ^ query_words[qi, v])
+        dist += popcount64(db_words[r, v] ^ query_words[qi, v])
     out_rows[qi, c] = r
     out_dist[qi, c] = dist
     return c + 1
