@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from hashlearn import _kernels, io
+from hashlearn._knn_scan import knn_scan
 from hashlearn._parallel import parallel_chunks
 from hashlearn._validation import check_codes
 from hashlearn.codes import as_words
@@ -207,7 +208,7 @@ def scan_search(snap: Snapshot, queries: np.ndarray, k: int, n_bits: int, n_thre
     db, q_words, k_eff = words.reshape(-1), as_words(queries), min(k, n)
 
     def scan(start: int, stop: int) -> None:
-        _kernels.knn_scan(db, n, q_words, start, stop, k_eff, n_bits, n_words, dist, pos)
+        knn_scan(db, n, q_words, start, stop, k_eff, n_bits, n_words, dist, pos)
 
     parallel_chunks(scan, m, n_threads)
     return dist, snap.to_ids(pos)

@@ -1,0 +1,227 @@
+"""Exhaustive Hamming k-NN over packed codes: the numba kernel behind ``FlatIndex``.
+
+Codes are C-contiguous ``uint64`` word arrays (code ``i`` occupies ``words[i*W:(i+1)*W]``,
+see :mod:`hashlearn._kernels`). The scan:
+
+* walks the database in blocks of ~16 KiB that a chunk of queries reuses while they sit in
+  L1 cache, two queries per pass over a block;
+* computes the distances of a mini-block of 64 codes branch-free into a small array:
+  up to 4 words per code the codes sit in SIMD lanes (LLVM vectorises the loop over codes),
+  wider codes go through the vector XOR + popcount of :func:`hashlearn._popcount.code_distance`;
+* looks item by item only at a mini-block whose minimum beats the current k-th distance
+  ``tau``;
+* keeps the top k by counting, not sorting: a per-query candidate buffer accepts an item
+  only when its distance is below ``tau``; when the buffer fills, a histogram over the
+  ``b + 1`` possible distances finds the new ``tau`` and a stable filter keeps exactly k;
+* breaks ties by smaller position (= smaller id, since indexes store codes sorted by id),
+  which the stable filters preserve, so results are deterministic.
+
+The word count ``W`` is a compile-time constant in the kernels for 1, 2, 3, 4, 8 and 16
+words (64 to 1024 bits); other widths use one kernel with ``W`` at run time. Each kernel is
+serial and GIL-free over a range of queries ``q_start:q_end``: callers run chunks of
+queries on several threads (:func:`hashlearn._parallel.parallel_chunks`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from hashlearn._popcount import code_distance, popcount64
+
+__all__ = ["knn_scan"]
+
+_MINI_BLOCK = 64  # codes whose distances are computed before any is looked at
+
+
+@njit(nogil=True, inline="always")
+def _shrink(buf_d, buf_p, base, count, k, hist):
+    """Keep the first k of ``count`` buffered candidates by (distance, position).
+
+    The buffer is in scan (= position) order and the filter is stable, so among equal
+    distances the smallest positions survive. Returns the new acceptance bound ``tau``:
+    a later item (larger position) enters the top k only if its distance is ``< tau``.
+    """
+    hist[:] = 0
+    for j in range(count):
+        hist[buf_d[base + j]] += 1
+    total = 0
+    kth = 0
+    for d in range(hist.shape[0]):
+        if total + hist[d] >= k:
+            kth = d
+            break
+        total += hist[d]
+    ties_left = k - total
+    kept = 0
+    for j in range(count):
+        d = buf_d[base + j]
+        if d < kth or (d == kth and ties_left > 0):
+            if d == kth:
+                ties_left -= 1
+            buf_d[base + kept] = d
+            buf_p[base + kept] = buf_p[base + j]
+            kept += 1
+    return kth
+
+
+@njit(nogil=True, inline="always")
+def _emit_sorted(buf_d, buf_p, base, count, hist, out_d, out_p, row):
+    """Write ``count`` buffered candidates to ``out[row]`` sorted by distance (stable)."""
+    hist[:] = 0
+    for j in range(count):
+        hist[buf_d[base + j]] += 1
+    start = 0
+    for d in range(hist.shape[0]):
+        c = hist[d]
+        hist[d] = start
+        start += c
+    for j in range(count):
+        d = buf_d[base + j]
+        slot = hist[d]
+        hist[d] = slot + 1
+        out_d[row, slot] = d
+        out_p[row, slot] = buf_p[base + j]
+    for slot in range(count, out_d.shape[1]):
+        out_d[row, slot] = -1
+        out_p[row, slot] = -1
+
+
+@njit(nogil=True, inline="always")
+def _mini_block_distances(db, first, count, queries, q_offset, n_words, out):
+    """``out[u]`` = distance of code ``first + u`` to the query at word ``q_offset``."""
+    wu = np.uint64(n_words)
+    o = np.uint64(first) * wu
+    if n_words <= 4:
+        # codes in SIMD lanes: LLVM vectorises across u, shuffling the words of a code in
+        for u in range(np.uint64(count)):
+            d = 0
+            for w in range(wu):
+                d += popcount64(db[o + u * wu + w] ^ queries[q_offset + w])
+            out[u] = d
+    else:
+        for u in range(np.uint64(count)):
+            out[u] = code_distance(db, o + u * wu, queries, q_offset, n_words)
+
+
+@njit(nogil=True, inline="always")
+def _accept(dist, count, first, tau, kept, base, buf_d, buf_p, cap, k, hist, n_bits):
+    """Buffer the codes of a mini-block closer than ``tau``; returns ``(tau, kept)``."""
+    nearest = n_bits + 1
+    for u in range(count):
+        nearest = min(nearest, dist[u])
+    if nearest >= tau:
+        return tau, kept
+    for u in range(count):
+        if dist[u] < tau:
+            buf_d[base + kept] = dist[u]
+            buf_p[base + kept] = first + u
+            kept += 1
+            if kept == cap:
+                tau = _shrink(buf_d, buf_p, base, kept, k, hist)
+                kept = k
+    return tau, kept
+
+
+@njit(nogil=True, inline="always")
+def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block):
+    """Body of every ``knn_scan_*`` kernel; ``n_words`` is a constant in the specialised ones."""
+    cap = 4 * k + 64
+    n_q = q_end - q_start
+    # slot n_q is a scratch partner for an odd query out
+    buf_d = np.empty((n_q + 1) * cap, np.int32)
+    buf_p = np.empty((n_q + 1) * cap, np.int64)
+    kept = np.zeros(n_q + 1, np.int64)
+    tau = np.full(n_q + 1, n_bits + 1, np.int64)
+    hist = np.zeros(n_bits + 1, np.int64)
+    dist_a = np.empty(_MINI_BLOCK, np.int64)
+    dist_b = np.empty(_MINI_BLOCK, np.int64)
+    wu = np.uint64(n_words)
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        for qa in range(0, n_q, 2):
+            qb = qa + 1 if qa + 1 < n_q else n_q
+            oa = np.uint64(q_start + qa) * wu
+            ob = np.uint64(q_start + min(qa + 1, n_q - 1)) * wu
+            ta, ka, tb, kb = tau[qa], kept[qa], tau[qb], kept[qb]
+            for i0 in range(b0, b1, _MINI_BLOCK):
+                m = min(_MINI_BLOCK, b1 - i0)
+                _mini_block_distances(db, i0, m, queries, oa, n_words, dist_a)
+                _mini_block_distances(db, i0, m, queries, ob, n_words, dist_b)
+                ta, ka = _accept(
+                    dist_a, m, i0, ta, ka, qa * cap, buf_d, buf_p, cap, k, hist, n_bits
+                )
+                tb, kb = _accept(
+                    dist_b, m, i0, tb, kb, qb * cap, buf_d, buf_p, cap, k, hist, n_bits
+                )
+            tau[qa], kept[qa], tau[qb], kept[qb] = ta, ka, tb, kb
+    for qi in range(n_q):
+        c = kept[qi]
+        if c > k:
+            _shrink(buf_d, buf_p, qi * cap, c, k, hist)
+            c = k
+        _emit_sorted(buf_d, buf_p, qi * cap, c, hist, out_d, out_p, q_start + qi)
+
+
+# One kernel per common word count, with the count compiled in as a constant (numba caches
+# each to disk; a closure factory could not be cached).
+@njit(nogil=True, cache=True)
+def knn_scan_w1(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 1, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w2(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 2, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w3(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 3, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w4(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 4, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w8(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 8, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_w16(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 16, block)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words):
+    """The kernel for word counts without a specialisation (``n_words`` at run time)."""
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block)
+
+
+_KERNEL_BY_WORDS = {
+    1: knn_scan_w1,
+    2: knn_scan_w2,
+    3: knn_scan_w3,
+    4: knn_scan_w4,
+    8: knn_scan_w8,
+    16: knn_scan_w16,
+}
+
+
+def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
+    """Exact k-NN by Hamming distance of queries ``q_start:q_end`` against ``n`` codes.
+
+    ``db`` and ``queries`` are flat ``uint64`` word arrays; writes distances (int32) and
+    database *positions* (int64) sorted by (distance, position) into rows
+    ``q_start:q_end`` of ``out_d`` / ``out_p``, padding with -1 when ``n < k``. Serial and
+    GIL-free: callers run chunks of queries on several threads.
+    """
+    block = max(_MINI_BLOCK, 2048 // n_words)
+    kernel = _KERNEL_BY_WORDS.get(n_words)
+    if kernel is None:
+        knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
+    else:
+        kernel(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block)
