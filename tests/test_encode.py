@@ -222,3 +222,25 @@ def test_float32_encoding_allocates_less_than_a_tenth_of_the_input(cls):
     finally:
         tracemalloc.stop()
     assert peak - codes.nbytes <= 0.1 * X.nbytes, (peak, X.nbytes)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_non_finite_values_in_any_block_are_refused(small_blocks, bad, dtype):
+    X, W, mean, shift = integer_problem()
+    for hasher, _ in _integer_hashers(X, W[:, : X.shape[1]], mean, shift):
+        Y = X.astype(dtype)
+        Y[-1, 2] = bad  # in the last, partial block
+        with pytest.raises(ValueError, match="NaN|infinity"):
+            hasher.encode(Y)
+        if hasher.accept_sparse:
+            with pytest.raises(ValueError, match="NaN|infinity"):
+                hasher.encode(sp.csr_matrix(Y))
+
+
+def test_a_sum_that_overflows_is_not_mistaken_for_infinity(small_blocks):
+    X, W, _, shift = integer_problem()
+    X[:, :2] = 3e38  # finite, but every block's float32 sum overflows
+    W[:, :2] = 0.0  # and the scores stay exact
+    codes = LinearForm(W, shift=shift).encode(X.astype(np.float32), check_finite="LinearForm")
+    np.testing.assert_array_equal(codes, reference_codes(X, W, None, shift))

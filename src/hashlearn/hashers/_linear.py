@@ -30,11 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.utils import assert_all_finite
 
 __all__ = ["LinearForm", "block_rows"]
 
-#: New memory one block may take (the centred block, its scores and its bits).
-BLOCK_BYTES = 4 * 2**20
+#: Memory one block touches (its rows of X, their centred copy, scores and bits): small
+#: enough to stay in cache between the finiteness check, the centring and the product.
+BLOCK_BYTES = 2 * 2**20
 #: Fewest rows in a block, so that each BLAS call stays efficient on small budgets.
 MIN_BLOCK_ROWS = 256
 
@@ -76,17 +78,23 @@ class LinearForm:
     def n_bits(self) -> int:
         return self.weights.shape[0]
 
-    def _blocks(self, X, dtype, scores_per_row_bytes: int):
+    def _blocks(self, X, dtype, scores_per_row_bytes: int, check_finite: str | None = None):
         """Yield ``(start, stop, products)``: ``(X[start:stop] - mean) @ weights.T`` in
-        ``dtype``, one block at a time (the arrays are reused between blocks)."""
+        ``dtype``, one block at a time (the arrays are reused between blocks).
+
+        ``check_finite``: the estimator's name, to check each block for NaN and infinity
+        while it is in cache (one ``sum`` per block; finite unless a value is not, or the sum
+        overflows, and then the exact check decides); None: ``X`` was checked already.
+        """
         n, d = X.shape
         weights_t = self.weights.astype(dtype, copy=False).T
         centre = self.mean is not None
         if centre and sp.issparse(X):
             raise TypeError("a LinearForm with a mean needs dense input; fold it into shift.")
         itemsize = np.dtype(dtype).itemsize
-        per_row = scores_per_row_bytes + (d * itemsize if centre else 0)
-        rows = block_rows(n, per_row, _input_bytes(X))
+        input_bytes = _input_bytes(X)
+        per_row = scores_per_row_bytes + input_bytes // max(1, n) + (d * itemsize if centre else 0)
+        rows = block_rows(n, per_row, input_bytes)
         if centre:
             mean = self.mean.astype(dtype, copy=False)
             centred = np.empty((rows, d), dtype)
@@ -94,6 +102,12 @@ class LinearForm:
         for start in range(0, n, rows):
             stop = min(n, start + rows)
             block = X[start:stop]
+            if check_finite is not None:
+                values = block.data if sp.issparse(block) else block
+                with np.errstate(over="ignore", invalid="ignore"):
+                    total = values.sum()
+                if not np.isfinite(total):
+                    assert_all_finite(values, estimator_name=check_finite, input_name="X")
             if sp.issparse(block):
                 yield start, stop, np.asarray(block.astype(dtype, copy=False) @ weights_t)
                 continue
@@ -103,16 +117,17 @@ class LinearForm:
                 block = block.astype(dtype)
             yield start, stop, np.matmul(block, weights_t, out=products[: stop - start])
 
-    def encode(self, X) -> np.ndarray:
+    def encode(self, X, check_finite: str | None = None) -> np.ndarray:
         """Packed codes ``uint8 (n, ceil(n_bits / 8))`` of validated ``X`` (float32 or float64,
-        dense or CSR), computed in the precision of ``X``."""
+        dense or CSR), computed in the precision of ``X``. ``check_finite``: see ``_blocks``."""
         dtype = X.dtype
         b = self.n_bits
         thresholds = np.zeros(b) if self.shift is None else -self.shift
         thresholds = thresholds.astype(dtype)
         codes = np.empty((X.shape[0], (b + 7) // 8), np.uint8)
         bits = None
-        for start, stop, products in self._blocks(X, dtype, b * (dtype.itemsize + 1)):
+        per_row = b * (dtype.itemsize + 1)
+        for start, stop, products in self._blocks(X, dtype, per_row, check_finite):
             if bits is None:
                 bits = np.empty(products.shape, np.bool_)
             block_bits = np.greater_equal(products, thresholds, out=bits[: stop - start])

@@ -115,11 +115,12 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
         ``X``: float32 rows never become float64 and never get a full-size centred copy.
         """
         check_is_fitted(self)
-        X = self._check_X(X, reset=False)
         form = self._linear_form()
-        if form is not None:
-            return form.encode(X)
-        return pack_bits(self._bits(X))
+        if form is None:
+            return pack_bits(self._bits(self._check_X(X, reset=False)))
+        # NaN and infinity are looked for block by block, while each block is in cache
+        X = self._check_X(X, reset=False, ensure_all_finite=False)
+        return form.encode(X, check_finite=type(self).__name__)
 
     def transform(self, X) -> np.ndarray:
         """Same as :meth:`encode`, so hashers work as pipeline steps."""
@@ -164,7 +165,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
         self.n_bits_ = n_bits
         return n_bits
 
-    def _check_X(self, X, *, reset: bool):
+    def _check_X(self, X, *, reset: bool, ensure_all_finite: bool = True):
         X = as_plain_array(X, "X")  # np.matrix -> ndarray; masked values refused
         if sp.issparse(X) and not self.accept_sparse:
             raise TypeError(
@@ -178,6 +179,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
             accept_sparse="csr" if self.accept_sparse else False,
             dtype=(np.float64, np.float32),
             ensure_min_samples=1 if reset else 0,
+            ensure_all_finite=ensure_all_finite,
         )
 
     def __sklearn_tags__(self):
