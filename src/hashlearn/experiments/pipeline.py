@@ -82,10 +82,12 @@ __all__ = [
     "pr_curve_auc",
     "knn_error",
     "knn_error_of_neighbors",
+    "neighbor_vote_error",
     "searched_fraction",
     "candidate_recall_curve",
     "claim",
     "write_claims",
+    "mean_table",
 ]
 
 SUPERVISION = ("none", "labels", "neighbors", "all-pairs")
@@ -430,20 +432,28 @@ def knn_error(*, radius: int | None = None, n_bins: int | None = None) -> Measur
     return measure
 
 
+def neighbor_vote_error(ids, distances, y_db, y_q) -> float:
+    """k-NN error of given neighbour lists: ``ids`` ``(m, k)`` database rows (-1 pads) with
+    their ``distances``; every listed item votes, a tie between classes goes to the class of
+    the nearest voter (:func:`hashlearn.evaluate.knn_classify`'s conventions)."""
+    ids = np.asarray(ids)
+    far = int(np.max(distances, initial=0)) + 1
+    dense = np.full((ids.shape[0], len(y_db)), far, np.int64)
+    rows, slots = np.nonzero(ids >= 0)
+    dense[rows, ids[rows, slots]] = np.asarray(distances)[rows, slots]
+    return knn_classification_error(
+        dense, np.asarray(y_db, np.int64), np.asarray(y_q, np.int64), radius=far - 1
+    )
+
+
 def knn_error_of_neighbors() -> Measure:
-    """k-NN classification error of a search's neighbours (all ``k`` of them vote, nearest
-    first; a tie between classes goes to the class of the nearest voter, as
-    :func:`hashlearn.evaluate.knn_classify`: the neighbour ranks are its distances)."""
+    """k-NN classification error of a search's neighbours: all ``k`` vote, a tie between
+    classes going to the class of the nearest voter (:func:`neighbor_vote_error` with the
+    neighbour ranks as distances)."""
 
     def measure(result: SearchResult, split: Split, n_bits: int) -> dict[str, float]:
-        ids = result.ids
-        k = ids.shape[1]
-        ranks = np.full((ids.shape[0], split.X_db.shape[0]), k, np.int32)
-        rows, slots = np.nonzero(ids >= 0)
-        ranks[rows, ids[rows, slots]] = slots
-        err = knn_classification_error(
-            ranks, split.y_db.astype(np.int64), split.y_q.astype(np.int64), radius=k - 1
-        )
+        ranks = np.broadcast_to(np.arange(result.ids.shape[1]), result.ids.shape)
+        err = neighbor_vote_error(result.ids, ranks, split.y_db, split.y_q)
         return {"knn_error": err, "knn_accuracy": 1.0 - err}
 
     return measure
@@ -588,3 +598,32 @@ def write_claims(out_dir: str | os.PathLike, claims: Sequence[Mapping[str, Any]]
         for c in claims
     ]
     return markdown_table(["paper", "claim", "data", "result", "margin", "seeds"], rows)
+
+
+def mean_table(
+    records: Sequence[Mapping[str, Any]],
+    value: str,
+    *,
+    column: str = "bits",
+    label: str = "{} bits",
+    scale: float = 1.0,
+) -> str:
+    """Markdown table of column ``value``: a row per method, a column per value of
+    ``column`` (``label`` formats its header), mean ± std over the seeds (the mean alone for
+    one seed; "n/a" where the method did not run), times ``scale``."""
+    from hashlearn.experiments._common import markdown_table
+
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    columns = sorted({r[column] for r in records})
+    stats = summarize(records, value, by=("method", column))
+    rows = []
+    for method in methods:
+        row = [method]
+        for c in columns:
+            if (method, c) not in stats:
+                row.append("n/a")
+                continue
+            mean, std, n = stats[(method, c)]
+            row.append(f"{scale * mean:.3f}" + (f" ± {scale * std:.3f}" if n > 1 else ""))
+        rows.append(row)
+    return markdown_table(["method"] + [label.format(c) for c in columns], rows)
