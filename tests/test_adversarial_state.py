@@ -29,7 +29,7 @@ def _fitted(name, small):
         return MinHash(n_hashes=16, random_state=0).fit([{1, 2}, {3, 4, 5}])
     X, y = small
     if name == "itml":
-        return ITML(gamma_grid=(0.1,), grid_extensions=0, max_iter=20, random_state=0).fit(X, y)
+        return ITML(slack_grid=(0.1,), grid_extensions=0, max_iter=20, random_state=0).fit(X, y)
     if name == "kernel-itml":
         return KernelITML(max_iter=5, random_state=0).fit(X[:60], y[:60])
     if name == "rbm":

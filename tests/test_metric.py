@@ -28,7 +28,7 @@ def test_itml_satisfies_constraints_and_converges():
     X = rng.randn(90, 6)
     X[:, 0] = 10.0 * y + 0.01 * X[:, 0]  # feasible: separable along one dimension
     pairs, similar = pairs_from_labels(y, 200, random_state=0)
-    itml = ITML(gamma=100.0).fit(X, pairs=pairs, similar=similar)
+    itml = ITML(slack=100.0).fit(X, pairs=pairs, similar=similar)
     assert itml.converged_ and itml.n_iter_ < itml.max_iter
     assert itml.violated_fraction_ < 0.02
     np.testing.assert_allclose(itml.G_.T @ itml.G_, itml.A_, atol=1e-8)
@@ -40,7 +40,7 @@ def test_itml_projection_matches_numpy_oracle(blobs):
     """One pass of the numba kernel equals eq. 3 written in numpy (Davis et al. Alg. 1)."""
     X, y = blobs
     pairs, similar = pairs_from_labels(y, 40, random_state=1)
-    itml = ITML(gamma=1.0, max_iter=1, tol=1e-12).fit(X, pairs=pairs, similar=similar)
+    itml = ITML(slack=1.0, max_iter=1, tol=1e-12).fit(X, pairs=pairs, similar=similar)
     u, ell = itml.bounds_
     A = np.eye(X.shape[1])
     lam = np.zeros(len(pairs))
@@ -60,8 +60,8 @@ def test_itml_projection_matches_numpy_oracle(blobs):
 def test_kernel_itml_linear_equals_explicit(blobs):
     X, y = blobs
     pairs, similar = pairs_from_labels(y, 150, random_state=0)
-    itml = ITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
-    kit = KernelITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    itml = ITML(slack=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    kit = KernelITML(slack=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
     assert kit.converged_ and kit.n_iter_ == itml.n_iter_
     Phi = X[kit.constrained_index_]
     G = np.eye(X.shape[1]) + Phi.T @ kit.S_ @ Phi  # Lemma 2
@@ -74,7 +74,7 @@ def test_kernel_itml_linear_equals_explicit(blobs):
         kit.pair_distances(X[:9], X[9:18]), itml.pair_distances(X[:9], X[9:18]), atol=1e-8
     )
     # sparse input gives the same kernel form
-    kit_sp = KernelITML(gamma=1.0, tol=1e-8).fit(sp.csr_matrix(X), pairs=pairs, similar=similar)
+    kit_sp = KernelITML(slack=1.0, tol=1e-8).fit(sp.csr_matrix(X), pairs=pairs, similar=similar)
     np.testing.assert_allclose(kit_sp.S_, kit.S_, atol=1e-10)
 
 
@@ -92,7 +92,7 @@ def test_kernel_itml_rbf_and_precomputed_agree(blobs):
 
 
 @pytest.mark.slow
-def test_auto_gamma_always_learns_and_reports_the_prior():
+def test_auto_slack_always_learns_and_reports_the_prior():
     X, y = load_digits()
     rng = np.random.RandomState(0)
     lab = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:20] for c in range(10)])
@@ -100,45 +100,45 @@ def test_auto_gamma_always_learns_and_reports_the_prior():
     assert itml.learned_ and not np.allclose(itml.A_, np.eye(64))
     cv = itml.cv_results_
     n_cand = len(cv["params"])
-    for key in ("param_gamma", "mean_test_score", "std_test_score", "rank_test_score"):
+    for key in ("param_slack", "mean_test_score", "std_test_score", "rank_test_score"):
         assert cv[key].shape == (n_cand,)
     assert {"prior_mean_test_score", "prior_std_test_score", "split0_test_score"} <= set(cv)
     best = int(np.argmax(cv["mean_test_score"]))
     assert cv["rank_test_score"][best] == 1
     assert cv["params"][best] == {
-        "gamma": itml.gamma_,
+        "slack": itml.slack_,
         "lower_percentile": itml.lower_percentile_,
         "upper_percentile": itml.upper_percentile_,
     }
     assert itml.best_score_ == cv["mean_test_score"].max()
     assert itml.prior_score_ == cv["prior_mean_test_score"]
     # the chosen slack weight is interior to the values tried, or extensions ran out
-    tried = sorted(set(cv["param_gamma"]))
-    assert tried[0] < itml.gamma_ < tried[-1] or len(tried) == 4 + itml.grid_extensions
+    tried = sorted(set(cv["param_slack"]))
+    assert tried[0] < itml.slack_ < tried[-1] or len(tried) == 4 + itml.grid_extensions
     rest = np.setdiff1d(np.arange(len(X)), lab)
     acc_l = knn_accuracy(itml.transform(X[lab]), y[lab], itml.transform(X[rest]), y[rest], 4)
     acc_e = knn_accuracy(X[lab], y[lab], X[rest], y[rest], 4)
     assert acc_l >= acc_e - 0.02
 
 
-def test_auto_gamma_extends_the_grid_past_a_best_edge(blobs):
+def test_auto_slack_extends_the_grid_past_a_best_edge(blobs):
     X, y = blobs
     # a one-value grid: its value is the best and on the lower edge, so the grid grows
     # downwards by factors of 10, grid_extensions times unless a new value loses
-    itml = ITML(gamma_grid=(100.0,), grid_extensions=2, random_state=0).fit(X, y)
-    tried = set(itml.cv_results_["param_gamma"])
+    itml = ITML(slack_grid=(100.0,), grid_extensions=2, random_state=0).fit(X, y)
+    tried = set(itml.cv_results_["param_slack"])
     # first 10 (below the single value); then past whichever of 10, 100 scores best
     assert tried in ({1.0, 10.0, 100.0}, {10.0, 100.0, 1000.0})
-    assert itml.gamma_ in tried and itml.learned_
-    none = ITML(gamma_grid=(100.0,), grid_extensions=0, random_state=0).fit(X, y)
-    assert set(none.cv_results_["param_gamma"]) == {100.0} and none.gamma_ == 100.0
+    assert itml.slack_ in tried and itml.learned_
+    none = ITML(slack_grid=(100.0,), grid_extensions=0, random_state=0).fit(X, y)
+    assert set(none.cv_results_["param_slack"]) == {100.0} and none.slack_ == 100.0
     # explicit pairs: cross-validated pair AUC, same layout
     pairs, similar = pairs_from_labels(y, 200, random_state=0)
     by_pairs = ITML(random_state=0).fit(X, pairs=pairs, similar=similar)
     assert 0.5 <= by_pairs.best_score_ <= 1.0 and by_pairs.learned_
 
 
-def test_auto_gamma_warns_when_learned_scores_below_the_prior():
+def test_auto_slack_warns_when_learned_scores_below_the_prior():
     """XOR labels: a global linear metric cannot help k-NN, and large slack weights distort
     it. The warning is issued exactly when the best candidate's cross-validated score is
     below the prior's; the fit learns a metric either way."""
@@ -152,7 +152,7 @@ def test_auto_gamma_warns_when_learned_scores_below_the_prior():
         X = np.c_[X, 0.05 * rng.randn(120, 1)]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            itml = ITML(gamma_grid=(1.0, 10.0), grid_extensions=0, random_state=seed).fit(X, y)
+            itml = ITML(slack_grid=(1.0, 10.0), grid_extensions=0, random_state=seed).fit(X, y)
         below = [w for w in caught if "below the prior" in str(w.message)]
         assert bool(below) == (itml.best_score_ < itml.prior_score_)
         assert itml.learned_ and not np.allclose(itml.A_, np.eye(3))
@@ -160,31 +160,31 @@ def test_auto_gamma_warns_when_learned_scores_below_the_prior():
     assert warned >= 3  # measured: 5 of the 6 seeds
 
 
-def test_auto_gamma_too_small_classes_warns_and_learns():
+def test_auto_slack_too_small_classes_warns_and_learns():
     X = np.random.RandomState(0).randn(6, 3)
     with pytest.warns(UserWarning, match="cannot cross-validate"):
         itml = ITML(random_state=0).fit(X, [0, 0, 0, 0, 0, 1])
-    assert itml.gamma_ == 1.0 and itml.cv_results_ == {} and np.isnan(itml.best_score_)
+    assert itml.slack_ == 1.0 and itml.cv_results_ == {} and np.isnan(itml.best_score_)
 
 
 def test_bad_input(blobs):
     X, y = blobs
     with pytest.raises(ValueError, match="single class"):
-        ITML(gamma=1.0).fit(X, np.zeros(len(X)))
+        ITML(slack=1.0).fit(X, np.zeros(len(X)))
     with pytest.raises(ValueError):
-        ITML(gamma=1.0).fit(X, pairs=[[0, 500]], similar=[True])
+        ITML(slack=1.0).fit(X, pairs=[[0, 500]], similar=[True])
     with pytest.raises(ValueError, match="positive definite"):
-        ITML(gamma=1.0, A0=np.zeros((6, 6))).fit(X, y)
+        ITML(slack=1.0, A0=np.zeros((6, 6))).fit(X, y)
     with pytest.raises(ValueError, match="symmetric"):
-        ITML(gamma=1.0, A0=np.triu(np.ones((6, 6)))).fit(X, y)
+        ITML(slack=1.0, A0=np.triu(np.ones((6, 6)))).fit(X, y)
     with pytest.raises(TypeError, match="sparse"):
-        ITML(gamma=1.0).fit(sp.csr_matrix(X), y)
-    with pytest.raises(ValueError, match="gamma"):
-        ITML(gamma=-1.0).fit(X, y)
-    with pytest.raises(ValueError, match="'gamma_grid' parameter"):
-        ITML(gamma_grid=()).fit(X, y)
-    with pytest.raises(ValueError, match="'gamma_grid' parameter"):
-        ITML(gamma_grid=(0.1, -1.0)).fit(X, y)
+        ITML(slack=1.0).fit(sp.csr_matrix(X), y)
+    with pytest.raises(ValueError, match="slack"):
+        ITML(slack=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match="'slack_grid' parameter"):
+        ITML(slack_grid=()).fit(X, y)
+    with pytest.raises(ValueError, match="'slack_grid' parameter"):
+        ITML(slack_grid=(0.1, -1.0)).fit(X, y)
     with pytest.raises(ValueError, match="'percentile_grid' parameter"):
         ITML(percentile_grid=((95, 5),)).fit(X, y)
     with pytest.raises(ValueError, match="'grid_extensions' parameter"):
@@ -201,12 +201,12 @@ def test_bad_input(blobs):
 
 def test_save_load_round_trip(blobs, tmp_path):
     X, y = blobs
-    itml = ITML(gamma=1.0, A0=2 * np.eye(6), random_state=0).fit(X, y)
+    itml = ITML(slack=1.0, A0=2 * np.eye(6), random_state=0).fit(X, y)
     itml.save(tmp_path / "itml")
     back = ITML.load(tmp_path / "itml")
     np.testing.assert_array_equal(back.transform(X), itml.transform(X))
-    assert back.gamma_ == itml.gamma_ and back.n_iter_ == itml.n_iter_
-    auto = ITML(gamma_grid=(0.1, 1.0), percentile_grid=((5, 95),), random_state=0).fit(X, y)
+    assert back.slack_ == itml.slack_ and back.n_iter_ == itml.n_iter_
+    auto = ITML(slack_grid=(0.1, 1.0), percentile_grid=((5, 95),), random_state=0).fit(X, y)
     auto.save(tmp_path / "auto")
     back = ITML.load(tmp_path / "auto")
     assert back.get_params() == auto.get_params()
@@ -225,8 +225,8 @@ def test_save_load_round_trip(blobs, tmp_path):
 
 def test_same_seed_same_result(blobs):
     X, y = blobs
-    a = ITML(gamma=1.0, random_state=3).fit(X, y).A_
-    b = ITML(gamma=1.0, random_state=3).fit(X, y).A_
+    a = ITML(slack=1.0, random_state=3).fit(X, y).A_
+    b = ITML(slack=1.0, random_state=3).fit(X, y).A_
     np.testing.assert_array_equal(a, b)
 
 
@@ -235,8 +235,8 @@ def test_symmetric_factor_coefficients_reproduce_learned_metric(blobs):
 
     X, y = blobs
     pairs, similar = pairs_from_labels(y, 150, random_state=0)
-    itml = ITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
-    kit = KernelITML(gamma=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    itml = ITML(slack=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
+    kit = KernelITML(slack=1.0, tol=1e-8).fit(X, pairs=pairs, similar=similar)
     assert kit.lemma2_stable_
     S = symmetric_factor_coefficients(kit.K0_, kit.K_)
     Phi = X[kit.constrained_index_]
@@ -253,7 +253,7 @@ def test_factored_projections_equal_the_papers_c_by_c_updates(blobs, kernel):
 
     X, y = blobs
     pairs, similar = pairs_from_labels(y, 120, random_state=2)
-    kit = KernelITML(kernel=kernel, rbf_gamma=0.2, gamma=1.0, tol=1e-6).fit(
+    kit = KernelITML(kernel=kernel, rbf_gamma=0.2, slack=1.0, tol=1e-6).fit(
         X, pairs=pairs, similar=similar
     )
     index, inverse = np.unique(pairs.ravel(), return_inverse=True)
@@ -296,10 +296,10 @@ def test_kernel_itml_costs_within_10x_of_itml():
     y = rng.randint(0, k, n)
     X = rng.randn(k, d)[y] * 2 + rng.randn(n, d)
     pairs, similar = pairs_from_labels(y, 20 * k * k, random_state=0)
-    for est in (ITML(gamma=1.0, max_iter=2), KernelITML(gamma=1.0, max_iter=2)):
+    for est in (ITML(slack=1.0, max_iter=2), KernelITML(slack=1.0, max_iter=2)):
         est.fit(X, pairs=pairs, similar=similar)  # compile / warm up
     times = {}
-    for est in (ITML(gamma=1.0, max_iter=150), KernelITML(gamma=1.0, max_iter=150)):
+    for est in (ITML(slack=1.0, max_iter=150), KernelITML(slack=1.0, max_iter=150)):
         start = time.process_time()
         est.fit(X, pairs=pairs, similar=similar)
         times[type(est).__name__] = time.process_time() - start
@@ -328,10 +328,86 @@ def test_itml_verbose_logs_each_candidate(blobs, capsys, caplog, stderr_logging)
     import logging
 
     X, y = blobs
-    ITML(gamma_grid=(0.1, 1.0), grid_extensions=0, random_state=0, verbose=True).fit(X, y)
+    ITML(slack_grid=(0.1, 1.0), grid_extensions=0, random_state=0, verbose=True).fit(X, y)
     err = capsys.readouterr().err
     assert "prior A0, cv score" in err and err.count("cv score") == 1 + 2 * 2
     with caplog.at_level(logging.DEBUG, logger="hashlearn"):  # verbose=False: DEBUG records
-        ITML(gamma_grid=(0.1,), grid_extensions=0, random_state=0).fit(X, y)
+        ITML(slack_grid=(0.1,), grid_extensions=0, random_state=0).fit(X, y)
     assert capsys.readouterr().err == ""
-    assert any("gamma=0.1" in r.getMessage() for r in caplog.records)
+    assert any("slack=0.1" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------ gamma -> slack (ITML's slack weight)
+
+
+def test_deprecated_gamma_keyword_still_sets_the_slack_weight(blobs):
+    from hashlearn.hashers.metric_lsh import KernelMetricLSH, MetricLSH
+
+    X, y = blobs
+    new = ITML(slack=0.5, random_state=0).fit(X, y)
+    with pytest.warns(DeprecationWarning, match="'gamma' parameter of ITML is renamed 'slack'"):
+        old = ITML(gamma=0.5, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(old.A_, new.A_)
+    assert old.slack_ == 0.5
+    with pytest.warns(DeprecationWarning, match="slack_grid"):
+        grid = ITML(gamma_grid=(0.1,), grid_extensions=0, random_state=0).fit(X, y)
+    assert set(grid.cv_results_["param_slack"]) == {0.1}
+    with pytest.warns(DeprecationWarning, match="renamed slack_"):
+        assert grid.gamma_ == grid.slack_
+    # get_params / set_params know both names; the old one wins when set
+    est = ITML().set_params(gamma=2.0)
+    assert est.get_params()["gamma"] == 2.0 and est.get_params()["slack"] == "auto"
+    pairs, similar = pairs_from_labels(y, 100, random_state=0)
+    with pytest.warns(DeprecationWarning, match="KernelITML"):
+        kit = KernelITML(gamma=2.0).fit(X, pairs=pairs, similar=similar)
+    ref = KernelITML(slack=2.0).fit(X, pairs=pairs, similar=similar)
+    np.testing.assert_array_equal(kit.K_, ref.K_)
+    for cls in (MetricLSH, KernelMetricLSH):
+        with pytest.warns(DeprecationWarning, match=f"{cls.__name__} is renamed"):
+            h = cls(8, gamma=1.0, num_constraints=60, random_state=0).fit(X, y)
+        ref = cls(8, slack=1.0, num_constraints=60, random_state=0).fit(X, y)
+        np.testing.assert_array_equal(h.encode(X), ref.encode(X))
+
+
+def _as_saved_before_the_rename(path):
+    """Rewrite a saved ITML directory as the release before the rename wrote it."""
+    import json
+
+    meta = json.loads((path / "meta.json").read_text())
+    meta["params"]["gamma"] = meta["params"].pop("slack")
+    state = meta["state"]
+    state["gamma_"] = state.pop("slack_")
+    state["grids"]["gamma_grid"] = state["grids"].pop("slack_grid")
+    if "cv_param_slack" in meta["arrays"]:
+        entry = meta["arrays"].pop("cv_param_slack")
+        old_file = entry["file"].replace("cv_param_slack", "cv_param_gamma")
+        (path / entry["file"]).rename(path / old_file)
+        meta["arrays"]["cv_param_gamma"] = {**entry, "file": old_file}
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_files_saved_with_gamma_still_load(blobs, tmp_path):
+    import warnings
+
+    X, y = blobs
+    auto = ITML(slack_grid=(0.1, 1.0), grid_extensions=0, random_state=0).fit(X, y)
+    fixed = ITML(slack=0.5, random_state=0).fit(X, y)
+    for name, itml in (("auto", auto), ("fixed", fixed)):
+        itml.save(tmp_path / name)
+        _as_saved_before_the_rename(tmp_path / name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            back = ITML.load(tmp_path / name)
+        assert back.get_params() == itml.get_params()
+        assert back.slack_ == itml.slack_
+        assert back.cv_results_.get("params") == itml.cv_results_.get("params")
+        np.testing.assert_array_equal(back.transform(X), itml.transform(X))
+    # a hasher saved with the old keyword (generic persistence) loads under the new one
+    from hashlearn.hashers.metric_lsh import MetricLSH
+
+    with pytest.warns(DeprecationWarning):
+        h = MetricLSH(8, gamma=1.0, num_constraints=60, random_state=0).fit(X, y)
+    h.save(tmp_path / "mlsh")
+    back = MetricLSH.load(tmp_path / "mlsh")
+    assert back.slack == 1.0 and back.gamma == "deprecated"
+    np.testing.assert_array_equal(back.encode(X), h.encode(X))

@@ -71,7 +71,7 @@ def test_collision_probability_follows_learned_angle():
 
 def test_metric_distances_and_searcher_rerank(data):
     X, y = data
-    h = MetricLSH(16, gamma=1.0, random_state=0).fit(X, y)
+    h = MetricLSH(16, slack=1.0, random_state=0).fit(X, y)
     A = h.metric_.A_
     q, c = X[:4], X[4:28].reshape(4, 6, 8)
     diff = c - q[:, None]
@@ -115,7 +115,7 @@ def test_defaults_fit_quickly_on_labels(data):
 def test_same_seed_same_codes_and_io(data, tmp_path):
     X, y = data
     for h1, h2 in (
-        (MetricLSH(24, gamma=1.0, random_state=5), MetricLSH(24, gamma=1.0, random_state=5)),
+        (MetricLSH(24, slack=1.0, random_state=5), MetricLSH(24, slack=1.0, random_state=5)),
         (KernelMetricLSH(24, random_state=5), KernelMetricLSH(24, random_state=5)),
     ):
         h1.fit(X, y)
@@ -126,7 +126,7 @@ def test_same_seed_same_codes_and_io(data, tmp_path):
         np.testing.assert_array_equal(back.encode(X), h1.encode(X))
         q, c = X[:2], X[2:8].reshape(2, 3, 8)
         np.testing.assert_allclose(back.metric_distances(q, c), h1.metric_distances(q, c))
-    fm = MetricLSH.from_metric(ITML(gamma=1.0).fit(X, y), n_bits=8, random_state=0)
+    fm = MetricLSH.from_metric(ITML(slack=1.0).fit(X, y), n_bits=8, random_state=0)
     fm.save(tmp_path / "fm")
     np.testing.assert_array_equal(MetricLSH.load(tmp_path / "fm").encode(X), fm.encode(X))
 
@@ -143,7 +143,7 @@ def test_bad_input(data):
         KernelMetricLSH(8).fit(X, np.zeros(len(X)))
     with pytest.raises(ValueError, match="symmetric"):
         MetricLSH.from_metric(np.triu(np.ones((3, 3))), n_bits=8)
-    h = MetricLSH(8, gamma=1.0).fit(X, y)
+    h = MetricLSH(8, slack=1.0).fit(X, y)
     with pytest.raises(ValueError, match="candidates"):
         h.metric_distances(X[:2], X[:2])
 
@@ -190,7 +190,7 @@ def test_metric_distances_from_sparse_differences_equal_dense(data):
     X, y = data
     for h in (
         KernelMetricLSH(16, num_constraints=80, random_state=0).fit(X, y),
-        MetricLSH(16, gamma=1.0, random_state=0).fit(X, y),
+        MetricLSH(16, slack=1.0, random_state=0).fit(X, y),
     ):
         q, cands = X[:3], np.stack([X[5:9], X[9:13], X[13:17]])
         ref = h.metric_distances(q, cands)

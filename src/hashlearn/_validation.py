@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,35 @@ __all__ = [
     "check_codes",
     "check_ids",
     "n_bytes_for",
+    "DEPRECATED",
+    "renamed_param",
 ]
 
 #: Largest ``k`` any search accepts: result positions are int32-addressable in the kernels.
 K_MAX = 2**31 - 1
+
+
+#: default of a constructor parameter's old name after a rename, kept for one release
+DEPRECATED = "deprecated"
+
+
+def renamed_param(estimator: Any, old: str, new: str) -> Any:
+    """The value of parameter ``new`` of ``estimator``, formerly called ``old``.
+
+    For one release after a rename the constructor keeps ``old`` (default
+    :data:`DEPRECATED`): when it was set, its value wins and a ``DeprecationWarning`` says
+    to pass ``new`` instead. Call it in ``fit``, never in ``__init__``.
+    """
+    value = getattr(estimator, old, DEPRECATED)
+    if isinstance(value, str) and value == DEPRECATED:
+        return getattr(estimator, new)
+    warnings.warn(
+        f"The '{old}' parameter of {type(estimator).__name__} is renamed '{new}'; '{old}' "
+        f"will be removed in the next release. Pass {new}={value!r} instead.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return value
 
 
 def n_bytes_for(n_bits: int) -> int:

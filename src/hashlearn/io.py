@@ -61,6 +61,8 @@ from typing import Any
 
 import numpy as np
 
+from hashlearn._validation import DEPRECATED
+
 __all__ = [
     "FORMAT_VERSION",
     "SUPPORTED_VERSIONS",
@@ -75,6 +77,7 @@ __all__ = [
     "require_state",
     "estimator_state",
     "estimator_from_state",
+    "renamed_params",
     "check_fitted_items",
     "check_estimator_state",
 ]
@@ -903,7 +906,8 @@ def estimator_state(
 
     Parameters named in ``skip_params`` are left out (and not required to be JSON scalars):
     the caller stores them in its own form (e.g. a tuple of layer sizes as a list)."""
-    params = {k: v for k, v in est.get_params(deep=False).items() if k not in skip_params}
+    params = renamed_params(type(est), est.get_params(deep=False))
+    params = {k: v for k, v in params.items() if k not in skip_params}
     for key, value in params.items():
         if not (value is None or isinstance(value, (str, bool, numbers.Real))):
             raise TypeError(
@@ -922,6 +926,21 @@ def estimator_state(
         else:
             raise TypeError(f"cannot save attribute {key} of type {type(value).__name__}.")
     return params, state, arrays
+
+
+def renamed_params(cls: type, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` of a saved ``cls`` with the parameters renamed since under their new names.
+
+    ``cls._renamed_params`` maps old to new names (see
+    :func:`hashlearn._validation.renamed_param`); a file saved before the rename, or with the
+    deprecated keyword set, loads as the estimator that passes the new keyword.
+    """
+    params = dict(params)
+    for old, new in getattr(cls, "_renamed_params", {}).items():
+        value = params.pop(old, DEPRECATED)
+        if not (isinstance(value, str) and value == DEPRECATED):
+            params[new] = value
+    return params
 
 
 def estimator_from_state(
@@ -951,6 +970,7 @@ def estimator_from_state(
     layer sizes), already checked by the caller.
     """
     owner = cls.__name__
+    params = renamed_params(cls, params)
     allowed = set(cls._get_param_names()) if hasattr(cls, "_get_param_names") else None
     for key, value in params.items():
         if allowed is not None and key not in allowed:

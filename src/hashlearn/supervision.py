@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array
 
 from hashlearn._validation import check_int
 
 __all__ = [
     "check_pairs",
+    "check_supervision",
     "resolve_pairs",
     "pairs_from_labels",
     "neighbor_threshold",
@@ -74,6 +76,28 @@ def _check_labels(y, n_samples: int, owner: str) -> np.ndarray:
             "dissimilar pairs to learn from; pass at least two classes."
         )
     return y
+
+
+def check_supervision(y, pairs, similar, n_samples: int, owner: str, *, targets: bool = True):
+    """The supervision of a fit, checked: ``(y, None, None)`` for labels (at least two
+    classes, one label per row; with ``targets``, classification targets as scikit-learn
+    defines them) or ``(None, pairs, similar)`` as :func:`check_pairs` returns them. Exactly
+    one of ``y`` and ``pairs`` must be given."""
+    if pairs is not None and y is not None:
+        raise ValueError(f"{owner} takes labels y or pairs=..., not both.")
+    if pairs is not None:
+        return (None, *check_pairs(pairs, similar, n_samples, owner))
+    if similar is not None:
+        raise ValueError(f"{owner} got similar=... without pairs=...")
+    if y is None:
+        raise ValueError(
+            f"{owner} requires y to be passed, but the target y is None: it is supervised, "
+            "call fit(X, y) with labels or fit(X, pairs=P, similar=s)."
+        )
+    y = np.asarray(y)
+    if targets and y.ndim == 1 and len(y) == n_samples:
+        check_classification_targets(y)
+    return _check_labels(y, n_samples, owner), None, None
 
 
 def pairs_from_labels(
@@ -145,19 +169,9 @@ def resolve_pairs(
     Exactly one of ``y`` and ``pairs`` must be given; with labels, ``n_pairs`` pairs are
     sampled by :func:`pairs_from_labels`.
     """
-    n_samples = X.shape[0]
-    if pairs is not None and y is not None:
-        raise ValueError(f"{owner} takes labels y or pairs=..., not both.")
+    y, pairs, similar = check_supervision(y, pairs, similar, X.shape[0], owner, targets=False)
     if pairs is not None:
-        return check_pairs(pairs, similar, n_samples, owner)
-    if similar is not None:
-        raise ValueError(f"{owner} got similar=... without pairs=...")
-    if y is None:
-        raise ValueError(
-            f"{owner} requires y to be passed, but the target y is None: it is supervised, "
-            "call fit(X, y) with labels or fit(X, pairs=P, similar=s)."
-        )
-    _check_labels(y, n_samples, owner)
+        return pairs, similar
     return pairs_from_labels(
         y, n_pairs, similar_fraction=similar_fraction, random_state=random_state, owner=owner
     )

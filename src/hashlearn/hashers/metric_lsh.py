@@ -42,7 +42,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._kernels import GOLDEN_GAMMA, mix64, splitmix64
 from hashlearn._postings import find
-from hashlearn._validation import check_int
+from hashlearn._validation import DEPRECATED, check_int, renamed_param
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
@@ -143,7 +143,7 @@ class MetricLSH(BaseHasher):
         ``"itml"`` learns ``A`` with :class:`hashlearn.metric.ITML` from the labels or pairs
         given to ``fit``; ``"euclidean"`` uses ``A = I`` (plain SimHash, the paper's
         baseline); ``"precomputed"`` is what :meth:`from_metric` builds around a given ``A``.
-    gamma : float or "auto", default="auto"
+    slack : float or "auto", default="auto"
         ITML's slack weight (``"auto"``: chosen by validation, see ITML).
     num_constraints : int, optional
         ITML's sampled pairs (default ``20 c^2``).
@@ -152,6 +152,9 @@ class MetricLSH(BaseHasher):
         centring balances the bits on non-negative data such as pixels).
     random_state : int, RandomState or None
         Seed of ITML's constraints and of the hyperplanes.
+    gamma : deprecated
+        Former name of ``slack``; when set it wins, with a ``DeprecationWarning``. Removed
+        in the next release.
 
     Attributes
     ----------
@@ -181,17 +184,21 @@ class MetricLSH(BaseHasher):
         self,
         n_bits: int = 32,
         metric: str = "itml",
-        gamma="auto",
+        slack="auto",
         num_constraints: int | None = None,
         center: bool = True,
         random_state=None,
+        gamma=DEPRECATED,
     ):
         self.n_bits = n_bits
         self.metric = metric
-        self.gamma = gamma
+        self.slack = slack
         self.num_constraints = num_constraints
         self.center = center
         self.random_state = random_state
+        self.gamma = gamma
+
+    _renamed_params = {"gamma": "slack"}
 
     @classmethod
     def from_metric(
@@ -248,7 +255,7 @@ class MetricLSH(BaseHasher):
         self.metric_ = None
         if self.metric == "itml":
             self.metric_ = ITML(
-                gamma=self.gamma,
+                slack=renamed_param(self, "gamma", "slack"),
                 num_constraints=self.num_constraints,
                 random_state=rng.randint(2**31 - 1),
             )
@@ -330,13 +337,16 @@ class KernelMetricLSH(BaseHasher):
     Parameters
     ----------
     n_bits : int, default=32
-    gamma : float, default=1.0
-        ITML slack weight.
+    slack : float, default=1.0
+        ITML's slack weight.
     num_constraints : int, optional
         Pairs sampled from labels (default ``20 c^2``).
     max_iter : int, default=1000
     random_state : int, RandomState or None
         Seed of the constraints and of the hashed hyperplanes.
+    gamma : deprecated
+        Former name of ``slack``; when set it wins, with a ``DeprecationWarning``. Removed
+        in the next release.
 
     Attributes
     ----------
@@ -373,22 +383,26 @@ class KernelMetricLSH(BaseHasher):
     def __init__(
         self,
         n_bits: int = 32,
-        gamma: float = 1.0,
+        slack: float = 1.0,
         num_constraints: int | None = None,
         max_iter: int = 1000,
         random_state=None,
+        gamma=DEPRECATED,
     ):
         self.n_bits = n_bits
-        self.gamma = gamma
+        self.slack = slack
         self.num_constraints = num_constraints
         self.max_iter = max_iter
         self.random_state = random_state
+        self.gamma = gamma
+
+    _renamed_params = {"gamma": "slack"}
 
     def _fit(self, X, y, pairs, similar) -> None:
         rng = check_random_state(self.random_state)
         kitml = KernelITML(
             kernel="linear",
-            gamma=self.gamma,
+            slack=renamed_param(self, "gamma", "slack"),
             num_constraints=self.num_constraints,
             max_iter=self.max_iter,
             random_state=rng.randint(2**31 - 1),

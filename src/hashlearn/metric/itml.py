@@ -12,14 +12,14 @@ similar pairs end up closer than ``u`` and dissimilar pairs farther than ``l`` (
 
 It is solved by cyclic Bregman projections onto one constraint at a time, each a rank-one
 update :math:`A_{t+1} = A_t + \\beta_t A_t v_t v_t^T A_t` with :math:`v_t = x_i - x_j`
-(eq. 3), with slack variables weighted by ``gamma`` so that an infeasible set of constraints
-still has a solution. The projections run in one numba kernel that updates ``A`` in place
+(eq. 3), with slack variables weighted by ``slack`` (Davis et al.'s :math:`\\gamma`) so that
+an infeasible set of constraints still has a solution. The projections run in one numba kernel that updates ``A`` in place
 (O(d^2) per projection), so a fit takes milliseconds where a numpy loop takes seconds.
 
 ``u`` and ``l`` are percentiles of the pair distances under ``A0`` (Davis et al. use the
-5th / 95th). With ``gamma="auto"`` (default) the slack weight and the percentiles are chosen
+5th / 95th). With ``slack="auto"`` (default) the slack weight and the percentiles are chosen
 by cross-validated k-NN accuracy on the training data (held-out pair AUC with explicit
-pairs) over :data:`GAMMA_GRID` x :data:`PERCENTILE_GRID`; when the best slack weight is at an
+pairs) over :data:`SLACK_GRID` x :data:`PERCENTILE_GRID`; when the best slack weight is at an
 end of the grid, the grid is extended by a factor of 10 beyond it (``grid_extensions``
 times at most). The fit always learns: the prior ``A0`` is not a candidate, its
 cross-validated score is reported beside the candidates' (``cv_results_``), and a
@@ -44,19 +44,27 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
-from hashlearn._validation import check_int, check_real
-from hashlearn.io import Persistable, check_fitted_items, persistable, require_array, require_state
+from hashlearn._validation import DEPRECATED, check_int, check_real, renamed_param
+from hashlearn.io import (
+    Persistable,
+    check_fitted_items,
+    persistable,
+    renamed_params,
+    require_array,
+    require_state,
+)
 from hashlearn.kernels import log_message
-from hashlearn.supervision import check_pairs, pairs_from_labels
+from hashlearn.supervision import check_supervision, pairs_from_labels
 
-__all__ = ["ITML", "GAMMA_GRID", "PERCENTILE_GRID"]
+__all__ = ["ITML", "SLACK_GRID", "PERCENTILE_GRID"]
 
-#: slack weights tried by ``gamma="auto"`` (extended beyond an edge that scores best)
-GAMMA_GRID = (0.001, 0.01, 0.1, 1.0)
-#: (lower, upper) distance percentiles tried by ``gamma="auto"``
+#: slack weights tried by ``slack="auto"`` (extended beyond an edge that scores best)
+SLACK_GRID = (0.001, 0.01, 0.1, 1.0)
+#: former name of :data:`SLACK_GRID`, kept for one release
+GAMMA_GRID = SLACK_GRID
+#: (lower, upper) distance percentiles tried by ``slack="auto"``
 PERCENTILE_GRID = ((5.0, 95.0), (1.0, 99.0))
 
 
@@ -64,19 +72,33 @@ PERCENTILE_GRID = ((5.0, 95.0), (1.0, 99.0))
 
 
 @numba.njit(cache=True, nogil=True)
-def _bregman_step(p, delta, lam, bhat, gamma_proj, gamma):
-    """One ITML projection's scalars (Davis et al. 2007, Alg. 1): returns (alpha, beta) and
-    updates ``lam`` / ``bhat`` (1-element views) in place."""
-    alpha = min(lam[0], delta * gamma_proj * (1.0 / p - 1.0 / bhat[0]))
+def _bregman_step(p, delta, lam, bhat, slack):
+    """One ITML projection's scalars (Davis et al. 2007, Alg. 1, whose slack weight
+    :math:`\\gamma` is ``slack``): returns (alpha, beta) and updates ``lam`` / ``bhat``
+    (1-element views) in place."""
+    slack_proj = 1.0 if slack == np.inf else slack / (slack + 1.0)
+    alpha = min(lam[0], delta * slack_proj * (1.0 / p - 1.0 / bhat[0]))
     lam[0] -= alpha
     beta = delta * alpha / (1.0 - delta * alpha * p)
-    if gamma != np.inf:
-        bhat[0] = 1.0 / (1.0 / bhat[0] + alpha * delta / gamma)
+    if slack != np.inf:
+        bhat[0] = 1.0 / (1.0 / bhat[0] + alpha * delta / slack)
     return alpha, beta
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _duals_settled(lam, lam_old, tol):
+    """Convergence of a pass of projections: the relative L1 change of the dual variables
+    below ``tol`` (the criterion of Davis et al.'s code)."""
+    num = 0.0
+    den = 0.0
+    for t in range(lam.shape[0]):
+        num += abs(lam[t] - lam_old[t])
+        den += abs(lam[t]) + abs(lam_old[t])
+    return den == 0.0 or num / den < tol
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def itml_projections(A, V, delta, bhat, lam, gamma, max_iter, tol):
+def itml_projections(A, V, delta, bhat, lam, slack, max_iter, tol):
     """Cyclic Bregman projections of ITML (paper eq. 3) over the difference vectors ``V``.
 
     ``A`` (d, d) is updated in place; ``delta`` is +1 for a similar pair, -1 for a
@@ -88,7 +110,6 @@ def itml_projections(A, V, delta, bhat, lam, gamma, max_iter, tol):
     m, d = V.shape
     w = np.empty(d)
     lam_old = np.empty(m)
-    gamma_proj = 1.0 if gamma == np.inf else gamma / (gamma + 1.0)
     for it in range(max_iter):
         lam_old[:] = lam
         for c in range(m):
@@ -101,21 +122,14 @@ def itml_projections(A, V, delta, bhat, lam, gamma, max_iter, tol):
                 p += s * V[c, a]
             if p <= 1e-12:
                 continue
-            alpha, beta = _bregman_step(
-                p, delta[c], lam[c : c + 1], bhat[c : c + 1], gamma_proj, gamma
-            )
+            alpha, beta = _bregman_step(p, delta[c], lam[c : c + 1], bhat[c : c + 1], slack)
             if beta == 0.0:
                 continue
             for a in range(d):
                 ba = beta * w[a]
                 for b in range(d):
                     A[a, b] += ba * w[b]
-        num = 0.0
-        den = 0.0
-        for c in range(m):
-            num += abs(lam[c] - lam_old[c])
-            den += abs(lam[c]) + abs(lam_old[c])
-        if den == 0.0 or num / den < tol:
+        if _duals_settled(lam, lam_old, tol):
             return it + 1, True
     return max_iter, False
 
@@ -190,7 +204,7 @@ _ITML_FITTED = (
     "A_",
     "G_",
     "bounds_",
-    "gamma_",
+    "slack_",
     "lower_percentile_",
     "upper_percentile_",
     "learned_",
@@ -209,9 +223,9 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    gamma : float or "auto", default="auto"
-        Slack weight: large values enforce the constraints strictly, small values stay near
-        ``A0``. ``"auto"`` picks it (with the percentiles) from ``gamma_grid`` x
+    slack : float or "auto", default="auto"
+        Slack weight (Davis et al.'s :math:`\\gamma`): large values enforce the constraints
+        strictly, small values stay near ``A0``. ``"auto"`` picks it (with the percentiles) from ``slack_grid`` x
         ``percentile_grid`` by ``validation_folds``-fold cross-validated k-NN accuracy on the
         training labels (or held-out pair AUC with explicit pairs), extending the grid beyond
         an edge value that scores best. The fit always learns a metric; the prior's
@@ -220,7 +234,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     lower_percentile, upper_percentile : float, default=5, 95
         ``u`` (similar pairs must be closer) and ``l`` (dissimilar pairs farther) are these
         percentiles of the constrained pairs' distances under ``A0``. Ignored with
-        ``gamma="auto"``.
+        ``slack="auto"``.
     num_constraints : int, optional
         Pairs sampled from labels (half similar); default ``20 c^2`` for ``c`` classes.
     A0 : array (d, d), optional
@@ -230,11 +244,11 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     tol : float, default=1e-3
         Convergence threshold on the relative change of the dual variables per pass.
     n_neighbors : int, default=4
-        k of the validation k-NN classifier (``gamma="auto"``).
+        k of the validation k-NN classifier (``slack="auto"``).
     validation_folds : int, default=3
-        Folds of the ``gamma="auto"`` selection.
-    gamma_grid : tuple of float, optional
-        Slack weights tried by ``"auto"``; default :data:`GAMMA_GRID`.
+        Folds of the ``slack="auto"`` selection.
+    slack_grid : tuple of float, optional
+        Slack weights tried by ``"auto"``; default :data:`SLACK_GRID`.
     percentile_grid : tuple of (float, float), optional
         ``(lower, upper)`` percentile pairs tried by ``"auto"``; default
         :data:`PERCENTILE_GRID`.
@@ -246,6 +260,10 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     verbose : bool, default=False
         Log each ``"auto"`` candidate's cross-validated score at INFO level to the
         ``"hashlearn"`` logger, and make sure they are shown.
+    gamma, gamma_grid : deprecated
+        Former names of ``slack`` and ``slack_grid`` (``gamma`` is the kernel width
+        everywhere else in hashlearn); when set they win, with a ``DeprecationWarning``.
+        Removed in the next release.
 
     Attributes
     ----------
@@ -253,7 +271,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         Learned Mahalanobis matrix.
     G_ : ndarray (d, d)
         Factor with ``A_ = G_.T @ G_``; ``transform(X) = X @ G_.T``.
-    gamma_, lower_percentile_, upper_percentile_ : float
+    slack_, lower_percentile_, upper_percentile_ : float
         The slack weight and percentiles used (chosen ones with ``"auto"``).
     learned_ : bool
         Whether ``A_`` differs from ``A0`` (False only if no constraint moved it).
@@ -267,7 +285,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     cv_results_ : dict
         With ``"auto"`` (empty otherwise, or when the classes are too small to
         cross-validate): in scikit-learn's ``GridSearchCV`` layout, one entry per candidate,
-        ``"param_gamma"``, ``"param_lower_percentile"``, ``"param_upper_percentile"``,
+        ``"param_slack"``, ``"param_lower_percentile"``, ``"param_upper_percentile"``,
         ``"params"``, ``"split<k>_test_score"``, ``"mean_test_score"``,
         ``"std_test_score"``, ``"rank_test_score"``; plus the prior's
         ``"prior_split<k>_test_score"``, ``"prior_mean_test_score"`` and
@@ -294,7 +312,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        gamma="auto",
+        slack="auto",
         lower_percentile: float = 5.0,
         upper_percentile: float = 95.0,
         num_constraints: int | None = None,
@@ -303,13 +321,15 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         tol: float = 1e-3,
         n_neighbors: int = 4,
         validation_folds: int = 3,
-        gamma_grid=None,
+        slack_grid=None,
         percentile_grid=None,
         grid_extensions: int = 2,
         random_state=None,
         verbose: bool = False,
+        gamma=DEPRECATED,
+        gamma_grid=DEPRECATED,
     ):
-        self.gamma = gamma
+        self.slack = slack
         self.lower_percentile = lower_percentile
         self.upper_percentile = upper_percentile
         self.num_constraints = num_constraints
@@ -318,18 +338,23 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         self.tol = tol
         self.n_neighbors = n_neighbors
         self.validation_folds = validation_folds
-        self.gamma_grid = gamma_grid
+        self.slack_grid = slack_grid
         self.percentile_grid = percentile_grid
         self.grid_extensions = grid_extensions
         self.random_state = random_state
         self.verbose = verbose
+        self.gamma = gamma
+        self.gamma_grid = gamma_grid
+
+    #: constructor parameters renamed, old name -> new name (the old one kept one release)
+    _renamed_params = {"gamma": "slack", "gamma_grid": "slack_grid"}
 
     # ------------------------------------------------------------------------- fitting
 
-    def _check_params(self, X) -> np.ndarray:
+    def _check_params(self, X, slack, slack_grid) -> np.ndarray:
         owner = type(self).__name__
-        if not (isinstance(self.gamma, str) and self.gamma == "auto"):
-            check_real(self.gamma, "gamma", owner, low=0.0, low_open=True)
+        if not (isinstance(slack, str) and slack == "auto"):
+            check_real(slack, "slack", owner, low=0.0, low_open=True)
         check_real(self.lower_percentile, "lower_percentile", owner, low=0.0, high=100.0)
         check_real(self.upper_percentile, "upper_percentile", owner, low=0.0, high=100.0)
         if self.num_constraints is not None:
@@ -339,27 +364,27 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         check_int(self.n_neighbors, "n_neighbors", owner)
         check_int(self.validation_folds, "validation_folds", owner, low=2)
         check_int(self.grid_extensions, "grid_extensions", owner, low=0)
-        self._grids()
+        self._grids(slack_grid)
         d = X.shape[1]
         return np.eye(d) if self.A0 is None else check_spd(self.A0, d, "A0", owner)
 
-    def _grids(self) -> tuple[tuple[float, ...], tuple[tuple[float, float], ...]]:
-        """Validated ``(gamma_grid, percentile_grid)``."""
+    def _grids(self, slack_grid) -> tuple[tuple[float, ...], tuple[tuple[float, float], ...]]:
+        """Validated ``(slack_grid, percentile_grid)``."""
         owner = type(self).__name__
-        gammas = GAMMA_GRID if self.gamma_grid is None else self.gamma_grid
+        slacks = SLACK_GRID if slack_grid is None else slack_grid
         pcts = PERCENTILE_GRID if self.percentile_grid is None else self.percentile_grid
         try:
-            gammas = tuple(gammas)
+            slacks = tuple(slacks)
             pcts = tuple(tuple(p) for p in pcts)
         except TypeError:
             raise ValueError(
-                f"The 'gamma_grid' and 'percentile_grid' parameters of {owner} must be "
-                f"sequences. Got {self.gamma_grid!r} and {self.percentile_grid!r} instead."
+                f"The 'slack_grid' and 'percentile_grid' parameters of {owner} must be "
+                f"sequences. Got {slack_grid!r} and {self.percentile_grid!r} instead."
             ) from None
-        if not gammas:
-            raise ValueError(f"The 'gamma_grid' parameter of {owner} must not be empty.")
-        gammas = tuple(
-            sorted({check_real(g, "gamma_grid", owner, low=0.0, low_open=True) for g in gammas})
+        if not slacks:
+            raise ValueError(f"The 'slack_grid' parameter of {owner} must not be empty.")
+        slacks = tuple(
+            sorted({check_real(g, "slack_grid", owner, low=0.0, low_open=True) for g in slacks})
         )
         if not pcts or any(
             len(p) != 2 or not (0.0 <= float(p[0]) < float(p[1]) <= 100.0) for p in pcts
@@ -369,7 +394,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 f"(lower, upper) pairs with 0 <= lower < upper <= 100. Got "
                 f"{self.percentile_grid!r} instead."
             )
-        return gammas, tuple((float(lo), float(hi)) for lo, hi in pcts)
+        return slacks, tuple((float(lo), float(hi)) for lo, hi in pcts)
 
     def fit(self, X, y=None, *, pairs=None, similar=None):
         """Learn ``A`` from labels ``y`` (sampled pairs) or explicit ``pairs``/``similar``."""
@@ -380,46 +405,25 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 "scipy.sparse matrix. Use KernelITML for sparse data."
             )
         X = validate_data(self, X, dtype=np.float64, reset=True, ensure_min_samples=2)
-        A0 = self._check_params(X)
+        slack = renamed_param(self, "gamma", "slack")
+        slack_grid = renamed_param(self, "gamma_grid", "slack_grid")
+        A0 = self._check_params(X, slack, slack_grid)
         rng = check_random_state(self.random_state)
-        if pairs is not None and y is not None:
-            raise ValueError(f"{owner}.fit takes labels y or pairs=..., not both.")
-        if pairs is None and similar is not None:
-            raise ValueError(f"{owner}.fit got similar=... without pairs=...")
-        if pairs is None and y is None:
-            raise ValueError(
-                f"{owner} requires y to be passed, but the target y is None: pass labels, "
-                "fit(X, y), or pairs, fit(X, pairs=P, similar=s)."
-            )
-        if pairs is not None:
-            pairs, similar = check_pairs(pairs, similar, X.shape[0], owner)
-        else:
-            y = np.asarray(y)
-            if y.shape != (X.shape[0],):
-                raise ValueError(
-                    f"y passed to {owner} must be one label per row of X "
-                    f"({X.shape[0]}). Got shape {y.shape}."
-                )
-            check_classification_targets(y)
-            if len(np.unique(y)) < 2:
-                raise ValueError(
-                    f"y passed to {owner} has 1 class: with a single class there are no "
-                    "dissimilar pairs to learn from; pass at least two classes."
-                )
+        y, pairs, similar = check_supervision(y, pairs, similar, X.shape[0], f"{owner}.fit")
         self.cv_results_ = {}
         self.best_score_ = self.prior_score_ = float("nan")
-        if isinstance(self.gamma, str):
-            gamma, lo, hi = self._select(X, y, pairs, similar, A0, rng)
+        if isinstance(slack, str):
+            slack, lo, hi = self._select(X, y, pairs, similar, A0, slack_grid, rng)
         else:
-            gamma = float(self.gamma)
+            slack = float(slack)
             lo, hi = float(self.lower_percentile), float(self.upper_percentile)
         if pairs is None:
             n = self.num_constraints or default_num_constraints(y)
             pairs, similar = pairs_from_labels(y, n, random_state=rng, owner=owner)
-        result = _fit_itml(X, pairs, similar, A0, gamma, lo, hi, self.max_iter, self.tol)
+        result = _fit_itml(X, pairs, similar, A0, slack, lo, hi, self.max_iter, self.tol)
         self.A_ = result["A"]
         self.G_ = metric_factor(self.A_)
-        self.gamma_, self.lower_percentile_, self.upper_percentile_ = gamma, lo, hi
+        self.slack_, self.lower_percentile_, self.upper_percentile_ = slack, lo, hi
         self.learned_ = bool(not np.array_equal(self.A_, A0))
         self.bounds_ = result["bounds"]
         self.n_iter_, self.converged_ = result["n_iter"], result["converged"]
@@ -458,16 +462,16 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 folds.append((X, pairs[train], similar[train], score))
         return folds
 
-    def _select(self, X, y, pairs, similar, A0, rng) -> tuple[float, float, float]:
-        """Cross-validated choice of (gamma, percentiles) on a grid extended past a best
+    def _select(self, X, y, pairs, similar, A0, slack_grid, rng) -> tuple[float, float, float]:
+        """Cross-validated choice of (slack, percentiles) on a grid extended past a best
         edge; fills ``cv_results_``, ``best_score_``, ``prior_score_``."""
         owner = type(self).__name__
-        gammas, pcts = self._grids()
+        slacks, pcts = self._grids(slack_grid)
         folds = self._cv_folds(X, y, pairs, similar, rng)
         if not folds:
             warnings.warn(
-                f"{owner}(gamma='auto') cannot cross-validate (a class has fewer than 2 "
-                "members, or the pairs hold a single kind); it uses gamma=1.0 and the "
+                f"{owner}(slack='auto') cannot cross-validate (a class has fewer than 2 "
+                "members, or the pairs hold a single kind); it uses slack=1.0 and the "
                 "percentiles (5, 95).",
                 UserWarning,
                 stacklevel=3,
@@ -490,27 +494,27 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 split_scores.append(fold_scores)
                 log_message(
                     self.verbose,
-                    "ITML: gamma=%g, percentiles (%g, %g), cv score %.4f",
+                    "ITML: slack=%g, percentiles (%g, %g), cv score %.4f",
                     g,
                     lo,
                     hi,
                     fold_scores.mean(),
                 )
 
-        for g in gammas:
+        for g in slacks:
             evaluate(g)
-        tried = list(gammas)
+        tried = list(slacks)
         for _ in range(self.grid_extensions):
             means = np.array([f.mean() for f in split_scores])
-            best_gamma = candidates[int(np.argmax(means))][0]
-            if best_gamma == min(tried):
-                new = best_gamma / 10.0
-            elif best_gamma == max(tried):
-                new = best_gamma * 10.0
+            best_slack = candidates[int(np.argmax(means))][0]
+            if best_slack == min(tried):
+                new = best_slack / 10.0
+            elif best_slack == max(tried):
+                new = best_slack * 10.0
             else:
                 break
             tried.append(new)
-            log_message(self.verbose, "ITML: best gamma on the grid's edge; trying %g", new)
+            log_message(self.verbose, "ITML: best slack on the grid's edge; trying %g", new)
             evaluate(new)
         splits = np.array(split_scores)  # (n_candidates, n_folds)
         means = splits.mean(axis=1)
@@ -519,11 +523,11 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         rank = np.empty(len(means), np.int64)
         rank[order] = np.arange(1, len(means) + 1)
         res: dict = {
-            "param_gamma": np.array([c[0] for c in candidates]),
+            "param_slack": np.array([c[0] for c in candidates]),
             "param_lower_percentile": np.array([c[1] for c in candidates]),
             "param_upper_percentile": np.array([c[2] for c in candidates]),
             "params": [
-                {"gamma": g, "lower_percentile": lo, "upper_percentile": hi}
+                {"slack": g, "lower_percentile": lo, "upper_percentile": hi}
                 for g, lo, hi in candidates
             ],
         }
@@ -576,8 +580,18 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
 
     # --------------------------------------------------------------------- persistence
 
+    @property
+    def gamma_(self) -> float:
+        """Deprecated alias of ``slack_`` (removed in the next release)."""
+        warnings.warn(
+            "ITML.gamma_ is renamed slack_; gamma_ will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.slack_
+
     _CV_ARRAYS = (
-        "param_gamma",
+        "param_slack",
         "param_lower_percentile",
         "param_upper_percentile",
         "mean_test_score",
@@ -587,12 +601,12 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
 
     def _get_state(self):
         check_is_fitted(self)
-        params = self.get_params(deep=False)
+        params = renamed_params(type(self), self.get_params(deep=False))
         arrays = {"A_": self.A_, "G_": self.G_, "bounds_": self.bounds_}
         if params.pop("A0") is not None:
             arrays["A0"] = np.asarray(self.A0, np.float64)
         grids = {}
-        for key in ("gamma_grid", "percentile_grid"):
+        for key in ("slack_grid", "percentile_grid"):
             value = params.pop(key)
             grids[key] = None if value is None else np.asarray(value, np.float64).tolist()
         # every fitted attribute but the arrays above is a JSON scalar
@@ -615,13 +629,16 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
     def _from_state(cls, params, state, arrays):
         arrays = dict(arrays)
         state = dict(state)
+        params = renamed_params(cls, params)
+        if "gamma_" in state:  # saved before the rename
+            state["slack_"] = state.pop("gamma_")
         grids = state.pop("grids", {}) or {}
-        gamma_grid = grids.get("gamma_grid")
+        slack_grid = grids.get("slack_grid", grids.get("gamma_grid"))
         percentile_grid = grids.get("percentile_grid")
         obj = cls(
             **params,
             A0=arrays.pop("A0", None),
-            gamma_grid=None if gamma_grid is None else tuple(gamma_grid),
+            slack_grid=None if slack_grid is None else tuple(slack_grid),
             percentile_grid=(
                 None if percentile_grid is None else tuple(tuple(p) for p in percentile_grid)
             ),
@@ -630,11 +647,13 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         for source in (state, arrays):
             for key in [k for k in source if k.startswith("cv_")]:
                 cv[key[3:]] = source.pop(key)
-        if "param_gamma" in cv:
+        if "param_gamma" in cv:  # saved before the rename
+            cv["param_slack"] = cv.pop("param_gamma")
+        if "param_slack" in cv:
             cv["params"] = [
-                {"gamma": float(g), "lower_percentile": float(lo), "upper_percentile": float(hi)}
+                {"slack": float(g), "lower_percentile": float(lo), "upper_percentile": float(hi)}
                 for g, lo, hi in zip(
-                    cv["param_gamma"],
+                    cv["param_slack"],
                     cv["param_lower_percentile"],
                     cv["param_upper_percentile"],
                     strict=True,
@@ -669,7 +688,7 @@ def violated_fraction(X, pairs, similar, A, bounds, rtol: float = 1e-2) -> float
     return float(bad.mean())
 
 
-def _fit_itml(X, pairs, similar, A0, gamma, lo, hi, max_iter, tol) -> dict:
+def _fit_itml(X, pairs, similar, A0, slack, lo, hi, max_iter, tol) -> dict:
     """Thresholds from percentiles, then the projections kernel on a copy of A0."""
     pairs = np.asarray(pairs, np.int64)
     dist0 = pair_distances(X, pairs, A0)
@@ -681,7 +700,7 @@ def _fit_itml(X, pairs, similar, A0, gamma, lo, hi, max_iter, tol) -> dict:
     bhat = np.where(similar, u, ell).astype(np.float64)
     lam = np.zeros(len(pairs))
     n_iter, converged = itml_projections(
-        A, V, delta, bhat, lam, float(gamma), int(max_iter), float(tol)
+        A, V, delta, bhat, lam, float(slack), int(max_iter), float(tol)
     )
     A = (A + A.T) / 2
     return {

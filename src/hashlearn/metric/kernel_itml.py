@@ -47,14 +47,19 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted
 
-from hashlearn._validation import check_int, check_real
-from hashlearn.io import Persistable, check_fitted_items, persistable, require_array
+from hashlearn._validation import DEPRECATED, check_int, check_real, renamed_param
+from hashlearn.io import (
+    Persistable,
+    check_fitted_items,
+    persistable,
+    renamed_params,
+    require_array,
+)
 from hashlearn.kernels import log_message
-from hashlearn.metric.itml import _bregman_step, default_num_constraints
-from hashlearn.supervision import check_pairs, pairs_from_labels
+from hashlearn.metric.itml import _bregman_step, _duals_settled, default_num_constraints
+from hashlearn.supervision import check_supervision, pairs_from_labels
 
 __all__ = ["KernelITML"]
 
@@ -62,7 +67,7 @@ _KERNELS = ("linear", "rbf", "precomputed")
 
 
 @numba.njit(cache=True, nogil=True)
-def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, max_iter, tol):
+def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, slack, max_iter, tol):
     """Cyclic Bregman projections on the c x c kernel ``K`` (eq. 4) and ``S`` (Lemma 2),
     the paper's O(c^2)-per-projection form, kept as the reference of the factored solver.
 
@@ -76,7 +81,6 @@ def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, m
     k0a = np.empty(c)
     b = np.empty(c)
     lam_old = np.empty(m)
-    gamma_proj = 1.0 if gamma == np.inf else gamma / (gamma + 1.0)
     for it in range(max_iter):
         lam_old[:] = lam
         for t in range(m):
@@ -87,9 +91,7 @@ def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, m
                 continue
             for r in range(c):
                 w[r] = K[r, i] - K[r, j]
-            alpha, beta = _bregman_step(
-                p, delta[t], lam[t : t + 1], bhat[t : t + 1], gamma_proj, gamma
-            )
+            alpha, beta = _bregman_step(p, delta[t], lam[t : t + 1], bhat[t : t + 1], slack)
             if beta == 0.0:
                 continue
             # S update (Lemma 2): a = (I + S K0) e, b = a + S^T K0 a, S += alpha_L a b^T
@@ -121,18 +123,13 @@ def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, gamma, m
                 br = beta * w[r]
                 for s in range(c):
                     K[r, s] += br * w[s]
-        num = 0.0
-        den = 0.0
-        for t in range(m):
-            num += abs(lam[t] - lam_old[t])
-            den += abs(lam[t]) + abs(lam_old[t])
-        if den == 0.0 or num / den < tol:
+        if _duals_settled(lam, lam_old, tol):
             return it + 1, True
     return max_iter, False
 
 
 @numba.njit(cache=True, nogil=True)
-def factored_projections(B, C, V, delta, bhat, lam, gamma, max_iter, tol):
+def factored_projections(B, C, V, delta, bhat, lam, slack, max_iter, tol):
     """ITML's projections in a basis of the constrained points' feature span.
 
     With ``K0 = L L^T`` (``L`` (c, r), r = rank), the learned kernel is ``K = L B L^T`` and
@@ -145,7 +142,6 @@ def factored_projections(B, C, V, delta, bhat, lam, gamma, max_iter, tol):
     w = np.empty(r)
     cv = np.empty(r)
     lam_old = np.empty(m)
-    gamma_proj = 1.0 if gamma == np.inf else gamma / (gamma + 1.0)
     for it in range(max_iter):
         lam_old[:] = lam
         for t in range(m):
@@ -161,9 +157,7 @@ def factored_projections(B, C, V, delta, bhat, lam, gamma, max_iter, tol):
                 p += s * V[t, a]
             if p <= 1e-12:
                 continue
-            alpha, beta = _bregman_step(
-                p, delta[t], lam[t : t + 1], bhat[t : t + 1], gamma_proj, gamma
-            )
+            alpha, beta = _bregman_step(p, delta[t], lam[t : t + 1], bhat[t : t + 1], slack)
             if beta == 0.0:
                 continue
             alpha_l = (np.sqrt(1.0 + p * beta) - 1.0) / p
@@ -173,14 +167,16 @@ def factored_projections(B, C, V, delta, bhat, lam, gamma, max_iter, tol):
                 for b in range(r):
                     C[a, b] += ca * w[b]
                     B[a, b] += ba * w[b]
-        num = 0.0
-        den = 0.0
-        for t in range(m):
-            num += abs(lam[t] - lam_old[t])
-            den += abs(lam[t]) + abs(lam_old[t])
-        if den == 0.0 or num / den < tol:
+        if _duals_settled(lam, lam_old, tol):
             return it + 1, True
     return max_iter, False
+
+
+def _pair_distances(K, local) -> np.ndarray:
+    """Squared kernel distances ``K_ii + K_jj - 2 K_ij`` of the pairs ``local`` (m, 2)."""
+    return (
+        K[local[:, 0], local[:, 0]] + K[local[:, 1], local[:, 1]] - 2 * K[local[:, 0], local[:, 1]]
+    )
 
 
 def symmetric_factor_coefficients(K0: np.ndarray, K: np.ndarray, rtol: float = 1e-10) -> np.ndarray:
@@ -223,8 +219,8 @@ class KernelITML(Persistable, BaseEstimator):
     kernel : {"linear", "rbf", "precomputed"} or callable, default="linear"
         Input kernel. ``"precomputed"``: ``fit`` takes the square training kernel matrix.
         A callable ``kernel(X, Y) -> (len(X), len(Y))`` is checked for that shape.
-    gamma : float, default=1.0
-        ITML slack weight (as :class:`hashlearn.metric.ITML`).
+    slack : float, default=1.0
+        ITML's slack weight (as :class:`hashlearn.metric.ITML`).
     rbf_gamma : float, optional
         Width of the RBF kernel ``exp(-rbf_gamma |x - y|^2)``; default ``1 / n_features``.
     lower_percentile, upper_percentile : float, default=5, 95
@@ -250,6 +246,10 @@ class KernelITML(Persistable, BaseEstimator):
     verbose : bool, default=False
         Log the fit's steps and its progress (every 2 s of CPU) at INFO level to the
         ``"hashlearn"`` logger, and make sure they are shown.
+    gamma : deprecated
+        Former name of ``slack`` (``gamma`` is the kernel width everywhere else in
+        hashlearn); when set it wins, with a ``DeprecationWarning``. Removed in the next
+        release.
 
     Attributes
     ----------
@@ -281,10 +281,10 @@ class KernelITML(Persistable, BaseEstimator):
     >>> X = rng.randn(60, 4) + y[:, None]
     >>> from hashlearn.supervision import pairs_from_labels
     >>> pairs, similar = pairs_from_labels(y, 100, random_state=0)
-    >>> kit = KernelITML(gamma=1.0).fit(X, pairs=pairs, similar=similar)
+    >>> kit = KernelITML(slack=1.0).fit(X, pairs=pairs, similar=similar)
     >>> kit.rank_  # the linear kernel of 4-d points has rank 4
     4
-    >>> itml = ITML(gamma=1.0).fit(X, pairs=pairs, similar=similar)
+    >>> itml = ITML(slack=1.0).fit(X, pairs=pairs, similar=similar)
     >>> bool(np.allclose(kit.learned_kernel(X[:3], X[3:6]), X[:3] @ itml.A_ @ X[3:6].T))
     True
     """
@@ -292,7 +292,7 @@ class KernelITML(Persistable, BaseEstimator):
     def __init__(
         self,
         kernel="linear",
-        gamma: float = 1.0,
+        slack: float = 1.0,
         rbf_gamma: float | None = None,
         lower_percentile: float = 5.0,
         upper_percentile: float = 95.0,
@@ -304,9 +304,10 @@ class KernelITML(Persistable, BaseEstimator):
         warn_flops_per_pass: float = 2e10,
         random_state=None,
         verbose: bool = False,
+        gamma=DEPRECATED,
     ):
         self.kernel = kernel
-        self.gamma = gamma
+        self.slack = slack
         self.rbf_gamma = rbf_gamma
         self.lower_percentile = lower_percentile
         self.upper_percentile = upper_percentile
@@ -318,6 +319,10 @@ class KernelITML(Persistable, BaseEstimator):
         self.warn_flops_per_pass = warn_flops_per_pass
         self.random_state = random_state
         self.verbose = verbose
+        self.gamma = gamma
+
+    #: constructor parameters renamed, old name -> new name (the old one kept one release)
+    _renamed_params = {"gamma": "slack"}
 
     def _log(self, message: str, *args) -> None:
         log_message(self.verbose, "KernelITML: " + message, *args)
@@ -385,19 +390,16 @@ class KernelITML(Persistable, BaseEstimator):
 
     # ------------------------------------------------------------------------ fitting
 
-    def fit(self, X, y=None, *, pairs=None, similar=None):
-        """Learn ``S`` from labels ``y`` or explicit ``pairs`` / ``similar``.
-
-        ``X`` is the data (dense or sparse CSR), or with ``kernel="precomputed"`` the square
-        kernel matrix of the training points.
-        """
+    def _check_params(self) -> float:
+        """Validate the hyper-parameters; returns the slack weight (see ``gamma``)."""
         owner = type(self).__name__
         if not (callable(self.kernel) or self.kernel in _KERNELS):
             raise ValueError(
                 f"The 'kernel' parameter of {owner} must be one of {_KERNELS} or "
                 f"a callable. Got {self.kernel!r} instead."
             )
-        check_real(self.gamma, "gamma", owner, low=0.0, low_open=True)
+        slack = renamed_param(self, "gamma", "slack")
+        check_real(slack, "slack", owner, low=0.0, low_open=True)
         if self.rbf_gamma is not None:
             check_real(self.rbf_gamma, "rbf_gamma", owner, low=0.0, low_open=True)
         check_real(self.lower_percentile, "lower_percentile", owner, low=0.0, high=100.0)
@@ -410,6 +412,16 @@ class KernelITML(Persistable, BaseEstimator):
             check_int(self.max_points, "max_points", owner, low=2)
         check_real(self.rank_tol, "rank_tol", owner, low=0.0, high=1.0)
         check_real(self.warn_flops_per_pass, "warn_flops_per_pass", owner, low=0.0)
+        return float(slack)
+
+    def fit(self, X, y=None, *, pairs=None, similar=None):
+        """Learn ``S`` from labels ``y`` or explicit ``pairs`` / ``similar``.
+
+        ``X`` is the data (dense or sparse CSR), or with ``kernel="precomputed"`` the square
+        kernel matrix of the training points.
+        """
+        owner = type(self).__name__
+        slack = self._check_params()
         X = self._check_X(X, reset=True)
         n = X.shape[0]
         rng = check_random_state(self.random_state)
@@ -418,33 +430,39 @@ class KernelITML(Persistable, BaseEstimator):
                 f"with kernel='precomputed', X passed to {owner}.fit must be the "
                 f"square training kernel matrix. Got shape {X.shape}."
             )
-        if pairs is not None and y is not None:
-            raise ValueError(f"{owner}.fit takes labels y or pairs=..., not both.")
-        if pairs is not None:
-            pairs, similar = check_pairs(pairs, similar, n, owner)
-        elif similar is not None:
-            raise ValueError(f"{owner}.fit got similar=... without pairs=...")
-        elif y is None:
-            raise ValueError(
-                f"{owner} requires y to be passed, but the target y is None: pass labels, fit(X, y), or pairs, "
-                "fit(X, pairs=P, similar=s)."
-            )
-        else:
-            y = np.asarray(y)
-            if y.shape != (n,):
-                raise ValueError(
-                    f"y passed to {owner} must be one label per row of X ({n}). "
-                    f"Got shape {y.shape}."
-                )
-            check_classification_targets(y)
-            if len(np.unique(y)) < 2:
-                raise ValueError(
-                    f"y passed to {owner} has 1 class: with a single class there are no "
-                    "dissimilar pairs to learn from; pass at least two classes."
-                )
+        y, pairs, similar = check_supervision(y, pairs, similar, n, f"{owner}.fit")
+        if pairs is None:
             pairs, similar = self._pairs_from_labels(y, rng)
         index, inverse = np.unique(pairs.ravel(), return_inverse=True)
         local = inverse.reshape(-1, 2).astype(np.int64)
+        K0 = self._constrained_kernel_matrix(X, index)
+        u, ell = np.percentile(
+            _pair_distances(K0, local), [self.lower_percentile, self.upper_percentile]
+        )
+        u, ell = max(float(u), 1e-12), max(float(ell), 1e-12)
+        U, sigma = self._span(K0)
+        B, C = self._projections(U * sigma, local, similar, (u, ell), slack)
+        B = (B + B.T) / 2
+        # K = L B L^T (eq. 4's result); S with Phi S Phi^T = Q (C - I) Q^T (Lemma 2's G)
+        L, W = U * sigma, U / sigma
+        K = L @ B @ L.T
+        S = W @ (C - np.eye(len(sigma))) @ W.T
+        self.lemma2_stable_ = bool(np.all(np.isfinite(S)))
+        if not self.lemma2_stable_:
+            S = symmetric_factor_coefficients(K0, (K + K.T) / 2)
+        self.constrained_index_ = index.astype(np.int64)
+        self.K0_, self.K_, self.S_ = K0, (K + K.T) / 2, S
+        self.rank_ = len(sigma)
+        self.bounds_ = np.array([u, ell])
+        dist = _pair_distances(self.K_, local)
+        bad = np.where(similar, dist > u * (1 + 1e-2), dist < ell * (1 - 1e-2))
+        self.violated_fraction_ = float(bad.mean()) if len(bad) else 0.0
+        return self
+
+    def _constrained_kernel_matrix(self, X, index) -> np.ndarray:
+        """The symmetrised input kernel ``K0`` of the constrained rows ``index`` of ``X``
+        (keeps those rows as ``constrained_`` unless the kernel is precomputed)."""
+        owner = type(self).__name__
         c = len(index)
         if self.max_points is not None and c > self.max_points:
             warnings.warn(
@@ -452,7 +470,7 @@ class KernelITML(Persistable, BaseEstimator):
                 f"{self.max_points}; the fit forms a {c} x {c} kernel matrix and "
                 "eigendecomposes it, which may take long. Pass fewer pairs.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         self._log("kernel matrix of the %d constrained points", c)
         if self.kernel == "precomputed":
@@ -463,41 +481,42 @@ class KernelITML(Persistable, BaseEstimator):
             Phi = X[index]
             K0 = np.ascontiguousarray(self._kernel(Phi, Phi))
             self.constrained_ = Phi
-        K0 = (K0 + K0.T) / 2
-        dist0 = (
-            K0[local[:, 0], local[:, 0]]
-            + K0[local[:, 1], local[:, 1]]
-            - 2 * K0[local[:, 0], local[:, 1]]
-        )
-        u, ell = np.percentile(dist0, [self.lower_percentile, self.upper_percentile])
-        u, ell = max(float(u), 1e-12), max(float(ell), 1e-12)
-        # a basis of the constrained points' feature span: K0 = L L^T, L = U Sigma (c, r)
+        return (K0 + K0.T) / 2
+
+    def _span(self, K0) -> tuple[np.ndarray, np.ndarray]:
+        """A basis of the constrained points' feature span, ``K0 = L L^T`` with
+        ``L = U diag(sigma)`` (c, r): eigenvalues below ``rank_tol`` times the largest
+        dropped; a kernel that is not positive semi-definite is refused."""
+        c = K0.shape[0]
         self._log("eigendecomposition of the %d x %d kernel matrix", c, c)
         vals, vecs = np.linalg.eigh(K0)
         if vals.min(initial=0.0) < -1e-6 * max(vals.max(initial=0.0), 1e-300):
             raise ValueError(
-                f"the kernel of {owner} is not positive semi-definite on the constrained "
-                f"points (eigenvalue {vals.min():.3g} vs max {vals.max():.3g})."
+                f"the kernel of {type(self).__name__} is not positive semi-definite on the "
+                f"constrained points (eigenvalue {vals.min():.3g} vs max {vals.max():.3g})."
             )
         keep = vals > self.rank_tol * max(vals.max(initial=0.0), 1e-300)
-        U, sigma = vecs[:, keep], np.sqrt(vals[keep])
-        r = int(keep.sum())
-        L = U * sigma
+        return vecs[:, keep], np.sqrt(vals[keep])
+
+    def _projections(self, L, local, similar, bounds, slack) -> tuple[np.ndarray, np.ndarray]:
+        """ITML's projections in the span (:func:`factored_projections`), logged every 2 s
+        of CPU with ``verbose``; returns ``(B, C)`` and sets ``n_iter_``, ``converged_``."""
+        c, r = L.shape
         V = np.ascontiguousarray(L[local[:, 0]] - L[local[:, 1]])
         m = len(local)
         if 4.0 * m * r * r > self.warn_flops_per_pass:
             warnings.warn(
-                f"{owner}: each pass over the {m} constraints costs about "
+                f"{type(self).__name__}: each pass over the {m} constraints costs about "
                 f"{4.0 * m * r * r:.2g} flops (rank {r} of the {c} x {c} kernel matrix); "
                 f"a fit of up to max_iter={self.max_iter} passes may take minutes. Lower "
                 "num_constraints or max_points, or raise tol.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         B = np.eye(r)
         C = np.eye(r)
         delta = np.where(similar, 1.0, -1.0)
-        bhat = np.where(similar, u, ell).astype(np.float64)
+        bhat = np.where(similar, bounds[0], bounds[1]).astype(np.float64)
         lam = np.zeros(m)
         n_iter, converged = 0, False
         started = time.process_time()
@@ -505,7 +524,7 @@ class KernelITML(Persistable, BaseEstimator):
         while n_iter < self.max_iter and not converged:
             chunk = min(self.max_iter - n_iter, 1 if self.verbose else self.max_iter)
             done, converged = factored_projections(
-                B, C, V, delta, bhat, lam, float(self.gamma), int(chunk), float(self.tol)
+                B, C, V, delta, bhat, lam, slack, int(chunk), float(self.tol)
             )
             n_iter += int(done)
             now = time.process_time()
@@ -520,27 +539,8 @@ class KernelITML(Persistable, BaseEstimator):
             converged,
             time.process_time() - started,
         )
-        B = (B + B.T) / 2
-        # K = L B L^T (eq. 4's result); S with Phi S Phi^T = Q (C - I) Q^T (Lemma 2's G)
-        W = U / sigma
-        K = L @ B @ L.T
-        S = W @ (C - np.eye(r)) @ W.T
-        self.lemma2_stable_ = bool(np.all(np.isfinite(S)))
-        if not self.lemma2_stable_:
-            S = symmetric_factor_coefficients(K0, (K + K.T) / 2)
-        self.constrained_index_ = index.astype(np.int64)
-        self.K0_, self.K_, self.S_ = K0, (K + K.T) / 2, S
-        self.rank_ = r
-        self.bounds_ = np.array([u, ell])
         self.n_iter_, self.converged_ = int(n_iter), bool(converged)
-        dist = (
-            self.K_[local[:, 0], local[:, 0]]
-            + self.K_[local[:, 1], local[:, 1]]
-            - 2 * self.K_[local[:, 0], local[:, 1]]
-        )
-        bad = np.where(similar, dist > u * (1 + 1e-2), dist < ell * (1 - 1e-2))
-        self.violated_fraction_ = float(bad.mean()) if len(bad) else 0.0
-        return self
+        return B, C
 
     # ---------------------------------------------------------------------- applying
 
@@ -617,7 +617,7 @@ class KernelITML(Persistable, BaseEstimator):
 
     def _get_state(self):
         check_is_fitted(self)
-        params = self.get_params(deep=False)
+        params = renamed_params(type(self), self.get_params(deep=False))
         for key, value in params.items():
             if not (value is None or isinstance(value, (str, bool, numbers.Real))):
                 raise TypeError(
@@ -655,7 +655,7 @@ class KernelITML(Persistable, BaseEstimator):
 
     @classmethod
     def _from_state(cls, params, state, arrays):
-        obj = cls(**params)
+        obj = cls(**renamed_params(cls, params))
         arrays = dict(arrays)
         if "constrained_data" in arrays:
             obj.constrained_ = sp.csr_matrix(
