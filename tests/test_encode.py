@@ -207,6 +207,17 @@ def test_block_rows_stays_within_the_budget():
     assert block_rows(10**6, 3_000, 10**6) == _linear.MIN_BLOCK_ROWS  # a tenth is < one row
     assert block_rows(100, 3_000, 3 * 10**9) == 100
     assert block_rows(0, 3_000, 0) == 1
+    many = 4 * _linear.BLOCK_BYTES_PER_BLAS_THREAD // 3_000  # 4 BLAS threads: larger blocks
+    assert block_rows(10**6, 3_000, 3 * 10**9, threads=4) == many
+    assert block_rows(10**6, 3_000, 10**8, threads=4) == 10**8 // 20 // 3_000  # 5 % cap
+
+
+def test_blas_threads_follows_threadpoolctl():
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        assert _linear.blas_threads() == 1
+    assert _linear.blas_threads() >= 1
 
 
 @pytest.mark.parametrize("cls", [RandomHyperplaneLSH, IterativeQuantization])
