@@ -44,6 +44,32 @@ def test_same_random_state_gives_identical_codes(data):
     np.testing.assert_array_equal(h.fit(X).encode(Y), h.fit(X).encode(Y))
 
 
+_SLOW_TO_FIT = {"metric-lsh", "kernel-metric-lsh", "rbm", "mlh", "boosted-ssc"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_TO_FIT else n
+        for n in available_hashers()
+    ],
+)
+def test_every_hasher_takes_random_state_as_int_none_or_randomstate(name):
+    """The package's convention (scikit-learn's check_random_state): an int or a
+    RandomState seeds the fit, equal seeds give equal codes, None is accepted."""
+    from hashlearn import load_digits
+
+    X, y = load_digits()
+    X, y = X[:150], y[:150]
+    codes = [
+        make_hasher(name, n_bits=8, random_state=seed).fit(X, y).encode(X)
+        for seed in (3, 3, np.random.RandomState(3), np.random.RandomState(3))
+    ]
+    np.testing.assert_array_equal(codes[0], codes[1])
+    np.testing.assert_array_equal(codes[2], codes[3])
+    assert make_hasher(name, n_bits=8, random_state=None).fit(X, y).encode(X).shape == (150, 1)
+
+
 @pytest.mark.parametrize("n_bits", [1, 7, 8, 9, 33, 64, 100, 257])
 @pytest.mark.parametrize("center", [True, False])
 def test_codes_layout_and_projection(data, n_bits, center):
