@@ -44,7 +44,7 @@ def test_same_random_state_gives_identical_codes(data):
     np.testing.assert_array_equal(h.fit(X).encode(Y), h.fit(X).encode(Y))
 
 
-_SLOW_TO_FIT = {"metric-lsh", "kernel-metric-lsh", "rbm", "mlh", "boosted-ssc"}
+_SLOW_TO_FIT = {"metric-lsh", "kernel-metric-lsh", "rbm", "mlh", "boosted-ssc", "rank"}
 
 
 @pytest.mark.parametrize(
