@@ -30,11 +30,13 @@ from sklearn.decomposition import PCA
 
 from hashlearn.experiments._common import available_real, load_real, write_json
 from hashlearn.experiments.pipeline import (
+    RunOptions,
     SearchSpec,
     Split,
     claim,
     knn_error_of_neighbors,
     mean_table,
+    reproduction,
     run_specs,
     searched_fraction,
     summarize,
@@ -50,29 +52,17 @@ K_NN = 4
 EPSILON = 1.5
 
 
+FULL = dict(runs=10, queries_per_class=30, bits=(8, 12, 16, 24, 32, 48, 64), gamma="auto")
+FULL.update(fashion_rows=60300, sparse_rows=5000, sparse_runs=3, sparse_bits=(16, 32, 64))
+
+
 def settings(quick: bool) -> dict:
-    """Protocol sizes: the paper's in full mode (10 partitions), seconds-long ones in quick."""
-    if quick:
-        return dict(
-            runs=2,
-            queries_per_class=10,
-            bits=(8, 16, 32),
-            fashion_rows=10000,
-            gamma=1.0,
-            sparse_rows=1000,
-            sparse_runs=1,
-            sparse_bits=(32,),
-        )
-    return dict(
-        runs=10,
-        queries_per_class=30,
-        bits=(8, 12, 16, 24, 32, 48, 64),
-        fashion_rows=60300,
-        gamma="auto",
-        sparse_rows=5000,
-        sparse_runs=3,
-        sparse_bits=(16, 32, 64),
-    )
+    """Protocol sizes: the paper's in full mode (``FULL``: 10 partitions), seconds-long ones
+    in quick mode."""
+    if not quick:
+        return dict(FULL)
+    small = dict(FULL, runs=2, queries_per_class=10, bits=(8, 16, 32), gamma=1.0)
+    return dict(small, fashion_rows=10000, sparse_rows=1000, sparse_runs=1, sparse_bits=(32,))
 
 
 def _permutation_index(n_bits: int, seed: int) -> PermutationIndex:
@@ -233,37 +223,26 @@ def _curves(records, bits, value):
     }
 
 
-def run(
-    out_dir: Path,
-    *,
-    quick: bool = False,
-    seed: int = 0,
-    data_dir=None,
-    progress=None,
-    X=None,
-    y=None,
-) -> str:
+@reproduction(settings)
+def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run Figs. 1-2 (``X``, ``y``: your own labelled data for the dense case instead of
     digits / Fashion-MNIST); write ``learned_metric.md``, ``learned_metric.json``,
     ``claims.json`` and the plots into ``out_dir``; return the markdown report."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = settings(quick)
-    if X is not None:
-        cases = {"your data": (np.asarray(X, np.float64), np.asarray(y))}
+    if opts.X is not None:
+        cases = {"your data": (np.asarray(opts.X, np.float64), np.asarray(opts.y))}
     else:
         cases = {}
-        for name in available_real(data_dir):
-            Xr, yr = load_real(name, data_dir)
+        for name in available_real(opts.data_dir):
+            Xr, yr = load_real(name, opts.data_dir)
             if name == "fashion-mnist":
-                keep = np.random.RandomState(seed).permutation(len(Xr))[: cfg["fashion_rows"]]
+                keep = np.random.RandomState(opts.seed).permutation(len(Xr))[: cfg["fashion_rows"]]
                 Xr, yr = Xr[np.sort(keep)], yr[np.sort(keep)]
             cases[name] = (Xr.astype(np.float64), yr)
     lines, claims, results, acc_panels, searched_panels = [], [], {}, {}, {}
     for name, data in cases.items():
         n_pca = 32 if data[0].shape[1] > 100 else None
         records, split = _run_case(
-            data, cfg, cfg["bits"], cfg["runs"], seed, progress, name, n_pca=n_pca
+            data, cfg, cfg["bits"], cfg["runs"], opts.seed, opts.progress, name, n_pca=n_pca
         )
         results[name] = records
         claims += _claims(name, records, cfg["bits"], cfg["runs"])
@@ -281,11 +260,11 @@ def run(
             "",
             _speed(records, cfg["bits"]),
         ]
-    sparse_name = "fashion-mnist" if X is None and "fashion-mnist" in cases else None
-    if X is None:
+    sparse_name = "fashion-mnist" if opts.X is None and "fashion-mnist" in cases else None
+    if opts.X is None:
         sparse_name = sparse_name or "digits"
-        Xr, yr = load_real(sparse_name, data_dir)
-        keep = np.sort(np.random.RandomState(seed).permutation(len(Xr))[: cfg["sparse_rows"]])
+        Xr, yr = load_real(sparse_name, opts.data_dir)
+        keep = np.sort(np.random.RandomState(opts.seed).permutation(len(Xr))[: cfg["sparse_rows"]])
         side, level = (28, 128) if sparse_name == "fashion-mnist" else (8, 8)
         bag = bag_of_patches(Xr[keep], side, level)
         runs = cfg["sparse_runs"]
@@ -294,8 +273,8 @@ def run(
             cfg,
             cfg["sparse_bits"],
             runs,
-            seed + 1000,
-            progress,
+            opts.seed + 1000,
+            opts.progress,
             f"{sparse_name} patches",
             sparse=True,
         )
@@ -316,7 +295,7 @@ def run(
     _plot(acc_panels, searched_panels, out_dir)
     write_json(out_dir / "learned_metric.json", {"settings": cfg, "records": results})
     header = [
-        f"## learned-metric (Jain, Kulis & Grauman, CVPR 2008, Figs. 1-2){' [quick]' if quick else ''}",
+        f"## learned-metric (Jain, Kulis & Grauman, CVPR 2008, Figs. 1-2){' [quick]' if opts.quick else ''}",
         "",
         f"{cfg['runs']} random partitions ({cfg['queries_per_class']} queries per class held out; ITML constraints among "
         f"20 labelled database items per class, gamma {cfg['gamma']}"

@@ -33,11 +33,13 @@ from sklearn.decomposition import PCA
 from hashlearn.experiments._common import available_real, load_real, write_json
 from hashlearn.experiments.pipeline import (
     MethodSpec,
+    RunOptions,
     Split,
     claim,
     mean_table,
     pr_curve_auc,
     precision_at_radius,
+    reproduction,
     run_specs,
     summarize,
     write_claims,
@@ -51,28 +53,16 @@ UNSUPERVISED = ("SH", "SIKH", "PCAH", "ITQ", "LSH")
 CHOSEN = ("rho_", "lam_", "epsilon_", "n_epochs_")
 
 
+FULL = dict(bits=(8, 16, 32, 64), seeds=10, n_train=1000, n_test=3000, n_uniform=3000)
+FULL.update(budget=8.0, large=True, bre={"n_landmarks": 100, "n_iter": 2})
+
+
 def settings(quick: bool) -> dict:
-    """Protocol sizes: the paper's in full mode, seconds-long ones in quick mode."""
-    if quick:
-        return dict(
-            bits=(16,),
-            seeds=2,
-            n_train=250,
-            n_test=150,
-            n_uniform=150,
-            budget=0.25,
-            large=False,
-            bre={"n_landmarks": 50, "n_iter": 1},
-        )
-    return dict(
-        bits=(8, 16, 32, 64),
-        seeds=10,
-        n_train=1000,
-        n_test=3000,
-        n_uniform=3000,
-        budget=8.0,
-        large=True,
-    )
+    """Protocol sizes: the paper's in full mode (``FULL``), seconds-long ones in quick mode."""
+    if not quick:
+        return dict(FULL)
+    small = dict(FULL, bits=(16,), seeds=2, n_train=250, n_test=150, n_uniform=150)
+    return dict(small, budget=0.25, large=False, bre={"n_landmarks": 50, "n_iter": 1})
 
 
 def prepare(X_train, X_test, *, normalise: bool, n_pca: int | None):
@@ -327,34 +317,21 @@ def _large(out_dir, seed, data_dir, progress):
     return lines, claims
 
 
-def run(
-    out_dir: Path,
-    *,
-    quick: bool = False,
-    seed: int = 0,
-    data_dir=None,
-    progress=None,
-    X=None,
-    large: bool | None = None,
-) -> str:
+@reproduction(settings)
+def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run §6.1 (and §6.2 in full mode when Fashion-MNIST is installed); write the tables
     (``mlh.md``, ``mlh_small.json``, ``mlh_large.json``), ``claims.json`` and the plots into
     ``out_dir``; return the markdown report. ``X``: run §6.1's protocol on your own data
     (rows are items) instead of the real datasets."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = settings(quick)
-    lines, claims = _small(out_dir, cfg, seed, data_dir, progress, X)
-    if large is None:
-        large = cfg["large"] and X is None
-    if large and "fashion-mnist" in available_real(data_dir):
-        more, more_claims = _large(out_dir, seed, data_dir, progress)
+    lines, claims = _small(out_dir, cfg, opts.seed, opts.data_dir, opts.progress, opts.X)
+    if cfg["large"] and opts.X is None and "fashion-mnist" in available_real(opts.data_dir):
+        more, more_claims = _large(out_dir, opts.seed, opts.data_dir, opts.progress)
         lines += more
         claims += more_claims
     header = [
-        f"## Minimal loss hashing (Norouzi & Fleet, ICML 2011, §6){' [quick]' if quick else ''}",
+        f"## Minimal loss hashing (Norouzi & Fleet, ICML 2011, §6){' [quick]' if opts.quick else ''}",
         "",
-        f"Seed {seed}; {cfg['seeds']} models per method (the paper: 10); code lengths "
+        f"Seed {opts.seed}; {cfg['seeds']} models per method (the paper: 10); code lengths "
         f"{list(cfg['bits'])}. MLH and BRE2 choose rho, lambda, epsilon and the number of "
         f"epochs on held-out training rows within {cfg['budget']:g} CPU s per model (the "
         "paper trains 2000 epochs after validating with 100). Deviations from the paper: "

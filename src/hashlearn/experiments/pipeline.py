@@ -88,6 +88,8 @@ __all__ = [
     "claim",
     "write_claims",
     "mean_table",
+    "RunOptions",
+    "reproduction",
 ]
 
 SUPERVISION = ("none", "labels", "neighbors", "all-pairs")
@@ -627,3 +629,46 @@ def mean_table(
             row.append(f"{scale * mean:.3f}" + (f" ± {scale * std:.3f}" if n > 1 else ""))
         rows.append(row)
     return markdown_table(["method"] + [label.format(c) for c in columns], rows)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``hashlearn reproduce`` passes every reproduction: ``quick`` (small settings),
+    ``seed``, ``data_dir`` (Fashion-MNIST's directory), ``progress`` (the tqdm-like factory
+    of :func:`run_specs`) and ``X`` / ``y`` (your own data instead of the real datasets)."""
+
+    quick: bool = False
+    seed: int = 0
+    data_dir: Any = None
+    progress: Callable[..., Any] | None = None
+    X: Any = None
+    y: Any = None
+
+
+def reproduction(settings: Callable[[bool], dict]):
+    """Decorator giving a paper module's ``body(out_dir, cfg, opts) -> markdown`` the public
+    signature ``run(out_dir, *, quick=False, seed=0, data_dir=None, progress=None, X=None,
+    y=None)``: ``out_dir`` is created, ``cfg = settings(quick)``, ``opts`` a
+    :class:`RunOptions`."""
+
+    def wrap(body: Callable[[Path, dict, RunOptions], str]):
+        def run(
+            out_dir, *, quick=False, seed=0, data_dir=None, progress=None, X=None, y=None
+        ) -> str:
+            if X is not None and not sp.issparse(X):
+                X = np.asarray(X)
+                if X.ndim != 2 or X.shape[0] < 2:
+                    raise ValueError(f"X must be a 2-D array of rows. Got shape {X.shape}.")
+            if y is not None and (X is None or len(y) != X.shape[0]):
+                raise ValueError("y must hold one label per row of X.")
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            opts = RunOptions(quick, seed, data_dir, progress, X, y)
+            return body(out, settings(quick), opts)
+
+        run.__doc__ = body.__doc__
+        run.__name__ = run.__qualname__ = body.__name__
+        run.__module__ = body.__module__
+        return run
+
+    return wrap

@@ -34,12 +34,14 @@ from hashlearn.evaluate import knn_classify_exact
 from hashlearn.experiments._common import available_real, load_real, markdown_table, write_json
 from hashlearn.experiments.pipeline import (
     MethodSpec,
+    RunOptions,
     Split,
     claim,
     knn_error,
     mean_table,
     neighbor_vote_error,
     precision_at_radius,
+    reproduction,
     run_specs,
     summarize,
     write_claims,
@@ -54,33 +56,18 @@ PAPER = "LambdaRank bit vectors (WWW)"
 ERROR = "knn_error@3bins"
 
 
+FULL = dict(bits=(8, 16, 32, 64, 128), seeds=1, extra_seeds_at=32, extra_seeds=2, epochs=5)
+FULL.update(digits=(1000, 797), fashion=(60000, 10000), ball_n=1_000_000, ball_queries=2000)
+FULL.update(repeats=5)
+
+
 def settings(quick: bool) -> dict:
-    """Protocol sizes: the paper's (60k / 10k) in full mode, seconds-long ones in quick."""
-    if quick:
-        return dict(
-            bits=(8, 16, 32),
-            seeds=1,
-            extra_seeds_at=32,
-            extra_seeds=0,
-            digits=(300, 150),
-            fashion=(1000, 300),
-            epochs=2,
-            ball_n=20_000,
-            ball_queries=100,
-            repeats=2,
-        )
-    return dict(
-        bits=(8, 16, 32, 64, 128),
-        seeds=1,
-        extra_seeds_at=32,
-        extra_seeds=2,
-        digits=(1000, 797),
-        fashion=(60000, 10000),
-        epochs=5,
-        ball_n=1_000_000,
-        ball_queries=2000,
-        repeats=5,
-    )
+    """Protocol sizes: the paper's (60k / 10k) in full mode (``FULL``), seconds-long ones in
+    quick mode."""
+    if not quick:
+        return dict(FULL)
+    small = dict(FULL, bits=(8, 16, 32), extra_seeds=0, epochs=2, repeats=2)
+    return dict(small, digits=(300, 150), fashion=(1000, 300), ball_n=20_000, ball_queries=100)
 
 
 def specs(epochs: int, *, sparse: bool = False, task: str = "classification") -> list[MethodSpec]:
@@ -230,29 +217,18 @@ def _datasets(data_dir, X, quick):
     return names
 
 
-def run(
-    out_dir: Path,
-    *,
-    quick: bool = False,
-    seed: int = 0,
-    data_dir=None,
-    progress=None,
-    X=None,
-    y=None,
-) -> str:
+@reproduction(settings)
+def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run the reproduction (``X``, ``y``: your own labelled data); write ``rank_codes.md``,
     ``rank_codes.json``, ``claims.json`` and the plots into ``out_dir``; return markdown."""
     from hashlearn.plots import plot_lines
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = settings(quick)
     md, claims, results, panels, references = [], [], {"settings": cfg}, {}, {}
-    names = _datasets(data_dir, X, quick)
+    names = _datasets(opts.data_dir, opts.X, opts.quick)
     for name in names:
-        split = _split(name, cfg, seed, data_dir, X, y)
+        split = _split(name, cfg, opts.seed, opts.data_dir, opts.X, opts.y)
         models: dict = {}
-        records = _classification(name, split, cfg, seed, progress, models)
+        records = _classification(name, split, cfg, opts.seed, opts.progress, models)
         exact = float(
             np.mean(knn_classify_exact(split.X_db, split.y_db, split.X_q, 3) != split.y_q)
         )
@@ -307,15 +283,18 @@ def run(
             specs(cfg["epochs"], sparse=sp.issparse(split.X_db), task="retrieval"),
             split50,
             bits=[32],
-            seeds=[seed],
+            seeds=[opts.seed],
             measures=[precision_at_radius(1, "euclidean")],
-            progress=progress,
+            progress=opts.progress,
             desc="rank-codes retrieval",
         )
         cascade = _cascade(
-            split, models[("LambdaRank", 8, seed)], models[("LambdaRank", bits[-1], seed)], bits[-1]
+            split,
+            models[("LambdaRank", 8, opts.seed)],
+            models[("LambdaRank", bits[-1], opts.seed)],
+            bits[-1],
         )
-        timing = _ball_timing(models[("LambdaRank", 32, seed)], split.X_db, cfg, seed)
+        timing = _ball_timing(models[("LambdaRank", 32, opts.seed)], split.X_db, cfg, opts.seed)
         results[f"{name}_retrieval"], results[f"{name}_cascade"] = retrieval, cascade
         results["ball_timing"] = timing
         direct = err[("LambdaRank", bits[-1])][0]
@@ -360,9 +339,9 @@ def run(
     )
     write_json(out_dir / "rank_codes.json", results)
     header = [
-        f"## Rank codes (LambdaRank bit vectors, WWW){' [quick]' if quick else ''}",
+        f"## Rank codes (LambdaRank bit vectors, WWW){' [quick]' if opts.quick else ''}",
         "",
-        f"Seed {seed}; bits {list(cfg['bits'])}; {1 + cfg['extra_seeds']} seed(s) at "
+        f"Seed {opts.seed}; bits {list(cfg['bits'])}; {1 + cfg['extra_seeds']} seed(s) at "
         f"{cfg['extra_seeds_at']} bits, one elsewhere; RankNet / LambdaRank {cfg['epochs']} "
         "epochs, 100 queries x 100 documents per step, eq. 7 classification score. "
         "Deviations: Fashion-MNIST stands in for MNIST (same sizes in full mode); Covertype, "

@@ -31,10 +31,12 @@ from hashlearn.experiments._common import available_real, load_real, markdown_ta
 from hashlearn.experiments.pipeline import (
     BucketerSpec,
     MethodSpec,
+    RunOptions,
     Split,
     candidate_recall_curve,
     claim,
     recall_at_m_curve,
+    reproduction,
     run_specs,
     write_claims,
 )
@@ -46,33 +48,16 @@ PAPER = "Li et al. 2011 (boosted search forest)"
 BUDGETS = (100, 200, 500, 1000, 2000, 5000)
 
 
+FULL = dict(n_db=60000, n_queries=1000, n_train=10000, n_dims=64, n_trees=32)
+FULL.update(depths=(10, 8, 6), n_pairs=100000, seeds=3, lam=0.1, sh_bits=(32, 64, 128, 256))
+
+
 def settings(quick: bool) -> dict:
-    """Protocol sizes: the paper's scale in full mode, seconds-long ones in quick mode."""
-    if quick:
-        return dict(
-            n_db=10000,
-            n_queries=100,
-            n_train=1000,
-            n_dims=16,
-            n_trees=8,
-            depths=(6,),
-            n_pairs=5000,
-            seeds=1,
-            lam=0.1,
-            sh_bits=(32,),
-        )
-    return dict(
-        n_db=60000,
-        n_queries=1000,
-        n_train=10000,
-        n_dims=64,
-        n_trees=32,
-        depths=(10, 8, 6),
-        n_pairs=100000,
-        seeds=3,
-        lam=0.1,
-        sh_bits=(32, 64, 128, 256),
-    )
+    """Protocol sizes: the paper's scale in full mode (``FULL``), seconds-long ones in quick."""
+    if not quick:
+        return dict(FULL)
+    small = dict(FULL, n_db=10000, n_queries=100, n_train=1000, n_dims=16, n_trees=8)
+    return dict(small, depths=(6,), n_pairs=5000, seeds=1, sh_bits=(32,))
 
 
 def specs(cfg: dict, k_similar: int) -> list[BucketerSpec]:
@@ -162,31 +147,27 @@ def _claims(curves, m_values, n_true, name, n_seeds) -> list[dict]:
     return rows
 
 
-def run(
-    out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None, X=None
-) -> str:
+@reproduction(settings)
+def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run the reproduction (``X``: your own data instead of Fashion-MNIST); write
     ``search_forest.json``, ``claims.json``, ``search_forest_recall.png`` and
     ``search_forest.md`` into ``out_dir``; return the markdown report."""
     from hashlearn.plots import plot_lines
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = settings(quick)
-    name, n_true, split = _split(cfg, seed, data_dir, X)
+    name, n_true, split = _split(cfg, opts.seed, opts.data_dir, opts.X)
     n_db = split.X_db.shape[0]
     cfg["n_train"] = min(cfg["n_train"], n_db)
     k_similar = max(1, round(n_true * cfg["n_train"] / n_db))
     T = cfg["n_trees"]
     tree_counts = sorted({*(2**i for i in range(T.bit_length()) if 2**i <= T), T})
-    seeds = [seed * 1000 + s for s in range(cfg["seeds"])]
+    seeds = [opts.seed * 1000 + s for s in range(cfg["seeds"])]
     records = run_specs(
         specs(cfg, k_similar),
         split,
         bits=cfg["depths"],
         seeds=seeds,
         measures=[candidate_recall_curve("euclidean", tree_counts)],
-        progress=progress,
+        progress=opts.progress,
         desc="search-forest",
     )
     m_values = [m for m in BUDGETS if m <= n_db] if n_true == 100 else [20, 50, 100, 200, 500]
@@ -197,7 +178,7 @@ def run(
         bits=cfg["sh_bits"],
         seeds=seeds[:1],
         measures=[recall_at_m_curve(m_curve)],
-        progress=progress,
+        progress=opts.progress,
         desc="search-forest SH",
     )
     curves = _curves(records)
@@ -233,7 +214,7 @@ def run(
         out_dir / "search_forest.json",
         {
             "settings": cfg,
-            "seed": seed,
+            "seed": opts.seed,
             "k_similar": k_similar,
             "records": records,
             "sh": sh,
@@ -242,7 +223,7 @@ def run(
         },
     )
     report = [
-        f"## search-forest: learning to search (Li et al., NIPS 2011){' [quick]' if quick else ''}",
+        f"## search-forest: learning to search (Li et al., NIPS 2011){' [quick]' if opts.quick else ''}",
         "",
         f"{name}, database {n_db} items, {split.X_q.shape[0]} held-out queries, PCA to "
         f"{split.X_db.shape[1]} dims; ground truth: exact Euclidean {n_true}-NN. {T} trees / "

@@ -37,9 +37,11 @@ from hashlearn.evaluate import exact_knn, hamming_ranking
 from hashlearn.experiments._common import available_real, load_real, markdown_table, write_json
 from hashlearn.experiments.pipeline import (
     MethodSpec,
+    RunOptions,
     Split,
     claim,
     recall_at_m_curve,
+    reproduction,
     run_specs,
     summarize,
     write_claims,
@@ -62,6 +64,11 @@ def label_neighbors(db, q, y_db, y_q, k: int = N_TRUE) -> np.ndarray:
         _, ids = exact_knn(db[rows], q[qi], k)
         out[qi] = np.where(ids >= 0, rows[np.maximum(ids, 0)], -1)
     return out
+
+
+def settings(quick: bool) -> dict:
+    """Code lengths of Fig. 11b (quick: two)."""
+    return {"bits": [16, 32] if quick else [16, 32, 64]}
 
 
 def specs(truth: str, quick: bool) -> list[MethodSpec]:
@@ -156,27 +163,17 @@ def _claims(ds: str, res: dict, n_seeds: int) -> list[dict]:
     return rows
 
 
-def run(
-    out_dir: Path,
-    *,
-    quick: bool = False,
-    seed: int = 0,
-    data_dir=None,
-    progress=None,
-    X=None,
-    y=None,
-) -> str:
+@reproduction(settings)
+def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run Figs. 11 and 16 on digits and Fashion-MNIST (when present), or on your own
     labelled data ``X``, ``y``; write ``survey.json``, ``claims.json`` and the plots into
     ``out_dir``; return markdown."""
     from hashlearn.plots import plot_recall_at_m_panels
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    bits_list = [16, 32] if quick else [16, 32, 64]
+    bits_list = cfg["bits"]
     lines = [
-        f"## Survey (Grauman & Fergus, Figs. 11, 16){' [quick]' if quick else ''}\n",
-        f"Seed {seed}. "
+        f"## Survey (Grauman & Fergus, Figs. 11, 16){' [quick]' if opts.quick else ''}\n",
+        f"Seed {opts.seed}. "
         f"Recall = % of the true {N_TRUE} neighbours among the first M of the Hamming ranking "
         "(random tie order, seeded), averaged over queries. Supervised methods are trained "
         "for the ground truth they are scored on.",
@@ -184,8 +181,10 @@ def run(
     ]
     results: dict = {}
     claims = []
-    for ds in available_real(data_dir) if X is None else ["your data"]:
-        split = _split(ds, quick, seed, data_dir, None if X is None else (X, y))
+    for ds in available_real(opts.data_dir) if opts.X is None else ["your data"]:
+        split = _split(
+            ds, opts.quick, opts.seed, opts.data_dir, None if opts.X is None else (opts.X, opts.y)
+        )
         lines.append(
             f"### {ds}: {len(split.X_db)} database items, {len(split.X_q)} queries, "
             f"d={split.X_db.shape[1]}"
@@ -194,12 +193,12 @@ def run(
         panels = {}
         for truth in TRUTHS:
             records = run_specs(
-                specs(truth, quick),
+                specs(truth, opts.quick),
                 split,
                 bits=bits_list,
-                seeds=[seed],
+                seeds=[opts.seed],
                 measures=[recall_at_m_curve(M_CURVE, truth=truth)],
-                progress=progress,
+                progress=opts.progress,
                 desc=f"survey {ds} {truth}",
             )
             at500 = summarize(records, "recall@500")
@@ -233,7 +232,7 @@ def run(
         png = out_dir / f"survey_fig11_{ds}_32bits.png"
         plot_recall_at_m_panels(panels, png, title=f"Survey Fig. 11a: {ds}, 32 bits")
         lines += ["", f"Fig. 11a curves: `{png.name}`"]
-        ns, cov = _fig16(split, seed)
+        ns, cov = _fig16(split, opts.seed)
         res["fig16"] = {"N": ns, "coverage": cov.tolist()}
         lines += [
             "",
