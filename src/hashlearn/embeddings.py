@@ -29,7 +29,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -446,29 +445,15 @@ class EmbeddingIndex:
             "n": len(self),
         }
         arrays = {"vectors": np.ascontiguousarray(self.vectors)}
-        if path.exists():
-            if not (path / "meta.json").is_file():
-                raise FileExistsError(
-                    f"{path} exists and is not a hashlearn save (no meta.json); refusing to "
-                    "overwrite it."
-                )
-            _io.save(self.hasher_, path / hasher_dir)
-            _io.save(self.codes_, path / codes_dir)
-            _io.write_dir(path, _CLASS, self._params(), state, arrays)  # the atomic switch
-            for child in path.iterdir():
-                if _COMPONENT.fullmatch(child.name) and child.name not in (hasher_dir, codes_dir):
-                    shutil.rmtree(child, ignore_errors=True)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{token}"
-        try:
-            _io.write_dir(tmp, _CLASS, self._params(), state, arrays)
-            _io.save(self.hasher_, tmp / hasher_dir)
-            _io.save(self.codes_, tmp / codes_dir)
-            os.rename(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        _io.write_composite(
+            path,
+            _CLASS,
+            self._params(),
+            state,
+            arrays,
+            {hasher_dir: self.hasher_, codes_dir: self.codes_},
+            _COMPONENT.fullmatch,
+        )
 
     @staticmethod
     def _read_vectors(path: Path) -> np.ndarray:

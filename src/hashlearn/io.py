@@ -71,6 +71,7 @@ __all__ = [
     "load",
     "persistable",
     "write_dir",
+    "write_composite",
     "read_dir",
     "append_rows",
     "require_array",
@@ -682,6 +683,50 @@ def write_dir(
         _write_over(path, class_name, params, state, arrays)
     finally:
         _unlock_dir(lock)
+
+
+def write_composite(
+    path: str | os.PathLike,
+    class_name: str,
+    params: Mapping[str, Any],
+    state: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    components: Mapping[str, Any],
+    is_component: Any,
+) -> None:
+    """Save an object made of saved objects: its own ``meta.json`` and arrays in ``path``,
+    each of ``components`` (sub-directory name -> persistable object) saved below it.
+
+    A first save is built in a temporary sibling and renamed into place. Over an existing
+    save the new components are written first, then ``meta.json`` is replaced atomically
+    (:func:`write_dir`), then the entries that ``is_component(name)`` recognises as the old
+    components (or their temporaries) are deleted: a crash at any point leaves the old or the
+    new object loadable. The component names should be fresh (e.g. carry a random token).
+    """
+    path = Path(path)
+    if path.exists():
+        if not (path / _META).is_file():
+            raise FileExistsError(
+                f"{path} exists and is not a hashlearn save (no meta.json); refusing to "
+                "overwrite it."
+            )
+        for name, component in components.items():
+            save(component, path / name)
+        write_dir(path, class_name, params, state, arrays)  # the atomic switch
+        for child in path.iterdir():
+            if child.name not in components and is_component(child.name):
+                shutil.rmtree(child, ignore_errors=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    try:
+        write_dir(tmp, class_name, params, state, arrays)
+        for name, component in components.items():
+            save(component, tmp / name)
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _new_meta(class_name, params, state, generation) -> dict[str, Any]:

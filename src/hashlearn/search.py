@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -387,30 +386,15 @@ class Searcher:
         elif self._vectors is not None:
             state["vectors"] = "dense"
             arrays["vectors"] = np.ascontiguousarray(self._vectors)
-        if path.exists():
-            if not (path / "meta.json").is_file():
-                raise FileExistsError(
-                    f"{path} exists and is not a hashlearn save (no meta.json); refusing to "
-                    "overwrite it."
-                )
-            _io.save(self.hasher, path / hasher_dir)
-            _io.save(self.index, path / index_dir)
-            _io.write_dir(path, "Searcher", params, state, arrays)  # the atomic switch
-            for child in path.iterdir():
-                stale = _COMPONENT.fullmatch(child.name) and child.name not in state.values()
-                if stale or _COMPONENT_TMP.fullmatch(child.name):
-                    shutil.rmtree(child, ignore_errors=True)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{token}"
-        try:
-            _io.write_dir(tmp, "Searcher", params, state, arrays)
-            _io.save(self.hasher, tmp / hasher_dir)
-            _io.save(self.index, tmp / index_dir)
-            os.rename(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        _io.write_composite(
+            path,
+            "Searcher",
+            params,
+            state,
+            arrays,
+            {hasher_dir: self.hasher, index_dir: self.index},
+            lambda name: _COMPONENT.fullmatch(name) or _COMPONENT_TMP.fullmatch(name),
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) -> Searcher:
