@@ -34,6 +34,7 @@ import numpy as np
 
 from hashlearn.embeddings import EmbeddingIndex, check_embeddings
 from hashlearn.hashers import available_hashers
+from hashlearn.io import atomic_path
 
 __all__ = ["index"]
 
@@ -173,16 +174,8 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
     if path.is_symlink():
         raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
 
 
 def _progress(total: int, label: str):

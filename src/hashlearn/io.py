@@ -42,6 +42,7 @@ Writers of one directory are serialised by an advisory lock (``flock``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import hashlib
@@ -54,8 +55,9 @@ import shutil
 import stat
 import time
 import tokenize
+import uuid
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,7 @@ from hashlearn._validation import DEPRECATED
 
 __all__ = [
     "FORMAT_VERSION",
+    "atomic_path",
     "SUPPORTED_VERSIONS",
     "Persistable",
     "save",
@@ -601,6 +604,27 @@ def _append_rows_locked(
         meta["state"].update(state)
     _write_meta(path, meta)
     return meta
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success flush it to disk and rename it to
+    ``path`` (``os.replace``): the one way hashlearn writes a single file atomically.
+
+    The caller writes the whole file to the yielded path. If the block raises, the temporary
+    file is removed and ``path`` is left as it was; a crash never leaves a half-written file.
+    """
+    path = Path(path)
+    # A fresh name rather than mkstemp, so the file gets the usual umask permissions.
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}{path.suffix}")
+    try:
+        yield tmp
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _fsync_file(path: Path) -> None:

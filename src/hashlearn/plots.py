@@ -15,14 +15,13 @@ empty canvas.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+
+from hashlearn.io import atomic_path
 
 __all__ = [
     "PALETTE",
@@ -66,25 +65,6 @@ PALETTE = (
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p", "d", "8")
 _LINESTYLES = ("-", "--", "-.", ":")
 REFERENCE_STYLE = {"color": "0.45", "linestyle": (0, (4, 3)), "linewidth": 1.2}
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it to ``path``.
-
-    The caller writes the whole file to the yielded path. If the block raises, the temporary
-    file is removed and ``path`` is left as it was.
-    """
-    path = Path(path)
-    # A fresh name rather than mkstemp, so the file gets the usual umask permissions.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}{path.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def method_styles(methods: Sequence[str]) -> dict[str, dict]:
