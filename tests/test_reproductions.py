@@ -1,16 +1,22 @@
-"""Reproductions run end to end on a small slice of digits: every table and plot is produced.
+"""Every reproduction runs end to end in quick mode on a small slice of digits: each table,
+plot and claims file is produced, and the claims that hold robustly at this scale are
+asserted with a margin.
 
-Each runs the paper module's own ``run`` with its quick settings on 500 digits, so the whole
-pipeline (specs -> records -> tables -> plots -> JSON) is exercised without the full data.
+Each test runs the paper module's own ``run`` (the pipeline: specs -> records -> tables ->
+plots -> JSON) with its quick settings on 500 digits, so nothing needs Fashion-MNIST.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 
 from hashlearn import load_digits
+
+CLAIM_KEYS = {"paper", "claim", "data", "holds", "margin", "seeds"}
 
 
 def _small_digits(monkeypatch, module, n=500):
@@ -22,22 +28,164 @@ def _small_digits(monkeypatch, module, n=500):
     monkeypatch.setattr(module, "available_real", lambda data_dir=None: ["digits"])
 
 
-@pytest.mark.slow
+def _claims(path):
+    claims = json.loads((path / "claims.json").read_text())
+    assert claims, "a reproduction checks at least one claim"
+    for c in claims:
+        assert set(c) == CLAIM_KEYS
+        assert isinstance(c["holds"], bool) and math.isfinite(c["margin"]) and c["seeds"] >= 1
+    return claims
+
+
+def _pngs(path, names):
+    for name in names:
+        assert (path / name).stat().st_size > 10_000, name
+
+
 def test_survey_produces_every_table_and_plot(tmp_path, monkeypatch):
     from hashlearn.experiments import survey
 
     _small_digits(monkeypatch, survey)
     report = survey.run(tmp_path, quick=True, seed=0)
     assert report.count("retrieved at M = 500") == 2  # one table per ground truth
-    assert "Fig. 16" in report
-    assert (tmp_path / "survey_fig11_digits_32bits.png").stat().st_size > 10_000
+    assert "Fig. 16" in report and "### Claims" in report
+    _pngs(tmp_path, ["survey_fig11_digits_32bits.png"])
     results = json.loads((tmp_path / "survey.json").read_text())["digits"]
     names = {s.name for s in survey.specs("label", quick=True)}
     for truth in survey.TRUTHS:
         assert set(results[truth]["at500"]) == names
         for by_bits in results[truth]["at500"].values():
             assert all(0.0 <= v <= 1.0 for v in by_bits.values())
+        for curve in results[truth]["curves_32"].values():
+            assert curve == sorted(curve)  # recall@M never falls as M grows
     coverage = results["fig16"]["coverage"]
     # coverage grows with N and shrinks with k
     assert all(row == sorted(row) for row in coverage)
     assert coverage[0][0] >= coverage[2][0]
+    assert len(_claims(tmp_path)) == 4
+
+
+def test_mlh_produces_every_table_and_plot(tmp_path, monkeypatch):
+    from hashlearn.experiments import mlh
+
+    _small_digits(monkeypatch, mlh)
+    report = mlh.run(tmp_path, quick=True, seed=0)
+    for table in ("pooled (the paper's measure)", "per query (empty retrieval = 0)", "PR"):
+        assert table in report or table == "PR"
+    assert "within 0.25 CPU s per model" in report  # the training budget is stated
+    _pngs(tmp_path, ["mlh_precision_r3.png", "mlh_pr.png", "mlh_training_curve.png"])
+    results = json.loads((tmp_path / "mlh_small.json").read_text())
+    assert set(results) == {"digits", "uniform-10d"}
+    digits = results["digits"]
+    runs = {m: sum(r["method"] == m for r in digits) for m in mlh.UNSUPERVISED + ("MLH",)}
+    assert runs == {"SH": 1, "PCAH": 1, "SIKH": 2, "ITQ": 2, "LSH": 2, "MLH": 2}
+    for r in digits:
+        assert 0.0 <= r["precision@r3_pooled"] <= 1.0 and 0.0 <= r["precision@r3"] <= 1.0
+        if r["method"] in ("MLH", "BRE2"):  # settings chosen on training rows, recorded
+            assert r["n_epochs_"] >= 1 and r["epsilon_"] > 0
+    # uniform 10-D data: PCAH / ITQ would need more bits than dimensions -> not run
+    assert not any(r["method"] in ("PCAH", "ITQ") for r in results["uniform-10d"])
+    auc = mlh.summarize(digits, "pr_auc")
+    # robust at this scale: the supervised MLH ranks neighbours far better than SH and LSH
+    assert auc[("MLH", 16)][0] > max(auc[("SH", 16)][0], auc[("LSH", 16)][0]) + 0.05
+    assert len(_claims(tmp_path)) == 8
+
+
+def test_search_forest_curves_never_fall(tmp_path, monkeypatch):
+    from hashlearn.experiments import search_forest
+
+    _small_digits(monkeypatch, search_forest)
+    report = search_forest.run(tmp_path, quick=True, seed=0)
+    assert "as trees are added" in report
+    _pngs(tmp_path, ["search_forest_recall.png"])
+    results = json.loads((tmp_path / "search_forest.json").read_text())
+    records = results["records"]
+    assert {r["method"] for r in records} == {"BSF", "k-means trees", "LSH tables"}
+    for r in records:  # one configuration per curve: candidates and recall only grow
+        assert r["trees"] == [1, 2, 4, 8]
+        assert np.all(np.diff(r["mean_candidates"]) >= 0)
+        assert np.all(np.diff(r["candidate_recall"]) >= 0)
+        assert 0.0 < r["candidate_recall"][-1] <= 1.0
+    bsf = next(r for r in records if r["method"] == "BSF")
+    assert bsf["candidate_recall"][-1] > 0.8  # 8 boosted trees find most of the 20-NN
+    sh = results["sh"][0]["recall_curve"]
+    assert sh == sorted(sh)
+    _claims(tmp_path)
+
+
+def test_learned_metric_uses_the_papers_budget(tmp_path, monkeypatch):
+    from hashlearn.experiments import learned_metric
+
+    _small_digits(monkeypatch, learned_metric)
+    report = learned_metric.run(tmp_path, quick=True, seed=0)
+    assert "Sparse case (Fig. 2)" in report and "2M entries examined" in report
+    _pngs(tmp_path, ["learned_metric_accuracy.png", "learned_metric_searched.png"])
+    results = json.loads((tmp_path / "learned_metric.json").read_text())["records"]
+    dense = results["digits"]
+    n_db = 500 - 10 * 10  # 10 queries per class held out in quick mode
+    budget = 2 * math.ceil(n_db ** (1 / (1 + learned_metric.EPSILON)))
+    for r in dense:
+        assert 0.0 <= r["knn_accuracy"] <= 1.0
+        if r["method"].endswith("LSH"):  # Charikar's search examines at most 2M entries
+            assert r["searched"] <= budget / n_db + 1e-12
+        else:
+            assert r["searched"] == 1.0
+    acc = learned_metric.summarize(dense, "knn_accuracy")
+    assert acc[("euclidean, linear scan", 32)][0] > 0.9  # 4-NN on digits
+    # hashing searches a few percent of the database and loses little at 32 bits
+    assert acc[("learned, LSH", 32)][0] > acc[("learned, LSH", 8)][0]
+    assert acc[("learned, LSH", 32)][0] > 0.8
+    sparse = results["digits bags of patches"]
+    assert {r["method"] for r in sparse} == {
+        "euclidean, linear scan",
+        "euclidean, LSH",
+        "learned, linear scan",
+        "learned, LSH",
+    }
+    assert len(_claims(tmp_path)) == 6
+
+
+def test_rank_codes_produces_every_table_and_plot(tmp_path, monkeypatch):
+    from hashlearn.experiments import rank_codes
+
+    _small_digits(monkeypatch, rank_codes)
+    report = rank_codes.run(tmp_path, quick=True, seed=0)
+    for part in ("k-NN classification error", "Retrieval precision", "Cascade", "Hamming-ball"):
+        assert part in report
+    _pngs(tmp_path, ["rank_codes_error.png"])
+    results = json.loads((tmp_path / "rank_codes.json").read_text())
+    err = rank_codes.summarize(results["digits"]["records"], rank_codes.ERROR)
+    assert all(0.0 <= v[0] <= 1.0 for v in err.values())
+    # robust at this scale: 32 learned bits classify far better than 8 random ones
+    assert err[("LambdaRank", 32)][0] < err[("LSH", 8)][0] - 0.2
+    cascade = results["digits_cascade"]
+    assert [c["filter_bins"] for c in cascade] == [1, 2, 3]
+    sizes = [c["search_set"] for c in cascade]
+    assert sizes == sorted(sizes)  # more bins kept, larger long-code search set
+    assert len(_claims(tmp_path)) == 2
+
+
+def test_ann_bench_claims_hold(tmp_path):
+    pytest.importorskip("h5py")
+    from hashlearn.experiments import ann_bench
+
+    report = ann_bench.run(tmp_path, quick=True, seed=0)
+    assert "ann-benchmarks sweep" in report
+    _pngs(tmp_path, ["ann_synthetic-hamming.png", "ann_synthetic-euclidean.png"])
+    claims = _claims(tmp_path)
+    assert all(c["holds"] for c in claims)  # exact Hamming search; recall never falls
+
+
+def test_a_protocol_runs_on_your_own_data(tmp_path):
+    from hashlearn.experiments import search_forest
+
+    rng = np.random.RandomState(0)
+    X = np.repeat(rng.randn(20, 12), 60, axis=0) + 0.1 * rng.randn(1200, 12)
+    report = search_forest.run(tmp_path, quick=True, X=X)
+    assert "your data" in report
+    records = json.loads((tmp_path / "search_forest.json").read_text())["records"]
+    assert all(np.all(np.diff(r["candidate_recall"]) >= 0) for r in records)
+    with pytest.raises(ValueError, match="2-D"):
+        search_forest.run(tmp_path, quick=True, X=np.zeros(5))
+    with pytest.raises(ValueError, match="one label per row"):
+        search_forest.run(tmp_path, quick=True, X=X, y=np.zeros(3))

@@ -2,7 +2,7 @@
 
 Dense case (Fig. 1) on digits (64-d) and Fashion-MNIST (PCA to 32-d): per random partition,
 30 queries per class are held out and the rest is the database; ITML learns a metric from
-constraints among 20 labelled database examples per class (``gamma`` chosen by
+constraints among 20 labelled database examples per class (the slack weight chosen by
 cross-validation on those examples only). k = 4 nearest-neighbour accuracy for (Euclidean,
 linear scan), (Euclidean, LSH), (learned, linear scan), (learned, LSH) against the number of
 bits b: hashing by eq. 6 (:class:`~hashlearn.hashers.MetricLSH`), Charikar's search over
@@ -52,7 +52,7 @@ K_NN = 4
 EPSILON = 1.5
 
 
-FULL = dict(runs=10, queries_per_class=30, bits=(8, 12, 16, 24, 32, 48, 64), gamma="auto")
+FULL = dict(runs=10, queries_per_class=30, bits=(8, 12, 16, 24, 32, 48, 64), slack="auto")
 FULL.update(fashion_rows=60300, sparse_rows=5000, sparse_runs=3, sparse_bits=(16, 32, 64))
 
 
@@ -61,7 +61,7 @@ def settings(quick: bool) -> dict:
     in quick mode."""
     if not quick:
         return dict(FULL)
-    small = dict(FULL, runs=2, queries_per_class=10, bits=(8, 16, 32), gamma=1.0)
+    small = dict(FULL, runs=2, queries_per_class=10, bits=(8, 16, 32), slack=1.0)
     return dict(small, fashion_rows=10000, sparse_rows=1000, sparse_runs=1, sparse_bits=(32,))
 
 
@@ -88,12 +88,12 @@ def specs(metric: str, sparse: bool = False) -> list[SearchSpec]:
     ]
 
 
-def learned_space(split: Split, gamma, seed: int) -> Split:
+def learned_space(split: Split, slack, seed: int) -> Split:
     """``split`` mapped by ``x -> G x`` of the metric ITML learns from the split's training
-    rows (the 20 labelled items per class); ``gamma="auto"``: chosen by cross-validation on
-    those rows only."""
+    rows (the 20 labelled items per class); ``slack="auto"``: its slack weight (Davis et
+    al.'s gamma) chosen by cross-validation on those rows only."""
     rows = split.train_rows
-    itml = ITML(gamma=gamma, random_state=seed).fit(split.X_db[rows], split.y_db[rows])
+    itml = ITML(slack=slack, random_state=seed).fit(split.X_db[rows], split.y_db[rows])
     return replace(split, X_db=itml.transform(split.X_db), X_q=itml.transform(split.X_q))
 
 
@@ -138,7 +138,7 @@ def _run_case(data, cfg, bits, runs, seed, progress, desc, *, sparse=False, n_pc
     for run in range(runs):
         split = _partition(X, y, seed + run, n_pca, cfg["queries_per_class"])
         spaces = {"euclidean": split}
-        spaces["learned"] = split if sparse else learned_space(split, cfg["gamma"], seed + run)
+        spaces["learned"] = split if sparse else learned_space(split, cfg["slack"], seed + run)
         for metric, space in spaces.items():
             scan, hashed = specs(metric, sparse)
             kw = dict(
@@ -298,8 +298,8 @@ def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
         f"## learned-metric (Jain, Kulis & Grauman, CVPR 2008, Figs. 1-2){' [quick]' if opts.quick else ''}",
         "",
         f"{cfg['runs']} random partitions ({cfg['queries_per_class']} queries per class held out; ITML constraints among "
-        f"20 labelled database items per class, gamma {cfg['gamma']}"
-        f"{' (chosen by 3-fold CV on those items)' if cfg['gamma'] == 'auto' else ' (fixed in quick mode)'}); "
+        f"20 labelled database items per class, slack weight {cfg['slack']}"
+        f"{' (chosen by 3-fold CV on those items)' if cfg['slack'] == 'auto' else ' (fixed in quick mode)'}); "
         f"{K_NN}-NN accuracy; LSH = eq. 6 codes + "
         f"Charikar's search over M = n^(1/(1+eps)) sorted permutations, eps = {EPSILON}, 2M "
         "entries examined per query (as in the paper), candidates re-ranked by the metric. "
