@@ -124,3 +124,78 @@ def test_bad_spec_is_refused():
         MethodSpec("x", "lsh", supervision="pairs")
     with pytest.raises(ValueError, match="Unknown hasher"):
         MethodSpec("x", "no-such-hasher").build(8, 0)
+
+
+def test_search_spec_scan_equals_brute_force(digits_split):
+    """An exhaustive SearchSpec (every item re-ranked) returns the exact neighbours, and the
+    vote over them equals the exact k-NN classifier (oracle)."""
+    from hashlearn.evaluate import exact_knn, knn_classify_exact
+    from hashlearn.experiments.pipeline import (
+        SearchSpec,
+        knn_error_of_neighbors,
+        searched_fraction,
+    )
+
+    s = digits_split
+    rng = np.random.RandomState(0)  # no distance ties: the orders must agree exactly
+    s = Split(s.X_db + 1e-3 * rng.rand(*s.X_db.shape), s.X_q, s.y_db, s.y_q)
+    spec = SearchSpec("scan", "lsh", rerank="sqeuclidean", k=5, n_candidates="all")
+    models = {}
+    measures = [knn_error_of_neighbors(), searched_fraction()]
+    (rec,) = run_specs([spec], s, bits=[16], seeds=[0], measures=measures, models=models)
+    output, _, _ = spec.evaluate(s, 16, 0)
+    _, want = exact_knn(s.X_db, s.X_q, 5)
+    np.testing.assert_array_equal(output.ids, want)
+    exact = np.mean(knn_classify_exact(s.X_db, s.y_db, s.X_q, 5) != s.y_q)
+    assert rec["knn_error"] == pytest.approx(exact) and rec["searched"] == 1.0
+    assert rec["search_cpu_s"] >= 0 and ("scan", 16, 0) in models
+
+
+def test_candidate_recall_curve_equals_brute_force(digits_split):
+    from hashlearn.experiments.pipeline import BucketerSpec, candidate_recall_curve
+    from hashlearn.forest import LSHTables
+
+    s = digits_split
+    spec = BucketerSpec("LSH tables", LSHTables, {"n_tables": 6}, "bits_per_table")
+    measure = candidate_recall_curve("euclidean", [1, 3, 6])
+    (rec,) = run_specs([spec], s, bits=[5], seeds=[2], measures=[measure])
+    keys, _, _ = spec.evaluate(s, 5, 2)
+    relevant = s.relevant("euclidean")
+    for j, t in enumerate([1, 3, 6]):
+        shared = (keys.queries[:, None, :t] == keys.database[None, :, :t]).any(axis=2)
+        sizes = shared.sum(axis=1)
+        recall = (shared & relevant).sum(axis=1) / relevant.sum(axis=1)
+        assert rec["mean_candidates"][j] == pytest.approx(sizes.mean())
+        assert rec["candidate_recall"][j] == pytest.approx(recall.mean())
+    assert np.all(np.diff(rec["candidate_recall"]) >= 0)
+
+
+def test_deterministic_and_dimension_bounded_specs_are_run_once(digits_split):
+    X = np.ascontiguousarray(digits_split.X_db[:, :8])
+    s = Split(X, np.ascontiguousarray(digits_split.X_q[:, :8])).with_euclidean_truth(5)
+    specs = [
+        MethodSpec("PCAH", "pca", deterministic=True, max_bits_dim=True),
+        MethodSpec("LSH", "lsh"),
+    ]
+    records = run_specs(specs, s, bits=[4, 16], seeds=[0, 1], measures=[recall_at_m_curve([5])])
+    got = sorted((r["method"], r["bits"], r["seed"]) for r in records)
+    assert got == [("LSH", 4, 0), ("LSH", 4, 1), ("LSH", 16, 0), ("LSH", 16, 1), ("PCAH", 4, 0)]
+
+
+def test_claims_and_tables(tmp_path):
+    import json
+
+    from hashlearn.experiments.pipeline import claim, mean_table, write_claims
+
+    rows = [claim("P", "a beats b", "digits", 0.1, 3), claim("P", "c", "d", 0.2, 1, holds=False)]
+    table = write_claims(tmp_path, rows)
+    assert json.loads((tmp_path / "claims.json").read_text()) == rows
+    assert "| P | a beats b | digits | holds | +0.100 | 3 |" in table
+    assert "does not hold" in table
+    records = [
+        {"method": "A", "bits": 8, "v": 0.5},
+        {"method": "A", "bits": 8, "v": 0.7},
+        {"method": "B", "bits": 16, "v": 0.25},
+    ]
+    table = mean_table(records, "v")
+    assert "| A | 0.600 ± 0.100 | n/a |" in table and "| B | n/a | 0.250 |" in table
