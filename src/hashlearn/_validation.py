@@ -22,6 +22,7 @@ __all__ = [
     "check_real",
     "check_codes",
     "check_ids",
+    "check_y",
     "n_bytes_for",
     "DEPRECATED",
     "renamed_param",
@@ -52,6 +53,18 @@ def renamed_param(estimator: Any, old: str, new: str) -> Any:
         stacklevel=3,
     )
     return value
+
+
+def check_y(y: Any, n_samples: int) -> np.ndarray | None:
+    """``y`` as an array of one label (or target) per row of ``X``; ``None`` stays ``None``."""
+    if y is None:
+        return None
+    y = np.asarray(y)
+    if y.shape != (n_samples,):
+        raise ValueError(
+            f"y must have shape ({n_samples},), one label per row of X. Got shape {y.shape}."
+        )
+    return y
 
 
 def n_bytes_for(n_bits: int) -> int:

@@ -244,15 +244,7 @@ class ShardedIndex:
             _Source("arrays", (codes[bounds[s] : bounds[s + 1]], ids[bounds[s] : bounds[s + 1]]))
             for s in range(n_shards)
         ]
-        obj = cls(
-            client,
-            [None] * n_shards,
-            n_bits,
-            sources=sources,
-            index=index,
-            index_params=index_params,
-        )
-        obj.shards = [obj._submit_source(s) for s in range(n_shards)]
+        obj = cls._from_sources(client, n_bits, sources, index, index_params)
         _wait(obj.shards)  # surface build errors now, not at the first search
         return obj
 
@@ -281,15 +273,7 @@ class ShardedIndex:
             _Source("delayed", (block, (int(starts[i]), int(starts[i + 1]))))
             for i, block in enumerate(blocks)
         ]
-        obj = cls(
-            client,
-            [None] * len(blocks),
-            n_bits,
-            sources=sources,
-            index=index,
-            index_params=index_params,
-        )
-        obj.shards = [obj._submit_source(s) for s in range(len(blocks))]
+        obj = cls._from_sources(client, n_bits, sources, index, index_params)
         _wait(obj.shards)
         return obj
 
@@ -310,6 +294,20 @@ class ShardedIndex:
             raise ValueError(f"all shards must have the same code length; got n_bits {lengths}.")
         sources = [None if hasattr(s, "key") else _Source("object", s) for s in shards]
         return cls(client, futures, lengths[0], sources=sources)
+
+    @classmethod
+    def _from_sources(cls, client, n_bits, sources, index, index_params) -> ShardedIndex:
+        """An index whose shards are built on the cluster from ``sources`` (one a shard)."""
+        obj = cls(
+            client,
+            [None] * len(sources),
+            n_bits,
+            sources=sources,
+            index=index,
+            index_params=index_params,
+        )
+        obj.shards = [obj._submit_source(s) for s in range(len(sources))]
+        return obj
 
     # ------------------------------------------------------------------------- recovery
 
@@ -561,15 +559,7 @@ class ShardedIndex:
         except ValueError as exc:
             raise ValueError(f"{path}: the saved ShardedIndex is inconsistent: {exc}") from None
         sources = [_Source("path", (str(path / name), mmap)) for name in names]
-        obj = cls(
-            client,
-            [None] * len(names),
-            n_bits,
-            sources=sources,
-            index=index,
-            index_params=index_params,
-        )
-        obj.shards = [obj._submit_source(s) for s in range(len(names))]
+        obj = cls._from_sources(client, n_bits, sources, index, index_params)
         bits = client.gather([client.submit(_shard_bits, f, pure=False) for f in obj.shards])
         if set(bits) != {n_bits}:
             raise ValueError(f"{path}: shards of {sorted(set(bits))} bits in a {n_bits}-bit save")

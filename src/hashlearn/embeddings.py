@@ -447,12 +447,12 @@ class EmbeddingIndex:
         arrays = {"vectors": np.ascontiguousarray(self.vectors)}
         _io.write_composite(
             path,
+            {hasher_dir: self.hasher_, codes_dir: self.codes_},
+            _COMPONENT.fullmatch,
             _CLASS,
             self._params(),
             state,
             arrays,
-            {hasher_dir: self.hasher_, codes_dir: self.codes_},
-            _COMPONENT.fullmatch,
         )
 
     @staticmethod

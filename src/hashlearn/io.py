@@ -711,12 +711,12 @@ def write_dir(
 
 def write_composite(
     path: str | os.PathLike,
+    components: Mapping[str, Any],
+    is_component: Any,
     class_name: str,
     params: Mapping[str, Any],
     state: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
-    components: Mapping[str, Any],
-    is_component: Any,
 ) -> None:
     """Save an object made of saved objects: its own ``meta.json`` and arrays in ``path``,
     each of ``components`` (sub-directory name -> persistable object) saved below it.

@@ -388,12 +388,12 @@ class Searcher:
             arrays["vectors"] = np.ascontiguousarray(self._vectors)
         _io.write_composite(
             path,
+            {hasher_dir: self.hasher, index_dir: self.index},
+            lambda name: _COMPONENT.fullmatch(name) or _COMPONENT_TMP.fullmatch(name),
             "Searcher",
             params,
             state,
             arrays,
-            {hasher_dir: self.hasher, index_dir: self.index},
-            lambda name: _COMPONENT.fullmatch(name) or _COMPONENT_TMP.fullmatch(name),
         )
 
     @classmethod

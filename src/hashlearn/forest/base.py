@@ -27,6 +27,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from hashlearn._parallel import available_cores, parallel_chunks
+from hashlearn._validation import check_y
 from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
 from hashlearn.io import Persistable, check_estimator_state, estimator_from_state, estimator_state
 
@@ -51,13 +52,7 @@ class BaseBucketer(Persistable, BaseEstimator):
     def fit(self, X, y=None):
         """Learn the tables from ``X`` (and ``y`` where the bucketer uses labels)."""
         X = validate_data(self, X, reset=True, dtype=np.float64, ensure_min_samples=2)
-        if y is not None:
-            y = np.asarray(y)
-            if y.shape != (X.shape[0],):
-                raise ValueError(
-                    f"y must have shape ({X.shape[0]},), one label per row of X. "
-                    f"Got shape {y.shape}."
-                )
+        y = check_y(y, X.shape[0])
         self._fit(X, y)
         self.key_tag_ = self._compute_tag()
         return self

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from hashlearn._validation import as_plain_array, check_int
+from hashlearn._validation import as_plain_array, check_int, check_y
 from hashlearn.codes import pack_bits
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.io import Persistable, estimator_from_state, estimator_state
@@ -93,13 +93,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
             pairs, similar = check_pairs(pairs, similar, X.shape[0], type(self).__name__)
         elif similar is not None:
             raise ValueError(f"{type(self).__name__}.fit got similar=... without pairs=...")
-        if y is not None:
-            y = np.asarray(y)
-            if y.shape != (X.shape[0],):
-                raise ValueError(
-                    f"y must have shape ({X.shape[0]},), one label per row of X. "
-                    f"Got shape {y.shape}."
-                )
+        y = check_y(y, X.shape[0])
         if self.supervised and y is None and pairs is None:
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None: "

@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_int, check_real
+from hashlearn._validation import check_int, check_real, check_y
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
@@ -214,13 +214,7 @@ class RankHashing(BaseHasher):
         X = self._check_X(X, reset=True)
         if pairs is not None or similar is not None:
             raise ValueError(f"{owner} learns from labels, targets or triplets=..., not pairs.")
-        if y is not None:
-            y = np.asarray(y)
-            if y.shape != (X.shape[0],):
-                raise ValueError(
-                    f"y must have shape ({X.shape[0]},), one label per row of X. "
-                    f"Got shape {y.shape}."
-                )
+        y = check_y(y, X.shape[0])
         self._fit(X, y, None, None, triplets=triplets)
         return self
 
