@@ -8,6 +8,7 @@ plots -> JSON) with its quick settings on 500 digits, so nothing needs Fashion-M
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -170,6 +171,7 @@ def test_ann_bench_claims_hold(tmp_path):
     from hashlearn.experiments import ann_bench
 
     report = ann_bench.run(tmp_path, quick=True, seed=0)
+    assert not list(tmp_path.glob("*.hdf5"))  # the synthetic files are removed
     assert "ann-benchmarks sweep" in report
     _pngs(tmp_path, ["ann_synthetic-hamming.png", "ann_synthetic-euclidean.png"])
     claims = _claims(tmp_path)
@@ -189,3 +191,38 @@ def test_a_protocol_runs_on_your_own_data(tmp_path):
         search_forest.run(tmp_path, quick=True, X=np.zeros(5))
     with pytest.raises(ValueError, match="one label per row"):
         search_forest.run(tmp_path, quick=True, X=X, y=np.zeros(3))
+    if importlib.util.find_spec("h5py") is not None:
+        from hashlearn.experiments import ann_bench
+
+        assert "your-data.hdf5" in ann_bench.run(tmp_path / "ann", quick=True, X=X)
+    from hashlearn.experiments import rank_codes
+
+    with pytest.raises(ValueError, match="needs labels"):
+        rank_codes.run(tmp_path, quick=True, X=X)
+
+
+def test_user_data_files(tmp_path):
+    from hashlearn.experiments._common import load_user_data
+
+    X, y = np.arange(12.0).reshape(6, 2), np.arange(6)
+    np.save(tmp_path / "x.npy", X)
+    np.savez(tmp_path / "xy.npz", X=X, y=y)
+    got, labels = load_user_data(tmp_path / "x.npy")
+    np.testing.assert_array_equal(got, X)
+    assert labels is None
+    got, labels = load_user_data(tmp_path / "xy.npz")
+    np.testing.assert_array_equal(labels, y)
+    np.savez(tmp_path / "bad.npz", Z=X)
+    with pytest.raises(ValueError, match="'X'"):
+        load_user_data(tmp_path / "bad.npz")
+    with pytest.raises(ValueError, match="--data"):
+        load_user_data(tmp_path / "x.csv")
+    pytest.importorskip("h5py")
+    import h5py
+
+    with h5py.File(tmp_path / "xy.h5", "w") as f:
+        f.create_dataset("X", data=X)
+        f.create_dataset("y", data=y)
+    got, labels = load_user_data(tmp_path / "xy.h5")
+    np.testing.assert_array_equal(got, X)
+    np.testing.assert_array_equal(labels, y)

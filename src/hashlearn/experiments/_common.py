@@ -1,4 +1,4 @@
-"""What the reproductions share: loading the real datasets, splits, writing reports."""
+"""What the reproductions share: loading the real datasets and a user's data, writing reports."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.utils import check_random_state
 
 from hashlearn.datasets import fashion_mnist_available, load_digits, load_fashion_mnist
 
 __all__ = [
     "REAL_DATASETS",
     "load_real",
+    "load_user_data",
     "available_real",
-    "split_queries",
     "write_section",
     "write_json",
     "markdown_table",
@@ -49,28 +48,31 @@ def load_real(
     raise ValueError(f"Unknown dataset {name!r}; expected one of {REAL_DATASETS}.")
 
 
-def split_queries(
-    n: int,
-    n_queries: int,
-    random_state=None,
-    *,
-    y: np.ndarray | None = None,
-    per_class: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(database rows, query rows)``: ``n_queries`` random held-out queries (or that many
-    per class with ``per_class=True``), the rest the database; both sorted."""
-    rng = check_random_state(random_state)
-    if per_class:
-        if y is None:
-            raise ValueError("per_class=True needs labels y.")
-        query = np.concatenate(
-            [rng.permutation(np.flatnonzero(y == c))[:n_queries] for c in np.unique(y)]
-        )
-    else:
-        query = rng.choice(n, size=min(n_queries, n - 1), replace=False)
-    mask = np.zeros(n, bool)
-    mask[query] = True
-    return np.flatnonzero(~mask), np.flatnonzero(mask)
+def load_user_data(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(X, y or None)`` from a user's file for ``hashlearn reproduce NAME --data FILE``.
+
+    ``.npy``: the rows ``X`` (no labels); ``.npz``: arrays ``X`` and optionally ``y``;
+    ``.h5`` / ``.hdf5``: datasets ``X`` and optionally ``y``, or an ann-benchmarks file's
+    ``train`` rows. Read without pickle; a missing array raises ``ValueError``.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return np.load(path, allow_pickle=False), None
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as f:
+            if "X" not in f:
+                raise ValueError(f"{path} holds no array 'X' (found {sorted(f.files)}).")
+            return f["X"], (f["y"] if "y" in f else None)
+    if suffix in (".h5", ".hdf5"):
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            name = "X" if "X" in f else "train" if "train" in f else None
+            if name is None:
+                raise ValueError(f"{path} holds no dataset 'X' or 'train' (found {sorted(f)}).")
+            return f[name][()], (f["y"][()] if "y" in f else None)
+    raise ValueError(f"--data must be a .npy, .npz, .h5 or .hdf5 file. Got {path.name!r}.")
 
 
 def write_section(path: str | os.PathLike, name: str, markdown: str) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hashlearn.codes import pack_bits
+from hashlearn.experiments.pipeline import RunOptions, claim, reproduction, write_claims
 from hashlearn.hashers.lsh import RandomHyperplaneLSH
 from hashlearn.index.flat import FlatIndex
 from hashlearn.index.mih import MultiIndexHashing
@@ -265,23 +266,29 @@ def _write_demo_file(
     path: Path, *, metric: str, n: int = 20_000, n_test: int = 200, d: int = 64, seed: int = 0
 ) -> Path:
     """A small ann-benchmarks-format HDF5 file (clustered data) with exact ground truth."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(50, d))
+    X = centres[rng.integers(0, 50, n + n_test)] + 0.3 * rng.normal(size=(n + n_test, d))
+    return write_ann_file(path, X > 0 if metric == "hamming" else X, n_test, metric)
+
+
+def write_ann_file(path: Path, X: np.ndarray, n_test: int, metric: str) -> Path:
+    """The last ``n_test`` rows of ``X`` as the queries of an ann-benchmarks HDF5 file at
+    ``path`` with exact 100-NN ground truth (``metric``: "hamming" for boolean rows, or
+    "euclidean")."""
     import h5py
 
     from hashlearn.evaluate import exact_knn
 
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(50, d))
-    X = centres[rng.integers(0, 50, n + n_test)] + 0.3 * rng.normal(size=(n + n_test, d))
+    train, test = X[:-n_test], X[-n_test:]
+    k = min(100, len(train))
     if metric == "hamming":
-        X = X > 0
-        train, test = X[:n], X[n:]
         dist = (test[:, None, :] != train[None, :, :]).sum(axis=2)
-        nbrs = np.argsort(dist, axis=1, kind="stable")[:, :100]
+        nbrs = np.argsort(dist, axis=1, kind="stable")[:, :k]
         dists = np.take_along_axis(dist, nbrs, 1).astype(np.float32)
     else:
-        X = X.astype(np.float32)
-        train, test = X[:n], X[n:]
-        dists, nbrs = exact_knn(train, test, 100, "euclidean")
+        train, test = train.astype(np.float32), test.astype(np.float32)
+        dists, nbrs = exact_knn(train, test, k, "euclidean")
     with h5py.File(path, "w") as f:
         f.attrs["distance"] = metric
         f.attrs["type"] = "dense"
@@ -292,27 +299,28 @@ def _write_demo_file(
     return path
 
 
-def run(
-    out_dir: Path, *, quick: bool = False, seed: int = 0, data_dir=None, progress=None, data=None
-) -> str:
-    """Experiment entry point: the sweep on synthetic ann-benchmarks files (Hamming and
-    Euclidean) written into ``out_dir``, or on ``data`` (an ann-benchmarks HDF5 file of
-    yours; also ``hashlearn bench ann FILE.hdf5``); writes ``claims.json`` beside the tables."""
-    from hashlearn.experiments.pipeline import claim, write_claims
+def settings(quick: bool) -> dict:
+    """Sizes of the synthetic files and queries (quick: 5000 items, 100 queries)."""
+    return {"n": 5_000, "n_queries": 100} if quick else {"n": 100_000, "n_queries": None}
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    n = 5_000 if quick else 100_000
+
+@reproduction(settings)
+def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
+    """Experiment entry point: the sweep on synthetic ann-benchmarks files (Hamming and
+    Euclidean) written into ``out_dir``, or on your vectors ``X`` (Euclidean, the last 10 %
+    of the rows as queries; a file of yours: ``hashlearn bench ann FILE.hdf5``); writes
+    ``claims.json`` beside the tables."""
     parts, claims = [], []
-    files = [Path(data)] if data is not None else [None, None]
-    for metric, path in zip(("hamming", "euclidean"), files, strict=False):
-        if path is None:
-            path = _write_demo_file(
-                out_dir / f"synthetic-{metric}.hdf5", metric=metric, n=n, seed=seed
+    for metric in ("hamming", "euclidean") if opts.X is None else ("euclidean",):
+        path = out_dir / f"synthetic-{metric}.hdf5"
+        if opts.X is None:
+            _write_demo_file(path, metric=metric, n=cfg["n"], seed=opts.seed)
+        else:
+            path = write_ann_file(
+                out_dir / "your-data.hdf5", opts.X, max(1, len(opts.X) // 10), metric
             )
-        parts.append(run_file(path, out_dir, n_queries=100 if quick else None, progress=progress))
+        parts.append(run_file(path, out_dir, n_queries=cfg["n_queries"], progress=opts.progress))
         rows = json.loads((out_dir / f"ann_{path.stem}.json").read_text())
-        best = max(r["recall"] for r in rows)
         recalls = [r["recall"] for r in rows]
         claims.append(
             claim(
@@ -324,18 +332,17 @@ def run(
                 holds=bool(np.all(np.diff(recalls) >= 0)),
             )
         )
-        if metric == "hamming" and data is None:
+        if metric == "hamming":
             claims.append(
                 claim(
                     "ann-benchmarks protocol",
                     "exact Hamming search (MIH) finds the true 10-NN",
                     path.name,
-                    best - 1.0,
+                    max(recalls) - 1.0,
                     1,
-                    holds=best == 1.0,
+                    holds=max(recalls) == 1.0,
                 )
             )
-        if data is None:
-            path.unlink()
+        path.unlink()
     table = write_claims(out_dir, claims)
     return "### Claims\n\n" + table + "\n\n" + "\n\n".join(parts)

@@ -223,7 +223,7 @@ def _curves(records, bits, value):
     }
 
 
-@reproduction(settings)
+@reproduction(settings, needs_labels=True)
 def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run Figs. 1-2 (``X``, ``y``: your own labelled data for the dense case instead of
     digits / Fashion-MNIST); write ``learned_metric.md``, ``learned_metric.json``,

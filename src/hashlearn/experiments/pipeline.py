@@ -645,11 +645,11 @@ class RunOptions:
     y: Any = None
 
 
-def reproduction(settings: Callable[[bool], dict]):
+def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False):
     """Decorator giving a paper module's ``body(out_dir, cfg, opts) -> markdown`` the public
     signature ``run(out_dir, *, quick=False, seed=0, data_dir=None, progress=None, X=None,
     y=None)``: ``out_dir`` is created, ``cfg = settings(quick)``, ``opts`` a
-    :class:`RunOptions`."""
+    :class:`RunOptions`. ``needs_labels``: the protocol needs ``y`` with a user's ``X``."""
 
     def wrap(body: Callable[[Path, dict, RunOptions], str]):
         def run(
@@ -661,6 +661,8 @@ def reproduction(settings: Callable[[bool], dict]):
                     raise ValueError(f"X must be a 2-D array of rows. Got shape {X.shape}.")
             if y is not None and (X is None or len(y) != X.shape[0]):
                 raise ValueError("y must hold one label per row of X.")
+            if needs_labels and X is not None and y is None:
+                raise ValueError(f"{body.__module__} needs labels: pass y with X.")
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             opts = RunOptions(quick, seed, data_dir, progress, X, y)

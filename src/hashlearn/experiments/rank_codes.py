@@ -217,7 +217,7 @@ def _datasets(data_dir, X, quick):
     return names
 
 
-@reproduction(settings)
+@reproduction(settings, needs_labels=True)
 def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run the reproduction (``X``, ``y``: your own labelled data); write ``rank_codes.md``,
     ``rank_codes.json``, ``claims.json`` and the plots into ``out_dir``; return markdown."""

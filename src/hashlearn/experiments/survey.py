@@ -163,7 +163,7 @@ def _claims(ds: str, res: dict, n_seeds: int) -> list[dict]:
     return rows
 
 
-@reproduction(settings)
+@reproduction(settings, needs_labels=True)
 def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     """Run Figs. 11 and 16 on digits and Fashion-MNIST (when present), or on your own
     labelled data ``X``, ``y``; write ``survey.json``, ``claims.json`` and the plots into
