@@ -28,6 +28,7 @@ __all__ = [
     "neighbors_within",
     "pairs_from_neighbors",
     "sample_pairs",
+    "other_rows",
 ]
 
 
@@ -216,14 +217,19 @@ def neighbors_within(X_query, X_db, threshold: float) -> np.ndarray:
     return _sq_dists(Q, D) <= threshold * threshold
 
 
+def other_rows(rows: np.ndarray, n_samples: int, rng: np.random.RandomState) -> np.ndarray:
+    """For each of ``rows`` a uniformly random *other* row among ``n_samples`` (>= 2)."""
+    return (rows + 1 + rng.randint(n_samples - 1, size=len(rows))) % n_samples
+
+
 def sample_pairs(n_samples: int, n_pairs: int, random_state=None) -> np.ndarray:
-    """``n_pairs`` uniform random pairs of distinct rows, int64 ``(n_pairs, 2)``."""
+    """``n_pairs`` uniform random pairs of distinct rows, int64 ``(n_pairs, 2)``: the one
+    sampler of random pairs (a uniform row, then :func:`other_rows`)."""
     n_samples = check_int(n_samples, "n_samples", "sample_pairs", low=2)
-    n_pairs = check_int(n_pairs, "n_pairs", "sample_pairs")
+    n_pairs = check_int(n_pairs, "n_pairs", "sample_pairs", low=0)
     rng = check_random_state(random_state)
     a = rng.randint(n_samples, size=n_pairs)
-    b = (a + 1 + rng.randint(n_samples - 1, size=n_pairs)) % n_samples
-    return np.stack([a, b], axis=1).astype(np.int64)
+    return np.stack([a, other_rows(a, n_samples, rng)], axis=1).astype(np.int64)
 
 
 def pairs_from_neighbors(

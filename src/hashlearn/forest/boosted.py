@@ -78,6 +78,7 @@ from hashlearn._validation import check_int, check_real
 from hashlearn.forest.base import BaseBucketer, TreeBuilder, _score, node_scores, tree_leaves
 from hashlearn.io import persistable
 from hashlearn.kernels import log_message
+from hashlearn.supervision import sample_pairs
 
 __all__ = ["BoostedSearchForest"]
 
@@ -570,8 +571,7 @@ class BoostedSearchForest(BaseBucketer):
                 sa = rng.randint(n, size=n_sim).astype(np.int64)
                 sb = neighbors[sa, rng.randint(neighbors.shape[1], size=n_sim)]
                 alpha_sim = np.full(n_sim, n * neighbors.shape[1] / n_sim)
-            ra = rng.randint(n, size=n_rand).astype(np.int64)
-            rb = (ra + 1 + rng.randint(n - 1, size=n_rand)) % n
+            ra, rb = sample_pairs(n, n_rand, rng).T
             r_similar = is_similar(ra, rb)
             # --- eq. 10: w = exp(-z T) from the ensemble so far
             if m:

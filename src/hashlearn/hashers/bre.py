@@ -44,7 +44,7 @@ from hashlearn._validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 from hashlearn.kernels import log_message
-from hashlearn.supervision import resolve_pairs
+from hashlearn.supervision import other_rows, resolve_pairs
 
 __all__ = ["BinaryReconstructiveEmbedding"]
 
@@ -439,7 +439,7 @@ class BinaryReconstructiveEmbedding(BaseHasher):
                 parts.append(np.stack([np.repeat(np.arange(start, block.stop), k), nn.ravel()], 1))
         if n_random:
             a = np.repeat(np.arange(n), n_random)
-            b = (a + 1 + rng.randint(n - 1, size=len(a))) % n
+            b = other_rows(a, n, rng)
             parts.append(np.stack([a, b], 1))
         if not parts:
             return np.zeros((0, 2), np.int64)

@@ -33,6 +33,7 @@ from sklearn.utils import check_random_state
 from hashlearn._validation import check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
+from hashlearn.supervision import sample_pairs
 
 __all__ = ["ShiftInvariantKernelHashing", "sikh_collision_probability"]
 
@@ -98,8 +99,7 @@ class ShiftInvariantKernelHashing(BaseHasher):
                     "ShiftInvariantKernelHashing needs at least 2 samples to set "
                     f"gamma from the data; got n_samples={n}. Pass gamma=... explicitly."
                 )
-            a = rng.randint(n, size=1000)
-            b = (a + 1 + rng.randint(n - 1, size=1000)) % n
+            a, b = sample_pairs(n, 1000, rng).T
             med = float(np.median(np.sum((X[a] - X[b]) ** 2, axis=1)))
             gamma = 1.0 / med if med > 0 else 1.0
         else:
