@@ -411,3 +411,22 @@ def test_files_saved_with_gamma_still_load(blobs, tmp_path):
     back = MetricLSH.load(tmp_path / "mlsh")
     assert back.slack == 1.0 and back.gamma == "deprecated"
     np.testing.assert_array_equal(back.encode(X), h.encode(X))
+
+
+def test_knn_accuracy_matches_a_per_row_vote_with_ties_to_the_nearest_voter():
+    """knn_accuracy votes through hashlearn._vote.majority_vote; the oracle counts each
+    row's votes and breaks ties by the first (nearest) voter."""
+    rng = np.random.RandomState(1)
+    for k in (1, 2, 4, 6):
+        Z_train = rng.randint(0, 3, (40, 2)).astype(float)  # many equal distances
+        y_train = rng.choice([3, 7, 9], 40)
+        Z_val, y_val = rng.randint(0, 3, (25, 2)).astype(float), rng.choice([3, 7, 9], 25)
+        sq = ((Z_val[:, None, :] - Z_train[None, :, :]) ** 2).sum(-1)
+        nn = np.argsort(sq, axis=1, kind="stable")[:, :k]
+        pred = []
+        for row in y_train[nn]:
+            labels, first, counts = np.unique(row, return_index=True, return_counts=True)
+            best = counts == counts.max()
+            pred.append(labels[best][np.argmin(first[best])])
+        expected = float(np.mean(np.array(pred) == y_val))
+        assert knn_accuracy(Z_train, y_train, Z_val, y_val, k) == expected

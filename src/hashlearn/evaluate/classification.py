@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from hashlearn._validation import check_int
+from hashlearn._vote import majority_vote
 from hashlearn.evaluate._common import (
     _check_distances,
     _check_int_array,
@@ -16,26 +17,6 @@ from hashlearn.evaluate._common import (
     _query_blocks,
 )
 from hashlearn.evaluate.ground_truth import exact_knn
-
-
-def _majority_vote(voter_class: np.ndarray, voter_dist: np.ndarray, n_classes: int) -> np.ndarray:
-    """Class index per row by majority vote; ``-1`` where a row has no voter.
-
-    ``voter_class`` ``(b, L)`` holds class indices (``-1`` = not a voter). Ties between classes
-    go to the class whose nearest voter is closest, then to the smaller class index.
-    """
-    b = voter_class.shape[0]
-    valid = voter_class >= 0
-    slot = (voter_class + n_classes * np.arange(b)[:, None])[valid]
-    votes = np.bincount(slot, minlength=b * n_classes).reshape(b, n_classes)
-    nearest = np.full(b * n_classes, np.inf)
-    np.minimum.at(nearest, slot, voter_dist[valid].astype(np.float64))
-    nearest = nearest.reshape(b, n_classes)
-    candidate = votes == votes.max(axis=1, keepdims=True)
-    near = np.where(candidate, nearest, np.inf)
-    candidate &= near == near.min(axis=1, keepdims=True)
-    return np.where(valid.any(axis=1), np.argmax(candidate, axis=1), -1)
-
 
 _KNN_CONVENTIONS = """
 
@@ -75,7 +56,7 @@ def knn_classify(
         else:  # the distance of the k-th nearest non-empty bin (its largest if fewer)
             threshold = bin_threshold(block, k)[:, None]
         voter_class = np.where(block <= threshold, class_of[None, :], -1)
-        winner = _majority_vote(voter_class, block, classes.size)
+        winner = majority_vote(voter_class, block, classes.size)
         pred[rows] = np.where(winner >= 0, classes[winner], -1)
     return pred
 
@@ -111,7 +92,7 @@ def knn_classify_exact(
     classes, class_of = np.unique(db_labels, return_inverse=True)
     voter_class = np.where(ids >= 0, class_of[np.maximum(ids, 0)], -1)
     closeness = -D if metric == "inner_product" else D
-    return classes[_majority_vote(voter_class, closeness, classes.size)]
+    return classes[majority_vote(voter_class, closeness, classes.size)]
 
 
 def fraction_searched(n_candidates: np.ndarray, n_db: int) -> float:

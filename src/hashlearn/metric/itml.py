@@ -47,6 +47,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from hashlearn._validation import DEPRECATED, check_int, check_real, renamed_param
+from hashlearn._vote import majority_vote
 from hashlearn.io import (
     Persistable,
     check_fitted_items,
@@ -183,12 +184,10 @@ def knn_accuracy(Z_train, y_train, Z_val, y_val, k: int) -> float:
     )
     k = min(k, len(y_train))
     nn = np.argsort(sq, axis=1, kind="stable")[:, :k]
-    votes = y_train[nn]
-    pred = np.empty(len(y_val), dtype=y_train.dtype)
-    for row in range(len(y_val)):
-        labels, first, counts = np.unique(votes[row], return_index=True, return_counts=True)
-        best = counts == counts.max()
-        pred[row] = labels[best][np.argmin(first[best])]
+    classes, codes = np.unique(y_train, return_inverse=True)
+    # a voter's rank as its distance: a tie goes to the class of the nearest voter
+    rank = np.broadcast_to(np.arange(k), nn.shape)
+    pred = classes[majority_vote(codes[nn], rank, len(classes))]
     return float(np.mean(pred == y_val))
 
 
