@@ -29,6 +29,7 @@ __all__ = [
     "pairs_from_neighbors",
     "sample_pairs",
     "other_rows",
+    "squared_distances",
 ]
 
 
@@ -178,9 +179,14 @@ def resolve_pairs(
     )
 
 
+def squared_distances(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Brute-force squared Euclidean distances ``(len(A), len(B))`` of dense rows, through
+    ``|a|^2 - 2 a.b + |b|^2`` (one matrix product; may dip below 0 by rounding)."""
+    return (A * A).sum(1)[:, None] - 2.0 * A @ B.T + (B * B).sum(1)[None, :]
+
+
 def _sq_dists(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    d = (A * A).sum(1)[:, None] - 2.0 * A @ B.T + (B * B).sum(1)[None, :]
-    return np.maximum(d, 0.0)
+    return np.maximum(squared_distances(A, B), 0.0)
 
 
 def neighbor_threshold(X, n_neighbors: int, *, max_rows: int = 5000, random_state=0) -> float:

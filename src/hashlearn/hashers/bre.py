@@ -44,7 +44,7 @@ from hashlearn._validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 from hashlearn.kernels import log_message
-from hashlearn.supervision import other_rows, resolve_pairs
+from hashlearn.supervision import other_rows, resolve_pairs, squared_distances
 
 __all__ = ["BinaryReconstructiveEmbedding"]
 
@@ -267,8 +267,7 @@ class BinaryReconstructiveEmbedding(BaseHasher):
     def _kernel(self, X, Z):
         if getattr(self, "kernel_", self.kernel) == "linear":
             return X @ Z.T
-        d = (X * X).sum(1)[:, None] - 2 * X @ Z.T + (Z * Z).sum(1)[None, :]
-        return np.exp(-self.gamma_ * np.maximum(d, 0.0))
+        return np.exp(-self.gamma_ * np.maximum(squared_distances(X, Z), 0.0))
 
     def _fit(self, X, y, pairs, similar) -> None:
         owner = type(self).__name__
@@ -430,10 +429,9 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         parts = []
         k = min(n_neighbors, n - 1)
         if k:
-            sq = (X * X).sum(1)
             for start in range(0, n, 512):
                 block = slice(start, min(start + 512, n))
-                d = sq[block, None] - 2 * X[block] @ X.T + sq[None, :]
+                d = squared_distances(X[block], X)
                 d[np.arange(d.shape[0]), np.arange(start, block.stop)] = np.inf
                 nn = np.argpartition(d, k - 1, axis=1)[:, :k]
                 parts.append(np.stack([np.repeat(np.arange(start, block.stop), k), nn.ravel()], 1))

@@ -39,6 +39,7 @@ from hashlearn._validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, estimator_state, register_hasher
 from hashlearn.io import estimator_from_state, persistable
 from hashlearn.kernels import log_message
+from hashlearn.supervision import squared_distances
 
 __all__ = ["RBMHashing"]
 
@@ -315,8 +316,7 @@ class RBMHashing(BaseHasher):
             target = similar_matrix[idx][:, idx].toarray() > 0
         else:
             Zb = Z[idx]
-            sq = (Zb * Zb).sum(1)
-            dist = sq[:, None] - 2 * Zb @ Zb.T + sq[None, :]
+            dist = squared_distances(Zb, Zb)
             np.fill_diagonal(dist, np.inf)
             k = min(self.n_neighbors, len(idx) - 1)
             nearest = np.argpartition(dist, k - 1, axis=1)[:, :k]
@@ -330,8 +330,7 @@ class RBMHashing(BaseHasher):
         """Gradient of O_NCA (summed over the batch) w.r.t. every layer, and O_NCA."""
         acts = self._forward(Zb, layers)
         F = acts[-1]
-        sq = (F * F).sum(1)
-        dist = np.maximum(sq[:, None] - 2 * F @ F.T + sq[None, :], 0.0)
+        dist = np.maximum(squared_distances(F, F), 0.0)
         np.fill_diagonal(dist, np.inf)
         logits = -dist
         logits -= logits.max(axis=1, keepdims=True)
