@@ -107,6 +107,8 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
 
         Linear hashers (see :meth:`_linear_form`) encode block by block in the precision of
         ``X``: float32 rows never become float64 and never get a full-size centred copy.
+        Their float32 codes equal the codes of the same rows in float64 except at ties, bits
+        whose score is within float32 rounding of 0 (:mod:`hashlearn.hashers._linear`).
         """
         check_is_fitted(self)
         form = self._linear_form()
