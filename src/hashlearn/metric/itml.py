@@ -191,6 +191,31 @@ def knn_accuracy(Z_train, y_train, Z_val, y_val, k: int) -> float:
     return float(np.mean(pred == y_val))
 
 
+def _cv_results(candidates, splits: np.ndarray, prior: np.ndarray) -> dict:
+    """``cv_results_`` in scikit-learn's ``GridSearchCV`` layout from the candidates
+    ``(slack, lower, upper)``, their fold scores ``splits`` (n_candidates, n_folds) and the
+    prior's fold scores."""
+    means = splits.mean(axis=1)
+    order = np.argsort(-means, kind="stable")
+    rank = np.empty(len(means), np.int64)
+    rank[order] = np.arange(1, len(means) + 1)
+    res: dict = {
+        "param_slack": np.array([c[0] for c in candidates]),
+        "param_lower_percentile": np.array([c[1] for c in candidates]),
+        "param_upper_percentile": np.array([c[2] for c in candidates]),
+        "params": [
+            {"slack": g, "lower_percentile": lo, "upper_percentile": hi} for g, lo, hi in candidates
+        ],
+    }
+    for k in range(splits.shape[1]):
+        res[f"split{k}_test_score"] = splits[:, k]
+    res.update(mean_test_score=means, std_test_score=splits.std(axis=1), rank_test_score=rank)
+    for k in range(len(prior)):
+        res[f"prior_split{k}_test_score"] = float(prior[k])
+    res.update(prior_mean_test_score=float(prior.mean()), prior_std_test_score=float(prior.std()))
+    return res
+
+
 def default_num_constraints(y: np.ndarray) -> int:
     """20 c^2 for c classes (the setting of Davis et al. and Jain et al.)."""
     return 20 * len(np.unique(y)) ** 2
@@ -515,34 +540,9 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
             tried.append(new)
             log_message(self.verbose, "ITML: best slack on the grid's edge; trying %g", new)
             evaluate(new)
-        splits = np.array(split_scores)  # (n_candidates, n_folds)
-        means = splits.mean(axis=1)
+        self.cv_results_ = res = _cv_results(candidates, np.array(split_scores), prior)
+        means = res["mean_test_score"]
         best = int(np.argmax(means))  # ties: the earlier candidate
-        order = np.argsort(-means, kind="stable")
-        rank = np.empty(len(means), np.int64)
-        rank[order] = np.arange(1, len(means) + 1)
-        res: dict = {
-            "param_slack": np.array([c[0] for c in candidates]),
-            "param_lower_percentile": np.array([c[1] for c in candidates]),
-            "param_upper_percentile": np.array([c[2] for c in candidates]),
-            "params": [
-                {"slack": g, "lower_percentile": lo, "upper_percentile": hi}
-                for g, lo, hi in candidates
-            ],
-        }
-        for k in range(splits.shape[1]):
-            res[f"split{k}_test_score"] = splits[:, k]
-        res.update(
-            mean_test_score=means,
-            std_test_score=splits.std(axis=1),
-            rank_test_score=rank,
-        )
-        for k in range(len(prior)):
-            res[f"prior_split{k}_test_score"] = float(prior[k])
-        res.update(
-            prior_mean_test_score=float(prior.mean()), prior_std_test_score=float(prior.std())
-        )
-        self.cv_results_ = res
         self.best_score_, self.prior_score_ = float(means[best]), float(prior.mean())
         if self.best_score_ < self.prior_score_:
             warnings.warn(
