@@ -35,6 +35,23 @@ _CHUNK_PAIRS = 1 << 20  # queries x items compared per chunk: bounds the memory 
 __all__ = ["Cascade"]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _stage_threshold(hist, n_bits, n_bins, radius):
+    """``radius`` when ``>= 0``, else the distance of the ``n_bins``-th non-empty bin of the
+    histogram ``hist`` (the last non-empty one if fewer; -1 if none): the kernel form of
+    :func:`hashlearn.evaluate.bin_threshold`."""
+    if radius >= 0:
+        return radius
+    threshold, seen = -1, 0
+    for d in range(n_bits + 1):
+        if hist[d] > 0:
+            threshold = d
+            seen += 1
+            if seen == n_bins:
+                break
+    return threshold
+
+
 @numba.njit(cache=True, nogil=True)
 def _select_stage(
     db,
@@ -81,16 +98,7 @@ def _select_stage(
             buf_d[j] = d
             buf_p[j] = p
             hist[d] += 1
-        if radius >= 0:
-            threshold = radius
-        else:
-            threshold, seen = -1, 0
-            for d in range(n_bits + 1):
-                if hist[d] > 0:
-                    threshold = d
-                    seen += 1
-                    if seen == n_bins:
-                        break
+        threshold = _stage_threshold(hist, n_bits, n_bins, radius)
         kept = 0
         for d in range(min(threshold, n_bits) + 1):
             kept += hist[d]
