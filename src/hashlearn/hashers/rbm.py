@@ -221,13 +221,20 @@ class RBMHashing(BaseHasher):
         hidden = self._check_params()
         rng = check_random_state(self.random_state)
         X = np.asarray(X, dtype=np.float64)
-        n = X.shape[0]
         self.mean_ = X.mean(axis=0)
         scale = X.std(axis=0)
         self.scale_ = np.where(scale > 1e-8 * max(scale.max(), 1e-300), scale, 1.0)
         Z = (X - self.mean_) / self.scale_
-        sizes = (*hidden, self.n_bits)
-        # 1. greedy pre-training, eqs. 16-18
+        layers = self._pretrain(Z, (*hidden, self.n_bits), rng)
+        objective = self._finetune(Z, y, pairs, similar, layers, rng)
+        self.n_layers_ = len(layers)
+        for i, (W, b) in enumerate(layers):
+            setattr(self, f"coef{i}_", W)
+            setattr(self, f"intercept{i}_", b)
+        self.nca_objective_ = objective
+
+    def _pretrain(self, Z, sizes, rng) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Greedy layer-wise pre-training with CD-1 (eqs. 16-18): ``(W, b)`` per layer."""
         data = Z
         layers = []
         for i, size in enumerate(sizes):
@@ -252,7 +259,12 @@ class RBMHashing(BaseHasher):
                 self.pretrain_epochs,
             )
             data = expit(data @ W + b)
-        # 2. NCA fine-tuning
+        return layers
+
+    def _finetune(self, Z, y, pairs, similar, layers, rng) -> np.ndarray:
+        """NCA fine-tuning of ``layers`` in place (Adam ascent on O_NCA over mini-batches of
+        the labelled, paired or all rows); returns the objective per epoch."""
+        n = Z.shape[0]
         similar_matrix = None
         if pairs is not None:
             sim_pairs = pairs[similar]
@@ -302,11 +314,7 @@ class RBMHashing(BaseHasher):
                 self.finetune_epochs,
                 objective[epoch],
             )
-        self.n_layers_ = len(layers)
-        for i, (W, b) in enumerate(layers):
-            setattr(self, f"coef{i}_", W)
-            setattr(self, f"intercept{i}_", b)
-        self.nca_objective_ = objective
+        return objective
 
     def _targets(self, idx, Z, y, similar_matrix) -> np.ndarray:
         """Boolean (b, b): which batch items count as the same class (diagonal excluded)."""
