@@ -262,36 +262,7 @@ class RankHashing(BaseHasher):
                 f"{owner} needs at least 2 training rows; got n_samples = {n} "
                 "(a query needs other rows to rank)."
             )
-        if triplets is not None:
-            if y is not None:
-                raise ValueError(f"{owner}.fit takes y or triplets, not both.")
-            triplets = check_triplets(triplets, n, owner)
-        elif self.task == "classification":
-            if y is None:
-                raise ValueError(
-                    f"{owner} requires y to be passed, but the target y is None: "
-                    f"task='classification' needs class labels, call fit(X, y)."
-                )
-            classes, y = np.unique(y, return_inverse=True)
-            if classes.size < 2:
-                raise ValueError(
-                    f"{owner}(task='classification') needs at least 2 classes: the number "
-                    f"of classes has to be greater than one; got {classes.size} class."
-                )
-        elif self.task == "regression":
-            if y is None:
-                raise ValueError(
-                    f"{owner} requires y to be passed, but the target y is None: "
-                    f"task='regression' needs real targets, call fit(X, y)."
-                )
-            y = np.asarray(y, dtype=np.float64)
-            if not np.all(np.isfinite(y)):
-                raise ValueError(f"y of {owner}(task='regression') must be finite.")
-        elif y is not None:
-            raise ValueError(
-                f"{owner}(task='retrieval') defines relevance by Euclidean "
-                "neighbours and takes no y; use triplets=... for your own."
-            )
+        y, triplets = self._check_targets(y, triplets, n)
         rng = check_random_state(self.random_state)
         Xs = self._standardize_fit(X)
         d, B = X.shape[1], self.n_bits
@@ -342,6 +313,43 @@ class RankHashing(BaseHasher):
                 time.process_time() - start,
             )
         self.loss_curve_ = np.asarray(losses, dtype=np.float64)
+
+    def _check_targets(self, y, triplets, n):
+        """What the task learns from, checked: ``(y, triplets)`` with class labels encoded
+        as 0..c-1 (classification), finite float targets (regression), or neither
+        (retrieval: Euclidean neighbours), unless ``triplets`` are given instead of ``y``."""
+        owner = type(self).__name__
+        if triplets is not None:
+            if y is not None:
+                raise ValueError(f"{owner}.fit takes y or triplets, not both.")
+            triplets = check_triplets(triplets, n, owner)
+        elif self.task == "classification":
+            if y is None:
+                raise ValueError(
+                    f"{owner} requires y to be passed, but the target y is None: "
+                    f"task='classification' needs class labels, call fit(X, y)."
+                )
+            classes, y = np.unique(y, return_inverse=True)
+            if classes.size < 2:
+                raise ValueError(
+                    f"{owner}(task='classification') needs at least 2 classes: the number "
+                    f"of classes has to be greater than one; got {classes.size} class."
+                )
+        elif self.task == "regression":
+            if y is None:
+                raise ValueError(
+                    f"{owner} requires y to be passed, but the target y is None: "
+                    f"task='regression' needs real targets, call fit(X, y)."
+                )
+            y = np.asarray(y, dtype=np.float64)
+            if not np.all(np.isfinite(y)):
+                raise ValueError(f"y of {owner}(task='regression') must be finite.")
+        elif y is not None:
+            raise ValueError(
+                f"{owner}(task='retrieval') defines relevance by Euclidean "
+                "neighbours and takes no y; use triplets=... for your own."
+            )
+        return y, triplets
 
     def _standardize_fit(self, X):
         if sp.issparse(X):
