@@ -129,6 +129,13 @@ def _infer_batch(A, C, targets, kind, rho, lam, eps, Gi, Gj, M, V):
         V[p] = v
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pair_workspace(q):
+    """Scratch of one pair's loss-adjusted inference over ``q`` bits: the two projections,
+    the two inferred codes, their difference and the sort buffer of :func:`_infer_pair`."""
+    return np.empty(q), np.empty(q), np.empty(q), np.empty(q), np.empty(q), np.empty(q, np.int8)
+
+
 @numba.njit(cache=True, nogil=True, fastmath=True)
 def _project_point(W, x, out):
     q, d = W.shape
@@ -144,12 +151,7 @@ def _objective(W, X, pairs, targets, kind, rho, lam, eps):
     """Mean empirical loss (eq. 3) and mean upper bound (eq. 11, divided by eps so it bounds
     the loss itself) over ``pairs``."""
     q = W.shape[0]
-    a = np.empty(q)
-    c = np.empty(q)
-    gi = np.empty(q)
-    gj = np.empty(q)
-    delta = np.empty(q)
-    buf = np.empty(q, np.int8)
+    a, c, gi, gj, delta, buf = _pair_workspace(q)
     total_loss = 0.0
     total_bound = 0.0
     for p in range(pairs.shape[0]):
@@ -180,12 +182,7 @@ def _train_epoch(
     """One pass of the perceptron-like rule (eq. 14) over ``pairs`` in mini-batches, with
     momentum and unit-length rows of ``W`` (§5). Updates ``W`` and ``velocity`` in place."""
     q, d = W.shape
-    a = np.empty(q)
-    c = np.empty(q)
-    gi = np.empty(q)
-    gj = np.empty(q)
-    delta = np.empty(q)
-    buf = np.empty(q, np.int8)
+    a, c, gi, gj, delta, buf = _pair_workspace(q)
     grad = np.zeros((q, d))
     n_pairs = pairs.shape[0]
     for start in range(0, n_pairs, batch_size):
