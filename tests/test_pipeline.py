@@ -199,3 +199,19 @@ def test_claims_and_tables(tmp_path):
     ]
     table = mean_table(records, "v")
     assert "| A | 0.600 ± 0.100 | n/a |" in table and "| B | n/a | 0.250 |" in table
+
+
+def test_fits_are_shared_between_specs_differing_only_in_search(digits_split):
+    from hashlearn.experiments.pipeline import SearchSpec, searched_fraction
+
+    scan = SearchSpec("scan", "lsh", rerank="sqeuclidean", k=3, n_candidates="all")
+    hashed = SearchSpec("hashed", "lsh", index="flat", rerank="sqeuclidean", k=3)
+    other = MethodSpec("other seed", "lsh")
+    fits, models = {}, {}
+    kw = dict(bits=[16], measures=[searched_fraction()], fits=fits, models=models)
+    run_specs([scan], digits_split, seeds=[0], **kw)
+    run_specs([hashed], digits_split, seeds=[0], **kw)
+    run_specs([other], digits_split, seeds=[1], measures=[], bits=[16], fits=fits, models=models)
+    assert models[("scan", 16, 0)] is models[("hashed", 16, 0)]
+    assert models[("other seed", 16, 1)] is not models[("scan", 16, 0)]
+    assert len(fits) == 2

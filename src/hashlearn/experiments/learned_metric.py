@@ -146,6 +146,7 @@ def _run_case(data, cfg, bits, runs, seed, progress, desc, *, sparse=False, n_pc
                 measures=measures,
                 progress=progress,
                 desc=f"{desc} {metric} partition {run + 1}/{runs}",
+                fits={},  # the scan and the hashed search share the max-bits model
             )
             records += run_specs([scan], space, bits=[max(bits)], **kw)
             records += run_specs([hashed], space, bits=bits, **kw)

@@ -182,19 +182,39 @@ class MethodSpec:
         pairs, similar = pairs_from_neighbors(X, self.n_neighbors, self.n_pairs, random_state=seed)
         return hasher.fit(X, pairs=pairs, similar=similar)
 
-    def evaluate(self, split: Split, n_bits: int, seed: int) -> tuple[Any, dict[str, Any], Any]:
+    def evaluate(
+        self, split: Split, n_bits: int, seed: int, fits: dict | None = None
+    ) -> tuple[Any, dict[str, Any], Any]:
         """``(Hamming distances (n_q, n_db), timing and fitted columns, the hasher)``."""
-        hasher, columns = self._fitted_hasher(split, n_bits, seed)
+        hasher, columns = self._fitted_hasher(split, n_bits, seed, fits)
         start = time.process_time()
         codes_q, codes_db = hasher.encode(split.X_q), hasher.encode(split.X_db)
         columns["encode_cpu_s"] = time.process_time() - start
         return hamming_cdist(codes_q, codes_db, n_bits), columns, hasher
 
-    def _fitted_hasher(self, split: Split, n_bits: int, seed: int):
-        hasher = self.build(n_bits, seed)
-        start = time.process_time()
-        self.fit(hasher, split, seed)
-        columns: dict[str, Any] = {"fit_cpu_s": time.process_time() - start}
+    def _fitted_hasher(self, split: Split, n_bits: int, seed: int, fits: dict | None = None):
+        """The fitted hasher and its columns; ``fits`` (a dict kept by the caller for one
+        split) memoizes fits, so specs differing only in their search reuse one model."""
+        key = (
+            self.hasher,
+            repr(sorted(_resolve(self.params, n_bits).items())),
+            self.supervision,
+            self.n_neighbors,
+            self.n_pairs,
+            self.n_train,
+            n_bits,
+            seed,
+        )
+        if fits is not None and key in fits:
+            hasher, fit_s = fits[key]
+        else:
+            hasher = self.build(n_bits, seed)
+            start = time.process_time()
+            self.fit(hasher, split, seed)
+            fit_s = time.process_time() - start
+            if fits is not None:
+                fits[key] = (hasher, fit_s)
+        columns: dict[str, Any] = {"fit_cpu_s": fit_s}
         for name in self.fitted:
             value = getattr(hasher, name)
             columns[name] = value.item() if isinstance(value, np.generic) else value
@@ -225,8 +245,10 @@ class SearchSpec(MethodSpec):
     k: int = 10
     n_candidates: Any = None
 
-    def evaluate(self, split: Split, n_bits: int, seed: int) -> tuple[Any, dict[str, Any], Any]:
-        hasher, columns = self._fitted_hasher(split, n_bits, seed)
+    def evaluate(
+        self, split: Split, n_bits: int, seed: int, fits: dict | None = None
+    ) -> tuple[Any, dict[str, Any], Any]:
+        hasher, columns = self._fitted_hasher(split, n_bits, seed, fits)
         n_db = split.X_db.shape[0]
         index = self.index(n_bits, seed) if callable(self.index) else self.index
         n_candidates = n_db if self.n_candidates == "all" else self.n_candidates
@@ -273,7 +295,9 @@ class BucketerSpec:
     def applies(self, n_bits: int, split: Split) -> bool:
         return True
 
-    def evaluate(self, split: Split, depth: int, seed: int) -> tuple[Any, dict[str, Any], Any]:
+    def evaluate(
+        self, split: Split, depth: int, seed: int, fits: dict | None = None
+    ) -> tuple[Any, dict[str, Any], Any]:
         params = {**_resolve(self.params, depth), self.depth_param: depth}
         bucketer = _set_seed(self.bucketer(**params), seed)
         rows = MethodSpec.training_rows(self, split, seed)  # type: ignore[arg-type]
@@ -515,6 +539,7 @@ def run_specs(
     progress: Callable[..., Any] | None = None,
     desc: str = "methods",
     models: dict | None = None,
+    fits: dict | None = None,
 ) -> list[dict[str, Any]]:
     """Fit, encode (or search) and measure every spec at every code length and seed.
 
@@ -524,6 +549,9 @@ def run_specs(
     ``applies(bits, split)`` is false is skipped). ``progress`` is a tqdm-like factory
     ``progress(total=..., desc=...)`` whose bar is advanced once per fitted model.
     ``models``, when given a dict, receives each fitted model under ``(method, bits, seed)``.
+    ``fits``: a dict kept across calls on the same split; a hasher spec whose hasher,
+    parameters, supervision, code length and seed match an earlier fit reuses that model
+    (its ``fit_cpu_s`` is the original fit's).
     """
     specs, bits, seeds, measures = list(specs), list(bits), list(seeds), list(measures)
     jobs = [
@@ -537,7 +565,7 @@ def run_specs(
     records = []
     try:
         for seed, n_bits, spec in jobs:
-            output, columns, model = spec.evaluate(split, n_bits, seed)
+            output, columns, model = spec.evaluate(split, n_bits, seed, fits)
             record: dict[str, Any] = {"method": spec.name, "bits": n_bits, "seed": seed}
             record.update(columns)
             for measure in measures:
@@ -668,6 +696,7 @@ def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False
             opts = RunOptions(quick, seed, data_dir, progress, X, y)
             return body(out, settings(quick), opts)
 
+        run.body, run.settings = body, settings  # for other settings: run.body(out, cfg, opts)
         run.__doc__ = body.__doc__
         run.__name__ = run.__qualname__ = body.__name__
         run.__module__ = body.__module__
