@@ -174,12 +174,17 @@ class MethodSpec:
             if split.y_db is None:
                 raise ValueError(f"method {self.name!r} trains on labels; the split has none.")
             return hasher.fit(X, split.y_db[rows])
-        if self.supervision == "all-pairs":
-            within = neighbors_within(X, X, neighbor_threshold(X, self.n_neighbors))
-            upper = np.triu_indices(X.shape[0], 1)
-            pairs = np.stack(upper, axis=1).astype(np.int64)
-            return hasher.fit(X, pairs=pairs, similar=within[upper])
-        pairs, similar = pairs_from_neighbors(X, self.n_neighbors, self.n_pairs, random_state=seed)
+        key = (self.supervision, self.n_train, self.n_neighbors, self.n_pairs, seed)
+        if key not in split.memo:  # the same pairs for every code length and method
+            if self.supervision == "all-pairs":
+                within = neighbors_within(X, X, neighbor_threshold(X, self.n_neighbors))
+                upper = np.triu_indices(X.shape[0], 1)
+                split.memo[key] = np.stack(upper, axis=1).astype(np.int64), within[upper]
+            else:
+                split.memo[key] = pairs_from_neighbors(
+                    X, self.n_neighbors, self.n_pairs, random_state=seed
+                )
+        pairs, similar = split.memo[key]
         return hasher.fit(X, pairs=pairs, similar=similar)
 
     def evaluate(
@@ -326,6 +331,8 @@ class Split:
     truth: Mapping[str, np.ndarray] = field(default_factory=dict)
     relevance: Mapping[str, np.ndarray] = field(default_factory=dict)
     train_rows: np.ndarray | None = None
+    #: supervision computed from this split (pairs), shared by the specs run on it
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def holdout(cls, X, y=None, *, n_queries: int, random_state=None) -> Split:
