@@ -93,7 +93,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
             pairs, similar = check_pairs(pairs, similar, X.shape[0], type(self).__name__)
         elif similar is not None:
             raise ValueError(f"{type(self).__name__}.fit got similar=... without pairs=...")
-        y = check_y(y, X.shape[0])
+        y = None if y is None else check_y(y, X.shape[0])  # X may be a list (KLSH on sets)
         if self.supervised and y is None and pairs is None:
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None: "
