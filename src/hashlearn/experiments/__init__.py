@@ -1,14 +1,16 @@
 """Reproductions of the papers' experiments: ``hashlearn reproduce NAME``.
 
-One module per paper. Each defines::
+One module per paper, each holding only its data, protocol settings, claims and plots; the
+fit -> encode/search -> measure loop is :mod:`hashlearn.experiments.pipeline`. Each defines
+(through :func:`hashlearn.experiments.pipeline.reproduction`)::
 
-    run(out_dir: Path, *, quick: bool = False, seed: int = 0,
-        data_dir: Path | None = None, progress=None) -> str
+    run(out_dir, *, quick=False, seed=0, data_dir=None, progress=None, X=None, y=None) -> str
 
-which writes its tables (``.md`` / ``.json``) and PNG plots into ``out_dir`` and returns a
-markdown report. ``quick=True`` is a small setting for tests and smoke runs; the default is
-the full protocol. Datasets absent from the machine (Fashion-MNIST) are skipped with a note
-in the report, never downloaded.
+which writes its tables (``.md`` / ``.json``), ``claims.json`` and PNG plots into
+``out_dir`` and returns a markdown report. ``quick=True`` is a seconds-long setting for the
+test suite; the default is the full protocol. ``X`` / ``y`` run the protocol on your own data.
+Datasets absent from the machine (Fashion-MNIST) are skipped with a note in the report,
+never downloaded; ``data_dir`` points at Fashion-MNIST's files elsewhere.
 """
 
 from __future__ import annotations
