@@ -130,9 +130,29 @@ def _check_differences(Z, d: int):
 # ----------------------------------------------------------------------------- explicit
 
 
+class _LearnedMetricHasher(BaseHasher):
+    """What both learned-metric hashers share: ITML's slack weight ``slack`` (formerly
+    ``gamma``), and saves without the fitted learner ``metric_`` (its arrays are saved)."""
+
+    _renamed_params = {"gamma": "slack"}
+
+    def _get_state(self):
+        metric = self.__dict__.pop("metric_", None)
+        try:
+            return super()._get_state()
+        finally:
+            self.metric_ = metric
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        obj = super()._from_state(params, state, arrays)
+        obj.metric_ = None
+        return obj
+
+
 @persistable
 @register_hasher("metric-lsh")
-class MetricLSH(BaseHasher):
+class MetricLSH(_LearnedMetricHasher):
     """Hash functions ``[r^T G (x - mean) >= 0]`` for a learned metric ``A = G^T G`` (eq. 6).
 
     Parameters
@@ -197,8 +217,6 @@ class MetricLSH(BaseHasher):
         self.center = center
         self.random_state = random_state
         self.gamma = gamma
-
-    _renamed_params = {"gamma": "slack"}
 
     @classmethod
     def from_metric(
@@ -307,26 +325,13 @@ class MetricLSH(BaseHasher):
         GZ = np.asarray(Z @ self.G_.T)
         return np.einsum("ij,ij->i", GZ, GZ)
 
-    def _get_state(self):
-        metric = self.__dict__.pop("metric_", None)
-        try:
-            return super()._get_state()
-        finally:
-            self.metric_ = metric
-
-    @classmethod
-    def _from_state(cls, params, state, arrays):
-        obj = super()._from_state(params, state, arrays)
-        obj.metric_ = None
-        return obj
-
 
 # ----------------------------------------------------------------------------- implicit
 
 
 @persistable
 @register_hasher("kernel-metric-lsh")
-class KernelMetricLSH(BaseHasher):
+class KernelMetricLSH(_LearnedMetricHasher):
     """Implicit learned-metric hash functions for sparse high-dimensional data (eq. 8).
 
     ``fit`` learns kernelized ITML (linear kernel, ``A0 = I``) over the constrained points,
@@ -395,8 +400,6 @@ class KernelMetricLSH(BaseHasher):
         self.max_iter = max_iter
         self.random_state = random_state
         self.gamma = gamma
-
-    _renamed_params = {"gamma": "slack"}
 
     def _fit(self, X, y, pairs, similar) -> None:
         rng = check_random_state(self.random_state)
@@ -491,16 +494,3 @@ class KernelMetricLSH(BaseHasher):
         T = np.asarray((Zs @ self._phi().T).todense())  # (rows, c)
         M = self.S_ + self.S_.T + self.S_.T @ self.K0_ @ self.S_
         return sq + np.einsum("ij,jk,ik->i", T, M, T)
-
-    def _get_state(self):
-        metric = self.__dict__.pop("metric_", None)
-        try:
-            return super()._get_state()
-        finally:
-            self.metric_ = metric
-
-    @classmethod
-    def _from_state(cls, params, state, arrays):
-        obj = super()._from_state(params, state, arrays)
-        obj.metric_ = None
-        return obj
