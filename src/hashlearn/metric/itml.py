@@ -73,16 +73,20 @@ PERCENTILE_GRID = ((5.0, 95.0), (1.0, 99.0))
 
 
 @numba.njit(cache=True, nogil=True)
-def _bregman_step(p, delta, lam, bhat, slack):
-    """One ITML projection's scalars (Davis et al. 2007, Alg. 1, whose slack weight
-    :math:`\\gamma` is ``slack``): returns (alpha, beta) and updates ``lam`` / ``bhat``
-    (1-element views) in place."""
+def _bregman_step(p, t, delta, lam, bhat, slack):
+    """The scalars of ITML's projection onto constraint ``t`` (Davis et al. 2007, Alg. 1,
+    whose slack weight :math:`\\gamma` is ``slack``) at ``p = v^T A v``: returns
+    ``(alpha, beta)`` and updates ``lam[t]`` / ``bhat[t]`` in place; ``(0, 0)`` (no update)
+    when ``p <= 1e-12``, a pair whose points coincide under the current metric."""
+    if p <= 1e-12:
+        return 0.0, 0.0
+    d = delta[t]
     slack_proj = 1.0 if slack == np.inf else slack / (slack + 1.0)
-    alpha = min(lam[0], delta * slack_proj * (1.0 / p - 1.0 / bhat[0]))
-    lam[0] -= alpha
-    beta = delta * alpha / (1.0 - delta * alpha * p)
+    alpha = min(lam[t], d * slack_proj * (1.0 / p - 1.0 / bhat[t]))
+    lam[t] -= alpha
+    beta = d * alpha / (1.0 - d * alpha * p)
     if slack != np.inf:
-        bhat[0] = 1.0 / (1.0 / bhat[0] + alpha * delta / slack)
+        bhat[t] = 1.0 / (1.0 / bhat[t] + alpha * d / slack)
     return alpha, beta
 
 
@@ -121,9 +125,7 @@ def itml_projections(A, V, delta, bhat, lam, slack, max_iter, tol):
                     s += A[a, b] * V[c, b]
                 w[a] = s
                 p += s * V[c, a]
-            if p <= 1e-12:
-                continue
-            alpha, beta = _bregman_step(p, delta[c], lam[c : c + 1], bhat[c : c + 1], slack)
+            alpha, beta = _bregman_step(p, c, delta, lam, bhat, slack)
             if beta == 0.0:
                 continue
             for a in range(d):

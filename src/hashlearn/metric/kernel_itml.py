@@ -87,13 +87,11 @@ def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, slack, m
             i = pair_i[t]
             j = pair_j[t]
             p = K[i, i] + K[j, j] - 2.0 * K[i, j]
-            if p <= 1e-12:
+            alpha, beta = _bregman_step(p, t, delta, lam, bhat, slack)
+            if beta == 0.0:
                 continue
             for r in range(c):
                 w[r] = K[r, i] - K[r, j]
-            alpha, beta = _bregman_step(p, delta[t], lam[t : t + 1], bhat[t : t + 1], slack)
-            if beta == 0.0:
-                continue
             # S update (Lemma 2): a = (I + S K0) e, b = a + S^T K0 a, S += alpha_L a b^T
             alpha_l = (np.sqrt(1.0 + p * beta) - 1.0) / p
             for r in range(c):
@@ -155,9 +153,7 @@ def factored_projections(B, C, V, delta, bhat, lam, slack, max_iter, tol):
                 w[a] = s
                 cv[a] = q
                 p += s * V[t, a]
-            if p <= 1e-12:
-                continue
-            alpha, beta = _bregman_step(p, delta[t], lam[t : t + 1], bhat[t : t + 1], slack)
+            alpha, beta = _bregman_step(p, t, delta, lam, bhat, slack)
             if beta == 0.0:
                 continue
             alpha_l = (np.sqrt(1.0 + p * beta) - 1.0) / p
