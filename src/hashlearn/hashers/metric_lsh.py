@@ -136,6 +136,23 @@ class _LearnedMetricHasher(BaseHasher):
 
     _renamed_params = {"gamma": "slack"}
 
+    def _check_candidates(self, queries, candidates) -> tuple[np.ndarray, np.ndarray]:
+        """``metric_distances``' inputs as float arrays: queries (b, d), candidates (b, c, d)."""
+        check_is_fitted(self)
+        queries = np.asarray(queries, np.float64)
+        candidates = np.asarray(candidates, np.float64)
+        if (
+            queries.ndim != 2
+            or candidates.ndim != 3
+            or candidates.shape[0] != len(queries)
+            or candidates.shape[2] != queries.shape[1]
+        ):
+            raise ValueError(
+                f"queries must be (b, d) and candidates (b, c, d). Got "
+                f"{queries.shape} and {candidates.shape}."
+            )
+        return queries, candidates
+
     def _get_state(self):
         metric = self.__dict__.pop("metric_", None)
         try:
@@ -301,19 +318,7 @@ class MetricLSH(_LearnedMetricHasher):
     def metric_distances(self, queries, candidates) -> np.ndarray:
         """Squared learned distances ``(c - q)^T A (c - q)``: queries (b, d), candidates
         (b, c, d) -> (b, c) (for ``Searcher(rerank="metric")``)."""
-        check_is_fitted(self)
-        queries = np.asarray(queries, np.float64)
-        candidates = np.asarray(candidates, np.float64)
-        if (
-            queries.ndim != 2
-            or candidates.ndim != 3
-            or candidates.shape[0] != len(queries)
-            or candidates.shape[2] != queries.shape[1]
-        ):
-            raise ValueError(
-                f"queries must be (b, d) and candidates (b, c, d). Got "
-                f"{queries.shape} and {candidates.shape}."
-            )
+        queries, candidates = self._check_candidates(queries, candidates)
         Z = (candidates - queries[:, None, :]) @ self.G_.T
         return np.einsum("bcd,bcd->bc", Z, Z)
 
@@ -462,19 +467,7 @@ class KernelMetricLSH(_LearnedMetricHasher):
     def metric_distances(self, queries, candidates) -> np.ndarray:
         """Squared learned distances ``|G (c - q)|^2 = |z|^2 + t^T M t`` with ``t = Phi z``,
         ``M = S + S^T + S^T K0 S``: queries (b, d), candidates (b, c, d) -> (b, c)."""
-        check_is_fitted(self)
-        queries = np.asarray(queries, np.float64)
-        candidates = np.asarray(candidates, np.float64)
-        if (
-            queries.ndim != 2
-            or candidates.ndim != 3
-            or candidates.shape[0] != len(queries)
-            or candidates.shape[2] != queries.shape[1]
-        ):
-            raise ValueError(
-                f"queries must be (b, d) and candidates (b, c, d). Got "
-                f"{queries.shape} and {candidates.shape}."
-            )
+        queries, candidates = self._check_candidates(queries, candidates)
         b, c, d = candidates.shape
         Z = (candidates - queries[:, None, :]).reshape(b * c, d)
         T = np.asarray((self._phi() @ Z.T).T)  # (b c, n_constrained)
