@@ -214,13 +214,9 @@ def plot_pr_panels(
     ``styles`` (from :func:`method_styles`) fixes each method's colour; methods it does not
     name get the next free styles. Writes a PNG to ``path`` and returns the Figure.
     """
-
-    def draw(ax, name, x, y, style):
-        _draw_pr(ax, name, x, y, style)
-
     fig = _panel_figure(
         panels,
-        draw,
+        _draw_pr,
         title=title,
         xlabel="recall",
         ylabel="precision",
@@ -242,18 +238,17 @@ def plot_recall_at_m_panels(
     """Recall against the number ``M`` retrieved (log scale), one panel per
     ``panel title -> {method: (M, recall)}``; ``reference[panel title]`` curves (e.g. the
     exact ranking's) are drawn as grey dashed lines. Writes a PNG and returns the Figure."""
-    fig = _panel_figure(
+    xlabel = "M (items retrieved, Hamming ranking)"
+    return plot_lines(
         panels,
-        _draw_recall,
-        title=title,
-        xlabel="M (items retrieved, Hamming ranking)",
+        path,
+        title,
+        xlabel=xlabel,
         ylabel="recall",
-        styles=styles,
-        reference=reference,
         xlog=True,
+        reference=reference,
+        styles=styles,
     )
-    _write(fig, path)
-    return fig
 
 
 def plot_pr_curves(
