@@ -164,6 +164,21 @@ def _coordinate_descent(K, W, Y, B, dist, pairs, targets, indptr, pair_of, coord
     return total
 
 
+def _incident_pairs(P, n_points) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of the pairs incident to each point: pair ids ``pair_of[indptr[i]:indptr[i+1]]``
+    (pairs of a point with itself left out)."""
+    ends = np.concatenate([P[:, 0], P[:, 1]])
+    pair_ids = np.concatenate([np.arange(len(P)), np.arange(len(P))])
+    keep = P[:, 0] != P[:, 1]
+    mask = np.concatenate([keep, keep])
+    ends, pair_ids = ends[mask], pair_ids[mask]
+    order = np.argsort(ends, kind="stable")
+    pair_of = pair_ids[order].astype(np.int64)
+    indptr = np.zeros(n_points + 1, np.int64)
+    np.cumsum(np.bincount(ends, minlength=n_points), out=indptr[1:])
+    return indptr, pair_of
+
+
 @persistable
 @register_hasher("bre")
 class BinaryReconstructiveEmbedding(BaseHasher):
@@ -296,38 +311,14 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         self.kernel_ = kernel
         self.kernel_scores_ = scores
         self.input_scale_ = input_scale
-        if y is not None or pairs is not None:
-            P, s = resolve_pairs(
-                X,
-                y,
-                pairs,
-                similar,
-                n_pairs=(n_neighbors + n_random) * n,
-                owner=owner,
-                random_state=rng,
-            )
-            rows = np.arange(n)
-            targets = (~s).astype(np.float64)
-        else:
-            rows = np.arange(n) if n <= max_train else np.sort(rng.choice(n, max_train, False))
-            P = self._default_pairs(X[rows], n_neighbors, n_random, rng)
-            diff = X[rows][P[:, 0]] - X[rows][P[:, 1]]
-            sq = 0.5 * (diff * diff).sum(1)
-            targets = sq / sq.max() if len(sq) and sq.max() > 0 else sq
+        rows, P, targets = self._training_pairs(
+            X, y, pairs, similar, (n_neighbors, n_random, max_train), rng
+        )
         if len(P) == 0:
             raise ValueError(f"{owner} has no training pairs; raise n_neighbors or n_random.")
         Xt = X[rows]
         nt = len(rows)
-        landmark_rows = rng.choice(nt, min(n_landmarks, nt), replace=False)
-        self.landmarks_ = Xt[landmark_rows].copy()
-        if kernel == "rbf":
-            if self.gamma is None:
-                d = ((Xt[:, None, :] - self.landmarks_[None, : min(8, nt), :]) ** 2).sum(-1)
-                self.gamma_ = 1.0 / max(float(d.mean()), 1e-12)
-            else:
-                self.gamma_ = check_real(self.gamma, "gamma", owner, low=0.0, low_open=True)
-        else:
-            self.gamma_ = 0.0
+        self._set_landmarks(Xt, n_landmarks, kernel, rng)
         K = self._kernel(Xt, self.landmarks_)
         self.kernel_mean_ = K.mean(0)
         K = np.ascontiguousarray(K - self.kernel_mean_)
@@ -337,16 +328,7 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         B = (Y >= 0).astype(np.int8)
         P = np.ascontiguousarray(P, dtype=np.int64)
         dist = (B[P[:, 0]] != B[P[:, 1]]).sum(1).astype(np.float64)
-        # CSR: pairs incident to each point
-        ends = np.concatenate([P[:, 0], P[:, 1]])
-        pair_ids = np.concatenate([np.arange(len(P)), np.arange(len(P))])
-        keep = P[:, 0] != P[:, 1]
-        mask = np.concatenate([keep, keep])
-        ends, pair_ids = ends[mask], pair_ids[mask]
-        order = np.argsort(ends, kind="stable")
-        pair_of = pair_ids[order].astype(np.int64)
-        indptr = np.zeros(nt + 1, np.int64)
-        np.cumsum(np.bincount(ends, minlength=nt), out=indptr[1:])
+        indptr, pair_of = _incident_pairs(P, nt)
 
         def objective():
             return float(np.mean((targets - dist / self.n_bits) ** 2))
@@ -386,6 +368,48 @@ class BinaryReconstructiveEmbedding(BaseHasher):
                 )
         if not (np.isfinite(self.gamma_) and np.isfinite(self.input_scale_)):
             raise ValueError(f"{owner}: the fitted gamma_ or input_scale_ is not finite.")
+
+    def _training_pairs(self, X, y, pairs, similar, counts, rng):
+        """``(rows, pairs, targets)``: the supervised pairs (target 1 dissimilar, 0 similar)
+        over every row, or, unsupervised, neighbour and random pairs among at most
+        ``max_train`` rows with targets half their squared distances, scaled to [0, 1]."""
+        owner = type(self).__name__
+        n_neighbors, n_random, max_train = counts
+        n = X.shape[0]
+        if y is not None or pairs is not None:
+            P, s = resolve_pairs(
+                X,
+                y,
+                pairs,
+                similar,
+                n_pairs=(n_neighbors + n_random) * n,
+                owner=owner,
+                random_state=rng,
+            )
+            rows = np.arange(n)
+            targets = (~s).astype(np.float64)
+        else:
+            rows = np.arange(n) if n <= max_train else np.sort(rng.choice(n, max_train, False))
+            P = self._default_pairs(X[rows], n_neighbors, n_random, rng)
+            diff = X[rows][P[:, 0]] - X[rows][P[:, 1]]
+            sq = 0.5 * (diff * diff).sum(1)
+            targets = sq / sq.max() if len(sq) and sq.max() > 0 else sq
+        return rows, P, targets
+
+    def _set_landmarks(self, Xt, n_landmarks, kernel, rng) -> None:
+        """``landmarks_`` drawn from the training rows, and the RBF width ``gamma_``."""
+        owner = type(self).__name__
+        nt = len(Xt)
+        landmark_rows = rng.choice(nt, min(n_landmarks, nt), replace=False)
+        self.landmarks_ = Xt[landmark_rows].copy()
+        if kernel == "rbf":
+            if self.gamma is None:
+                d = ((Xt[:, None, :] - self.landmarks_[None, : min(8, nt), :]) ** 2).sum(-1)
+                self.gamma_ = 1.0 / max(float(d.mean()), 1e-12)
+            else:
+                self.gamma_ = check_real(self.gamma, "gamma", owner, low=0.0, low_open=True)
+        else:
+            self.gamma_ = 0.0
 
     def _choose_kernel(self, X, y, pairs, rng, verbose):
         """``kernel="auto"``: fit each kernel on 80 % of the (at most ``max_train``) rows and
