@@ -356,6 +356,28 @@ def _best_split_kernel(X, rows, proj, feature_list, a_loc, b_loc, pw, cost, min_
     return best_c, best_theta, best_gain
 
 
+def _sample_similar(n, n_sim, y_codes, class_rows, neighbors, rng):
+    """``n_sim`` similar pairs ``(sa, sb)`` with importance weights ``alpha_sim`` (so that
+    weighted sums estimate sums over all similar pairs): an anchor and another row of its
+    class, or an anchor and one of its ``neighbors``."""
+    if neighbors is None:
+        eligible = np.concatenate([r for r in class_rows if len(r) >= 2])
+        sa = eligible[rng.randint(len(eligible), size=n_sim)]
+        rows_of = [class_rows[c] for c in y_codes[sa]]
+        sb = np.array([r[rng.randint(len(r))] for r in rows_of], np.int64)
+        same = sb == sa
+        while same.any():  # re-draw self pairs
+            sb[same] = [rows_of[i][rng.randint(len(rows_of[i]))] for i in np.flatnonzero(same)]
+            same = sb == sa
+        sizes = np.array([len(class_rows[c]) for c in y_codes[sa]], np.float64)
+        alpha_sim = len(eligible) * (sizes - 1.0) / n_sim
+    else:
+        sa = rng.randint(n, size=n_sim).astype(np.int64)
+        sb = neighbors[sa, rng.randint(neighbors.shape[1], size=n_sim)]
+        alpha_sim = np.full(n_sim, n * neighbors.shape[1] / n_sim)
+    return sa, sb, alpha_sim
+
+
 @persistable
 class BoostedSearchForest(BaseBucketer):
     """Boosted search forest: search trees learnt by boosting for recall vs. candidate cost.
@@ -509,43 +531,7 @@ class BoostedSearchForest(BaseBucketer):
         self._check_params(n)
         rng = check_random_state(self.random_state)
         lam = float(self.lam)
-        if self.similarity == "labels":
-            if y is None:
-                raise ValueError(
-                    "BoostedSearchForest requires y to be passed, but the target y is None: "
-                    "similarity='labels' needs labels, call fit(X, y)."
-                )
-            _, y_codes = np.unique(y, return_inverse=True)
-            class_rows = [np.flatnonzero(y_codes == c) for c in range(y_codes.max() + 1)]
-            if all(len(r) < 2 for r in class_rows):
-                raise ValueError("y has no two rows with the same label: no similar pairs.")
-            neighbors = None
-        else:
-            y_codes, class_rows = None, None
-            k_similar = int(self.k_similar)
-            if k_similar > n - 1:
-                warnings.warn(
-                    f"k_similar ({k_similar}) is greater than the number of other training "
-                    f"rows ({n - 1}). BoostedSearchForest uses k_similar={n - 1}.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-                k_similar = n - 1
-            neighbors = (
-                NearestNeighbors(n_neighbors=k_similar)
-                .fit(X)
-                .kneighbors(return_distance=False)
-                .astype(np.int64)
-            )
-            nb_keys = np.sort((np.arange(n, dtype=np.int64)[:, None] * n + neighbors).ravel())
-
-        def is_similar(a, b):
-            if neighbors is None:
-                return y_codes[a] == y_codes[b]
-            keys = a * n + b
-            pos = np.minimum(np.searchsorted(nb_keys, keys), len(nb_keys) - 1)
-            return nb_keys[pos] == keys
-
+        y_codes, class_rows, neighbors, is_similar = self._similarity(X, y)
         n_sim = max(1, int(round(self.n_pairs * self.similar_fraction)))
         n_rand = max(1, self.n_pairs - n_sim)
         builder = TreeBuilder(X.shape[1])
@@ -554,23 +540,7 @@ class BoostedSearchForest(BaseBucketer):
         start = time.process_time()
         for m in range(self.n_trees):
             # --- pairs for this tree, with importance weights (sums estimate all pairs)
-            if neighbors is None:
-                eligible = np.concatenate([r for r in class_rows if len(r) >= 2])
-                sa = eligible[rng.randint(len(eligible), size=n_sim)]
-                rows_of = [class_rows[c] for c in y_codes[sa]]
-                sb = np.array([r[rng.randint(len(r))] for r in rows_of], np.int64)
-                same = sb == sa
-                while same.any():  # re-draw self pairs
-                    sb[same] = [
-                        rows_of[i][rng.randint(len(rows_of[i]))] for i in np.flatnonzero(same)
-                    ]
-                    same = sb == sa
-                sizes = np.array([len(class_rows[c]) for c in y_codes[sa]], np.float64)
-                alpha_sim = len(eligible) * (sizes - 1.0) / n_sim
-            else:
-                sa = rng.randint(n, size=n_sim).astype(np.int64)
-                sb = neighbors[sa, rng.randint(neighbors.shape[1], size=n_sim)]
-                alpha_sim = np.full(n_sim, n * neighbors.shape[1] / n_sim)
+            sa, sb, alpha_sim = _sample_similar(n, n_sim, y_codes, class_rows, neighbors, rng)
             ra, rb = sample_pairs(n, n_rand, rng).T
             r_similar = is_similar(ra, rb)
             # --- eq. 10: w = exp(-z T) from the ensemble so far
@@ -625,6 +595,50 @@ class BoostedSearchForest(BaseBucketer):
         for key, value in builder.arrays().items():
             setattr(self, key, value)
         self.tree_weights_ = np.asarray(weights, np.float64)
+
+    def _similarity(self, X, y):
+        """Which training pairs are similar: same label (``similarity="labels"``) or one in
+        the other's ``k_similar`` Euclidean neighbours. Returns ``(y_codes, class_rows,
+        neighbors, is_similar)``, ``is_similar(a, b)`` vectorised over row arrays."""
+        n = X.shape[0]
+        if self.similarity == "labels":
+            if y is None:
+                raise ValueError(
+                    "BoostedSearchForest requires y to be passed, but the target y is None: "
+                    "similarity='labels' needs labels, call fit(X, y)."
+                )
+            _, y_codes = np.unique(y, return_inverse=True)
+            class_rows = [np.flatnonzero(y_codes == c) for c in range(y_codes.max() + 1)]
+            if all(len(r) < 2 for r in class_rows):
+                raise ValueError("y has no two rows with the same label: no similar pairs.")
+            neighbors = None
+        else:
+            y_codes, class_rows = None, None
+            k_similar = int(self.k_similar)
+            if k_similar > n - 1:
+                warnings.warn(
+                    f"k_similar ({k_similar}) is greater than the number of other training "
+                    f"rows ({n - 1}). BoostedSearchForest uses k_similar={n - 1}.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+                k_similar = n - 1
+            neighbors = (
+                NearestNeighbors(n_neighbors=k_similar)
+                .fit(X)
+                .kneighbors(return_distance=False)
+                .astype(np.int64)
+            )
+            nb_keys = np.sort((np.arange(n, dtype=np.int64)[:, None] * n + neighbors).ravel())
+
+        def is_similar(a, b):
+            if neighbors is None:
+                return y_codes[a] == y_codes[b]
+            keys = a * n + b
+            pos = np.minimum(np.searchsorted(nb_keys, keys), len(nb_keys) - 1)
+            return nb_keys[pos] == keys
+
+        return y_codes, class_rows, neighbors, is_similar
 
     def _grow_tree(self, X, builder, sa, sb, sim_weight, ra, rb, w_rand, lam, rng):
         """Algorithm 2: best-first growth; returns (root, leaf number per training row,
