@@ -360,6 +360,11 @@ class BinaryReconstructiveEmbedding(BaseHasher):
             )
         self.weights_ = W
         self.objective_history_ = np.asarray(history)
+        self._check_finite()
+
+    def _check_finite(self) -> None:
+        """Refuse a fit whose learned values are not finite (constant or non-finite X)."""
+        owner = type(self).__name__
         for name in ("landmarks_", "weights_", "kernel_mean_", "objective_history_"):
             if not np.isfinite(getattr(self, name)).all():
                 raise ValueError(
