@@ -439,6 +439,55 @@ def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
 # --------------------------------------------------------------------------------- main
 
 
+def _selected_hashers(hashers: Sequence[str] | None) -> dict[str, type]:
+    """``name -> class`` of the hashers to run: the named ones (checked), or every registered
+    hasher but :data:`SLOW_HASHERS`."""
+    registered = available_hashers()
+    if hashers is None:
+        hashers = [name for name in registered if name not in SLOW_HASHERS]
+    elif isinstance(hashers, str) or not hashers or any(h not in registered for h in hashers):
+        raise DemoParameterError(
+            f"The 'hashers' parameter of run_demo must be a non-empty "
+            f"list of names from {sorted(registered)}. Got {hashers!r} "
+            "instead."
+        )
+    hashers = {name: registered[name] for name in dict.fromkeys(hashers)}
+    return hashers
+
+
+def _run_meta(dataset, data, truth, bits, hashers, random_state) -> dict[str, Any]:
+    """The data set, protocol and machine of a run, for ``results.json``."""
+    from hashlearn import __version__
+
+    meta = {
+        "hashlearn_version": __version__,
+        "dataset": {
+            "name": dataset,
+            "n_features": int(data.X_db.shape[1]),
+            "n_database": len(data.X_db),
+            "n_queries": len(data.X_q),
+            "n_train": len(data.train),
+            "n_classes": int(len(np.unique(data.y_db))),
+            "feature_max": data.feature_max,
+        },
+        "protocol": {
+            "bits": bits,
+            "hashers": list(hashers),
+            "random_state": random_state,
+            "true_k": min(TRUE_K, len(data.X_db)),
+            "m_values": truth["m_values"],
+            "radius": RADIUS,
+            "knn_k": KNN_K,
+            "search_k": SEARCH_K,
+            "index": "flat",
+            "scaling": "divide by the maximum feature value",
+            "ties": "random, seeded with random_state",
+        },
+        "machine": {"cores": available_cores(), "python": platform.python_version()},
+    }
+    return meta
+
+
 def run_demo(
     dataset: str = "digits",
     bits: Sequence[int] = (16, 32, 64),
@@ -482,16 +531,7 @@ def run_demo(
     _log(verbose, f"loading {dataset}")
     data = _split(dataset, n_queries, n_train, data_dir, rng)
     truth, exact_row = _ground_truth(data, verbose)
-    registered = available_hashers()
-    if hashers is None:
-        hashers = [name for name in registered if name not in SLOW_HASHERS]
-    elif isinstance(hashers, str) or not hashers or any(h not in registered for h in hashers):
-        raise DemoParameterError(
-            f"The 'hashers' parameter of run_demo must be a non-empty "
-            f"list of names from {sorted(registered)}. Got {hashers!r} "
-            "instead."
-        )
-    hashers = {name: registered[name] for name in dict.fromkeys(hashers)}
+    hashers = _selected_hashers(hashers)
     runs = [(name, b) for name in hashers for b in bits]
     if progress is None and verbose:
         from tqdm import tqdm
@@ -519,35 +559,8 @@ def run_demo(
         )
     rows.append(exact_row)
 
-    from hashlearn import __version__
-
-    meta = {
-        "hashlearn_version": __version__,
-        "dataset": {
-            "name": dataset,
-            "n_features": int(data.X_db.shape[1]),
-            "n_database": len(data.X_db),
-            "n_queries": len(data.X_q),
-            "n_train": len(data.train),
-            "n_classes": int(len(np.unique(data.y_db))),
-            "feature_max": data.feature_max,
-        },
-        "protocol": {
-            "bits": bits,
-            "hashers": list(hashers),
-            "random_state": random_state,
-            "true_k": min(TRUE_K, len(data.X_db)),
-            "m_values": truth["m_values"],
-            "radius": RADIUS,
-            "knn_k": KNN_K,
-            "search_k": SEARCH_K,
-            "index": "flat",
-            "scaling": "divide by the maximum feature value",
-            "ties": "random, seeded with random_state",
-        },
-        "machine": {"cores": available_cores(), "python": platform.python_version()},
-        "elapsed_s": time.perf_counter() - started,
-    }
+    meta = _run_meta(dataset, data, truth, bits, list(hashers), random_state)
+    meta["elapsed_s"] = time.perf_counter() - started
     _write_outputs(Path(out_dir), rows, meta)
     _log(verbose, f"wrote {', '.join(OUTPUT_FILES)} to {out_dir}")
     return rows
