@@ -668,35 +668,11 @@ class MinimalLossHashing(BaseHasher):
             auto = [k for k in auto if k not in ("rho", "lam")]
             p["rho"] = 0.0 if p["rho"] is None else p["rho"]
             p["lam"] = 0.0 if p["lam"] is None else p["lam"]
-        table = np.zeros((0, len(_SELECTION_COLUMNS)))
         pairs_per_epoch = p["pairs_per_epoch"]
+        table = np.zeros((0, len(_SELECTION_COLUMNS)))
         if auto:
             pairs_per_epoch = min(pairs_per_epoch, max(1000, 2 * sup.n_available))
-            chosen, rows = _select(
-                X,
-                sup,
-                n_bits=self.n_bits,
-                rho_values=None if p["rho"] is None else (p["rho"],),
-                lam_values=None if p["lam"] is None else (p["lam"],),
-                epsilon_values=None if p["eps"] is None else (p["eps"],),
-                n_epochs=p["n_epochs"],
-                validation_fraction=p["validation_fraction"],
-                score=p["radius"],
-                time_budget=p["time_budget"],
-                rng=rng,
-                verbose=p["verbose"],
-                train_kw=dict(
-                    lr=p["lr"],
-                    momentum=p["momentum"],
-                    batch_size=p["batch_size"],
-                    pairs_per_epoch=pairs_per_epoch,
-                    fit_offset=self.fit_offset,
-                ),
-            )
-            p["rho"], p["lam"], p["eps"] = chosen["rho"], chosen["lam"], chosen["epsilon"]
-            p["n_epochs"] = chosen["n_epochs"]
-            if rows:
-                table = np.array([[r[c] for c in _SELECTION_COLUMNS] for r in rows], float)
+            table = self._select_auto(X, sup, p, pairs_per_epoch, rng)
         Xa = _augment(X, self.fit_offset)
         W = _init_weights(rng, self.n_bits, Xa.shape[1], self.fit_offset)
         velocity = np.zeros_like(W)
@@ -750,6 +726,36 @@ class MinimalLossHashing(BaseHasher):
         self.offset_ = W[:, d].copy() if self.fit_offset else np.zeros(self.n_bits)
         self.loss_history_ = np.asarray(losses, dtype=np.float64)
         self.bound_history_ = np.asarray(bounds, dtype=np.float64)
+
+    def _select_auto(self, X, sup, p, pairs_per_epoch, rng):
+        """Choose the hyper-parameters left to ``"auto"`` by the held-out selection
+        (:func:`_select`), writing them into ``p``; returns the table of scored candidates
+        (``selection_results_``, one row per candidate, empty when none was scored)."""
+        chosen, rows = _select(
+            X,
+            sup,
+            n_bits=self.n_bits,
+            rho_values=None if p["rho"] is None else (p["rho"],),
+            lam_values=None if p["lam"] is None else (p["lam"],),
+            epsilon_values=None if p["eps"] is None else (p["eps"],),
+            n_epochs=p["n_epochs"],
+            validation_fraction=p["validation_fraction"],
+            score=p["radius"],
+            time_budget=p["time_budget"],
+            rng=rng,
+            verbose=p["verbose"],
+            train_kw=dict(
+                lr=p["lr"],
+                momentum=p["momentum"],
+                batch_size=p["batch_size"],
+                pairs_per_epoch=pairs_per_epoch,
+                fit_offset=self.fit_offset,
+            ),
+        )
+        p["rho"], p["lam"], p["eps"] = chosen["rho"], chosen["lam"], chosen["epsilon"]
+        p["n_epochs"] = chosen["n_epochs"]
+        table = np.array([[r[c] for c in _SELECTION_COLUMNS] for r in rows], float)
+        return table.reshape(len(rows), len(_SELECTION_COLUMNS))
 
     def _linear_form(self) -> LinearForm:
         return LinearForm(self.components_, shift=self.offset_)  # X @ components_.T + offset_
