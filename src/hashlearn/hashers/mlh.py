@@ -992,6 +992,68 @@ def _select(
     return chosen, rows
 
 
+def _check_selection_params(
+    score, n_bits, validation_fraction, time_budget, n_epochs, loss, mlh_params, owner
+):
+    """``select_mlh_hyperparameters``' scalar arguments, checked: ``(score, n_bits,
+    n_epochs)`` with ``n_epochs=None`` for ``"auto"``."""
+    if score != "average_precision":
+        score = check_int(score, "score", owner, low=0)
+    n_bits = check_int(n_bits, "n_bits", owner)
+    check_real(validation_fraction, "validation_fraction", owner, low=0.0, high=0.5, low_open=True)
+    check_real(time_budget, "time_budget", owner, low=0.0, low_open=True)
+    if not (isinstance(n_epochs, str) and n_epochs == _AUTO):
+        n_epochs = check_int(n_epochs, "n_epochs", owner)
+    else:
+        n_epochs = None
+    if loss not in _LOSSES:
+        raise ValueError(
+            f"The 'loss' parameter of {owner} must be one of {sorted(_LOSSES)}. "
+            f"Got {loss!r} instead."
+        )
+    unknown = set(mlh_params) - {
+        "learning_rate",
+        "momentum",
+        "batch_size",
+        "pairs_per_epoch",
+        "fit_offset",
+    }
+    if unknown:
+        raise TypeError(f"{owner} got unexpected keyword arguments {sorted(unknown)}.")
+    return score, n_bits, n_epochs
+
+
+def _selection_supervision(y, pairs, similar, n, owner):
+    """``(y, pairs, similar)`` of ``select_mlh_hyperparameters``: labels (checked once) or
+    pairs (checked), exactly one."""
+    from hashlearn.supervision import check_pairs
+
+    if pairs is not None:
+        if y is not None:
+            raise ValueError(f"{owner} takes labels y or pairs=..., not both.")
+        P, s = check_pairs(pairs, similar, n, owner)
+        y_arr = None
+    elif y is not None:
+        y_arr = np.asarray(y)
+        if y_arr.shape != (n,):
+            raise ValueError(f"y passed to {owner} must have shape ({n},). Got {y_arr.shape}.")
+        pairs_from_labels(y_arr, 1, random_state=0, owner=owner)
+        P = s = None
+    else:
+        raise ValueError(f"{owner} needs labels y or pairs=..., similar=...")
+    return y_arr, P, s
+
+
+def _candidate_values(v, name, owner):
+    """A candidate list given for one hyper-parameter (non-negative reals), or ``None``."""
+    if v is None:
+        return None
+    v = [check_real(x, name, owner, low=0.0) for x in np.atleast_1d(v)]
+    if not v:
+        raise ValueError(f"{name} passed to {owner} is empty.")
+    return v
+
+
 def select_mlh_hyperparameters(
     X,
     y=None,
@@ -1029,48 +1091,14 @@ def select_mlh_hyperparameters(
     """
     from sklearn.utils.validation import check_array
 
-    from hashlearn.supervision import check_pairs
-
     owner = "select_mlh_hyperparameters"
     X = check_array(X, dtype=np.float64)
     n = X.shape[0]
-    if score != "average_precision":
-        score = check_int(score, "score", owner, low=0)
-    n_bits = check_int(n_bits, "n_bits", owner)
-    check_real(validation_fraction, "validation_fraction", owner, low=0.0, high=0.5, low_open=True)
-    check_real(time_budget, "time_budget", owner, low=0.0, low_open=True)
-    if not (isinstance(n_epochs, str) and n_epochs == _AUTO):
-        n_epochs = check_int(n_epochs, "n_epochs", owner)
-    else:
-        n_epochs = None
-    if loss not in _LOSSES:
-        raise ValueError(
-            f"The 'loss' parameter of {owner} must be one of {sorted(_LOSSES)}. "
-            f"Got {loss!r} instead."
-        )
-    unknown = set(mlh_params) - {
-        "learning_rate",
-        "momentum",
-        "batch_size",
-        "pairs_per_epoch",
-        "fit_offset",
-    }
-    if unknown:
-        raise TypeError(f"{owner} got unexpected keyword arguments {sorted(unknown)}.")
+    score, n_bits, n_epochs = _check_selection_params(
+        score, n_bits, validation_fraction, time_budget, n_epochs, loss, mlh_params, owner
+    )
     rng = check_random_state(random_state)
-    if pairs is not None:
-        if y is not None:
-            raise ValueError(f"{owner} takes labels y or pairs=..., not both.")
-        P, s = check_pairs(pairs, similar, n, owner)
-        y_arr = None
-    elif y is not None:
-        y_arr = np.asarray(y)
-        if y_arr.shape != (n,):
-            raise ValueError(f"y passed to {owner} must have shape ({n},). Got {y_arr.shape}.")
-        pairs_from_labels(y_arr, 1, random_state=0, owner=owner)
-        P = s = None
-    else:
-        raise ValueError(f"{owner} needs labels y or pairs=..., similar=...")
+    y_arr, P, s = _selection_supervision(y, pairs, similar, n, owner)
     kind = _LOSSES[loss]
     bre_scale = _bre_scale(X, rng) if kind == _BRE else 1.0
     sup = _Supervision(X, y_arr, P, s, kind, bre_scale, owner)
@@ -1087,21 +1115,13 @@ def select_mlh_hyperparameters(
     if n < 20 or int(round(validation_fraction * n)) < 2:
         raise ValueError(f"{owner}: too few rows ({n}) to hold some out for validation.")
 
-    def values(v, name):
-        if v is None:
-            return None
-        v = [check_real(x, name, owner, low=0.0) for x in np.atleast_1d(v)]
-        if not v:
-            raise ValueError(f"{name} passed to {owner} is empty.")
-        return v
-
     chosen, table = _select(
         X,
         sup,
         n_bits=n_bits,
-        rho_values=values(rho_values, "rho_values"),
-        lam_values=values(lam_values, "lam_values"),
-        epsilon_values=values(epsilon_values, "epsilon_values"),
+        rho_values=_candidate_values(rho_values, "rho_values", owner),
+        lam_values=_candidate_values(lam_values, "lam_values", owner),
+        epsilon_values=_candidate_values(epsilon_values, "epsilon_values", owner),
         n_epochs=n_epochs,
         validation_fraction=validation_fraction,
         score=score,
