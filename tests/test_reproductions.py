@@ -226,3 +226,22 @@ def test_user_data_files(tmp_path):
     got, labels = load_user_data(tmp_path / "xy.h5")
     np.testing.assert_array_equal(got, X)
     np.testing.assert_array_equal(labels, y)
+
+
+def test_reproduce_cli_reads_your_data(tmp_path):
+    from click.testing import CliRunner
+
+    from hashlearn.cli import main
+
+    rng = np.random.RandomState(0)
+    X = np.repeat(rng.randn(20, 12), 60, axis=0) + 0.1 * rng.randn(1200, 12)
+    np.savez(tmp_path / "mine.npz", X=X)
+    args = ["reproduce", "search-forest", "--quick", "--data", str(tmp_path / "mine.npz")]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "your data" in (tmp_path / "out" / "results.md").read_text()
+    assert (tmp_path / "out" / "claims.json").exists()
+    args = ["reproduce", "rank-codes", "--quick", "--data", str(tmp_path / "mine.npz")]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out2")])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("Error: rank-codes needs labels")

@@ -377,7 +377,19 @@ def info() -> None:
 @click.option("--quick", is_flag=True, help="Small settings for a fast check.")
 @_seed_option("Seed of the splits and of the stochastic methods.")
 @_results_option("Also write the report as a section of this markdown file (e.g. docs/results.md).")
-@_data_dir_option
+@click.option(
+    "--data-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Directory of the Fashion-MNIST IDX files (default: the Debian path).",
+)
+@click.option(
+    "--data",
+    "data_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Run the protocol on your own data: .npy rows, or .npz / HDF5 arrays X and y.",
+)
 def reproduce(
     name: str,
     out_dir: Path | None,
@@ -385,18 +397,23 @@ def reproduce(
     seed: int,
     results_file: Path | None,
     data_dir: Path | None,
+    data_file: Path | None,
 ) -> None:
     """Reproduce a paper's experiments on real data: tables, PNG plots, a markdown report.
 
-    NAME is one of the experiments; the report is printed and written to OUT/results.md.
+    NAME is one of the experiments; the report is printed and written to OUT/results.md,
+    the claims it checks to OUT/claims.json.
     """
     from tqdm import tqdm
 
+    from hashlearn.experiments._common import load_user_data
+
     out_dir = _check_outputs(out_dir or Path("reproduce-out") / name, results_file)
+    X, y = load_user_data(data_file) if data_file is not None else (None, None)
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
     report = get_experiment(name).run(
-        out_dir, quick=quick, seed=seed, data_dir=data_dir, progress=progress
+        out_dir, quick=quick, seed=seed, data_dir=data_dir, progress=progress, X=X, y=y
     )
     (out_dir / "results.md").write_text(report.rstrip() + "\n")
     _print_report(report, out_dir, results_file, f"reproduce-{name}")

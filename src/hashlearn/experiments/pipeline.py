@@ -697,7 +697,11 @@ def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False
             if y is not None and (X is None or len(y) != X.shape[0]):
                 raise ValueError("y must hold one label per row of X.")
             if needs_labels and X is not None and y is None:
-                raise ValueError(f"{body.__module__} needs labels: pass y with X.")
+                name = body.__module__.rsplit(".", 1)[-1].replace("_", "-")
+                raise ValueError(
+                    f"{name} needs labels: pass y with X (--data: a .npz or HDF5 file "
+                    "holding arrays X and y)."
+                )
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             opts = RunOptions(quick, seed, data_dir, progress, X, y)
