@@ -817,7 +817,6 @@ def _select(
     """The one selection code path (see :class:`MinimalLossHashing`). Returns
     ``(chosen, rows)``: the chosen ``rho``, ``lam``, ``epsilon``, ``n_epochs`` and one dict per
     scored candidate."""
-    owner = "MinimalLossHashing"
     bre = sup.kind == _BRE
     n = len(X)
     fallback = dict(
@@ -836,48 +835,26 @@ def _select(
         held[rng.choice(n, n_val, replace=False)] = True
         split = sup.split(held, rng)
     if split is None:
-        log_message(verbose, "%s: too little data to hold rows out; fixed defaults", owner)
+        log_message(verbose, "%s: too little data to hold rows out; fixed defaults", _OWNER)
         return fallback, []
-    train_sup, train_rows, val_a, val_b, val_s = split
-    Xa = _augment(X, train_kw["fit_offset"])
-    Xa_tr = np.ascontiguousarray(Xa[train_rows])
-    ppe_final = train_kw["pairs_per_epoch"]
-    pair_s = _nominal_pair_seconds(n_bits, Xa.shape[1])
-    rows: list[dict] = []
+    grid = _candidate_grid(n_bits, bre, rho_values, lam_values, epsilon_values)
+    search = _HeldOutSearch(X, sup.kind, split, n_bits, score, train_kw, verbose)
+    search.plan(grid, time_budget, n_epochs, rng)
+    rho, lam, eps = search.screen(grid)
+    chosen = dict(rho=rho, lam=lam, epsilon=eps)
+    if n_epochs is not None:
+        chosen["n_epochs"] = n_epochs
+        return chosen, search.rows
+    chosen["n_epochs"] = search.epochs(chosen, time_budget)
+    return chosen, search.rows
 
-    def evaluate(W):
-        codes = pack_bits(Xa @ W.T >= 0)
-        dist = np.asarray(hamming_distance(codes[val_a], codes[val_b]))
-        if score == "average_precision":
-            return _pair_average_precision(dist, val_s)
-        return _radius_precision(dist, val_a, val_s, score, n)
 
-    def train(params, epochs, state=None, seed=None):
-        kind = sup.kind
-        if state is None:
-            r = np.random.RandomState(seed)
-            W = _init_weights(r, n_bits, Xa.shape[1], train_kw["fit_offset"])
-            state = (W, np.zeros_like(W), r)
-        W, vel, r = state
-        for _ in range(epochs):
-            P, t = train_sup.sample(r, ppe)
-            _train_epoch(
-                W,
-                vel,
-                Xa_tr,
-                P,
-                t,
-                kind,
-                params["rho"],
-                params["lam"],
-                params["epsilon"],
-                train_kw["lr"],
-                train_kw["momentum"],
-                train_kw["batch_size"],
-            )
-        return state
+_OWNER = "MinimalLossHashing"
 
-    # --- candidate lists
+
+def _candidate_grid(n_bits, bre, rho_values, lam_values, epsilon_values) -> dict:
+    """The candidates of each stage: all rho x first epsilons x first lambdas, then the
+    other epsilons, the other lambdas, and (automatic rho) the refinements around the best."""
     auto_rho = rho_values is None and not bre
     rho_list = [float(v) for v in (_rho_grid(n_bits) if auto_rho else rho_values or [0.0])]
     if epsilon_values is None:
@@ -895,46 +872,113 @@ def _select(
         + len(lam_more)
         + (2 if auto_rho else 0)
     )
-    screen_budget = 0.4 * time_budget if n_epochs is None else 0.7 * time_budget
-    # selection epochs: as in the final training, unless the budget cannot afford one such
-    # epoch per candidate, in which case each candidate gets one shorter epoch
-    per_candidate = screen_budget / (n_candidates * pair_s)
-    ppe = int(min(ppe_final, max(1000, per_candidate)))
-    epoch_s = ppe * pair_s
-    # epochs after which every distinct training pair has been visited ~50 times
-    data_cap = max(1, int(np.ceil(50.0 * train_sup.n_available / ppe)))
-    e_sel = int(max(1, min(10, data_cap, per_candidate // ppe)))
-    scale = ppe / ppe_final  # the table counts epochs of the final training's length
-    if n_epochs is not None:
-        e_sel = max(1, min(e_sel, n_epochs)) if n_epochs > 0 else 1
-    seed = rng.randint(2**31 - 1)  # one initialisation for all candidates: fair comparison
-    seen = {}
+    return dict(
+        auto_rho=auto_rho,
+        rho=rho_list,
+        eps_first=eps_first,
+        eps_more=eps_more,
+        lam_first=lam_first,
+        lam_more=lam_more,
+        n_candidates=n_candidates,
+    )
 
-    def try_point(rho, lam, eps, stage):
+
+class _HeldOutSearch:
+    """Candidates trained on the training rows of a held-out split and scored on its
+    held-out pairs, every candidate from one initialisation (a fair comparison)."""
+
+    def __init__(self, X, kind, split, n_bits, score, train_kw, verbose):
+        self.train_sup, train_rows, self.val_a, self.val_b, self.val_s = split
+        self.Xa = _augment(X, train_kw["fit_offset"])
+        self.Xa_tr = np.ascontiguousarray(self.Xa[train_rows])
+        self.n, self.kind, self.n_bits, self.score = len(X), kind, n_bits, score
+        self.train_kw, self.verbose = train_kw, verbose
+        self.rows: list[dict] = []
+        self.seen: dict = {}
+
+    def evaluate(self, W) -> float:
+        codes = pack_bits(self.Xa @ W.T >= 0)
+        dist = np.asarray(hamming_distance(codes[self.val_a], codes[self.val_b]))
+        if self.score == "average_precision":
+            return _pair_average_precision(dist, self.val_s)
+        return _radius_precision(dist, self.val_a, self.val_s, self.score, self.n)
+
+    def train(self, params, epochs, state=None, seed=None):
+        kw = self.train_kw
+        if state is None:
+            r = np.random.RandomState(seed)
+            W = _init_weights(r, self.n_bits, self.Xa.shape[1], kw["fit_offset"])
+            state = (W, np.zeros_like(W), r)
+        W, vel, r = state
+        for _ in range(epochs):
+            P, t = self.train_sup.sample(r, self.ppe)
+            _train_epoch(
+                W,
+                vel,
+                self.Xa_tr,
+                P,
+                t,
+                self.kind,
+                params["rho"],
+                params["lam"],
+                params["epsilon"],
+                kw["lr"],
+                kw["momentum"],
+                kw["batch_size"],
+            )
+        return state
+
+    def plan(self, grid, time_budget, n_epochs, rng) -> None:
+        """Epochs and pairs per candidate within the screening budget."""
+        ppe_final = self.train_kw["pairs_per_epoch"]
+        pair_s = _nominal_pair_seconds(self.n_bits, self.Xa.shape[1])
+        screen_budget = 0.4 * time_budget if n_epochs is None else 0.7 * time_budget
+        # selection epochs: as in the final training, unless the budget cannot afford one
+        # such epoch per candidate, in which case each candidate gets one shorter epoch
+        per_candidate = screen_budget / (grid["n_candidates"] * pair_s)
+        self.ppe = int(min(ppe_final, max(1000, per_candidate)))
+        self.epoch_s = self.ppe * pair_s
+        # epochs after which every distinct training pair has been visited ~50 times
+        self.data_cap = max(1, int(np.ceil(50.0 * self.train_sup.n_available / self.ppe)))
+        e_sel = int(max(1, min(10, self.data_cap, per_candidate // self.ppe)))
+        self.scale = self.ppe / ppe_final  # the table counts epochs of the final training
+        if n_epochs is not None:
+            e_sel = max(1, min(e_sel, n_epochs)) if n_epochs > 0 else 1
+        self.e_sel = e_sel
+        self.seed = rng.randint(2**31 - 1)  # one initialisation for all candidates
+
+    def try_point(self, rho, lam, eps, stage):
         key = (rho, lam, eps)
-        if key in seen:
-            return seen[key]
-        params = dict(rho=rho, lam=lam, epsilon=eps)
-        state = train(params, e_sel, seed=seed)
-        value = evaluate(state[0])
-        rows.append(
-            dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e_sel * scale, score=value, stage=stage)
+        if key in self.seen:
+            return self.seen[key]
+        state = self.train(dict(rho=rho, lam=lam, epsilon=eps), self.e_sel, seed=self.seed)
+        value = self.evaluate(state[0])
+        self.rows.append(
+            dict(
+                rho=rho,
+                lam=lam,
+                epsilon=eps,
+                n_epochs=self.e_sel * self.scale,
+                score=value,
+                stage=stage,
+            )
         )
-        seen[key] = (value, state)
+        self.seen[key] = (value, state)
         log_message(
-            verbose,
+            self.verbose,
             "%s: %d bits, rho=%g lam=%g epsilon=%g, %d epochs: held-out score %.4f",
-            owner,
-            n_bits,
+            _OWNER,
+            self.n_bits,
             rho,
             lam,
             eps,
-            e_sel,
+            self.e_sel,
             value,
         )
-        return seen[key]
+        return self.seen[key]
 
-    def best_key(incumbent=None):
+    def best_key(self, incumbent=None):
+        seen = self.seen
         scored = [(v[0], k) for k, v in seen.items() if np.isfinite(v[0])]
         if not scored:
             raise ValueError(
@@ -949,47 +993,52 @@ def _select(
                 return incumbent
         return key
 
-    for rho in rho_list:
-        for eps in eps_first:
-            for lam in lam_first:
-                try_point(rho, lam, eps, 0)
-    rho, lam, eps = best_key()
-    for e in eps_more:
-        try_point(rho, lam, e, 1)
-    rho, lam, eps = best_key((rho, lam, eps))
-    for lv in lam_more:
-        try_point(rho, lv, eps, 2)
-    rho, lam, eps = best_key((rho, lam, eps))
-    if auto_rho:
-        for r in _rho_refinements(rho_list, rho):
-            try_point(r, lam, eps, 3)
-        rho, lam, eps = best_key((rho, lam, eps))
-    chosen = dict(rho=rho, lam=lam, epsilon=eps)
-    if n_epochs is not None:
-        chosen["n_epochs"] = n_epochs
-        return chosen, rows
-    # --- epochs: train the best candidate on, scoring at doubling checkpoints
-    e_max = int(max(e_sel, min(200, data_cap, (0.3 * time_budget) // max(epoch_s, 1e-12))))
-    value, state = seen[(rho, lam, eps)]
-    state = (state[0].copy(), state[1].copy(), state[2])
-    scores, done = {e_sel: value}, e_sel
-    checkpoints = sorted({min(e_max, e_sel * 2**k) for k in range(1, 12)} | {e_max})
-    for e in checkpoints:
-        if e <= done:
-            continue
-        state = train(chosen, e - done, state=state)
-        done = e
-        v = evaluate(state[0])
-        rows.append(dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e * scale, score=v, stage=4))
-        log_message(verbose, "%s: %d epochs: held-out score %.4f", owner, e, v)
-        scores[e] = v
-    # the longest training scoring within 0.01 of the best (more epochs only lower the bound;
-    # small differences between checkpoints are validation noise)
-    top = max(scores.values())
-    best_e = max(e for e, v in scores.items() if v >= top - 0.01)
-    # in epochs of the final training's length
-    chosen["n_epochs"] = max(1, int(round(best_e * ppe / ppe_final)))
-    return chosen, rows
+    def screen(self, grid) -> tuple[float, float, float]:
+        """Stages 0-3 (coordinate-wise); returns the best ``(rho, lam, epsilon)``."""
+        for rho in grid["rho"]:
+            for eps in grid["eps_first"]:
+                for lam in grid["lam_first"]:
+                    self.try_point(rho, lam, eps, 0)
+        rho, lam, eps = self.best_key()
+        for e in grid["eps_more"]:
+            self.try_point(rho, lam, e, 1)
+        rho, lam, eps = self.best_key((rho, lam, eps))
+        for lv in grid["lam_more"]:
+            self.try_point(rho, lv, eps, 2)
+        rho, lam, eps = self.best_key((rho, lam, eps))
+        if grid["auto_rho"]:
+            for r in _rho_refinements(grid["rho"], rho):
+                self.try_point(r, lam, eps, 3)
+            rho, lam, eps = self.best_key((rho, lam, eps))
+        return rho, lam, eps
+
+    def epochs(self, chosen, time_budget) -> int:
+        """Stage 4: train the chosen candidate on, scoring at doubling checkpoints; the
+        number of epochs (of the final training's length) to train for."""
+        e_sel, rho, lam, eps = self.e_sel, chosen["rho"], chosen["lam"], chosen["epsilon"]
+        budget_epochs = (0.3 * time_budget) // max(self.epoch_s, 1e-12)
+        e_max = int(max(e_sel, min(200, self.data_cap, budget_epochs)))
+        value, state = self.seen[(rho, lam, eps)]
+        state = (state[0].copy(), state[1].copy(), state[2])
+        scores, done = {e_sel: value}, e_sel
+        checkpoints = sorted({min(e_max, e_sel * 2**k) for k in range(1, 12)} | {e_max})
+        for e in checkpoints:
+            if e <= done:
+                continue
+            state = self.train(chosen, e - done, state=state)
+            done = e
+            v = self.evaluate(state[0])
+            self.rows.append(
+                dict(rho=rho, lam=lam, epsilon=eps, n_epochs=e * self.scale, score=v, stage=4)
+            )
+            log_message(self.verbose, "%s: %d epochs: held-out score %.4f", _OWNER, e, v)
+            scores[e] = v
+        # the longest training scoring within 0.01 of the best (more epochs only lower the
+        # bound; small differences between checkpoints are validation noise)
+        top = max(scores.values())
+        best_e = max(e for e, v in scores.items() if v >= top - 0.01)
+        # in epochs of the final training's length
+        return max(1, int(round(best_e * self.ppe / self.train_kw["pairs_per_epoch"])))
 
 
 def _check_selection_params(
@@ -1042,6 +1091,21 @@ def _selection_supervision(y, pairs, similar, n, owner):
     else:
         raise ValueError(f"{owner} needs labels y or pairs=..., similar=...")
     return y_arr, P, s
+
+
+def _training_kwargs(mlh_params, n_available, owner) -> dict:
+    """The training settings of ``select_mlh_hyperparameters`` (its extra keywords, checked,
+    with MinimalLossHashing's defaults); pairs per epoch capped by the distinct pairs."""
+    ppe = check_int(mlh_params.get("pairs_per_epoch", 100_000), "pairs_per_epoch", owner)
+    return dict(
+        lr=check_real(
+            mlh_params.get("learning_rate", 0.05), "learning_rate", owner, low=0.0, low_open=True
+        ),
+        momentum=check_real(mlh_params.get("momentum", 0.9), "momentum", owner, low=0.0, high=1.0),
+        batch_size=check_int(mlh_params.get("batch_size", 100), "batch_size", owner),
+        pairs_per_epoch=min(ppe, max(1000, 2 * n_available)),
+        fit_offset=bool(mlh_params.get("fit_offset", True)),
+    )
 
 
 def _candidate_values(v, name, owner):
@@ -1102,16 +1166,7 @@ def select_mlh_hyperparameters(
     kind = _LOSSES[loss]
     bre_scale = _bre_scale(X, rng) if kind == _BRE else 1.0
     sup = _Supervision(X, y_arr, P, s, kind, bre_scale, owner)
-    ppe = check_int(mlh_params.get("pairs_per_epoch", 100_000), "pairs_per_epoch", owner)
-    train_kw = dict(
-        lr=check_real(
-            mlh_params.get("learning_rate", 0.05), "learning_rate", owner, low=0.0, low_open=True
-        ),
-        momentum=check_real(mlh_params.get("momentum", 0.9), "momentum", owner, low=0.0, high=1.0),
-        batch_size=check_int(mlh_params.get("batch_size", 100), "batch_size", owner),
-        pairs_per_epoch=min(ppe, max(1000, 2 * sup.n_available)),
-        fit_offset=bool(mlh_params.get("fit_offset", True)),
-    )
+    train_kw = _training_kwargs(mlh_params, sup.n_available, owner)
     if n < 20 or int(round(validation_fraction * n)) < 2:
         raise ValueError(f"{owner}: too few rows ({n}) to hold some out for validation.")
 
