@@ -36,6 +36,8 @@ Codes are :math:`h \\in \\{0, 1\\}^q` as in the paper (§4.1's :math:`\\zeta_k(1
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 from sklearn.utils import check_random_state
@@ -852,7 +854,19 @@ def _select(
 _OWNER = "MinimalLossHashing"
 
 
-def _candidate_grid(n_bits, bre, rho_values, lam_values, epsilon_values) -> dict:
+class _Grid(NamedTuple):
+    """The candidates of each stage of the held-out search."""
+
+    auto_rho: bool
+    rho: list
+    eps_first: list
+    eps_more: list
+    lam_first: list
+    lam_more: list
+    n_candidates: int
+
+
+def _candidate_grid(n_bits, bre, rho_values, lam_values, epsilon_values) -> _Grid:
     """The candidates of each stage: all rho x first epsilons x first lambdas, then the
     other epsilons, the other lambdas, and (automatic rho) the refinements around the best."""
     auto_rho = rho_values is None and not bre
@@ -872,15 +886,7 @@ def _candidate_grid(n_bits, bre, rho_values, lam_values, epsilon_values) -> dict
         + len(lam_more)
         + (2 if auto_rho else 0)
     )
-    return dict(
-        auto_rho=auto_rho,
-        rho=rho_list,
-        eps_first=eps_first,
-        eps_more=eps_more,
-        lam_first=lam_first,
-        lam_more=lam_more,
-        n_candidates=n_candidates,
-    )
+    return _Grid(auto_rho, rho_list, eps_first, eps_more, lam_first, lam_more, n_candidates)
 
 
 class _HeldOutSearch:
@@ -935,7 +941,7 @@ class _HeldOutSearch:
         screen_budget = 0.4 * time_budget if n_epochs is None else 0.7 * time_budget
         # selection epochs: as in the final training, unless the budget cannot afford one
         # such epoch per candidate, in which case each candidate gets one shorter epoch
-        per_candidate = screen_budget / (grid["n_candidates"] * pair_s)
+        per_candidate = screen_budget / (grid.n_candidates * pair_s)
         self.ppe = int(min(ppe_final, max(1000, per_candidate)))
         self.epoch_s = self.ppe * pair_s
         # epochs after which every distinct training pair has been visited ~50 times
@@ -995,19 +1001,19 @@ class _HeldOutSearch:
 
     def screen(self, grid) -> tuple[float, float, float]:
         """Stages 0-3 (coordinate-wise); returns the best ``(rho, lam, epsilon)``."""
-        for rho in grid["rho"]:
-            for eps in grid["eps_first"]:
-                for lam in grid["lam_first"]:
+        for rho in grid.rho:
+            for eps in grid.eps_first:
+                for lam in grid.lam_first:
                     self.try_point(rho, lam, eps, 0)
         rho, lam, eps = self.best_key()
-        for e in grid["eps_more"]:
+        for e in grid.eps_more:
             self.try_point(rho, lam, e, 1)
         rho, lam, eps = self.best_key((rho, lam, eps))
-        for lv in grid["lam_more"]:
+        for lv in grid.lam_more:
             self.try_point(rho, lv, eps, 2)
         rho, lam, eps = self.best_key((rho, lam, eps))
-        if grid["auto_rho"]:
-            for r in _rho_refinements(grid["rho"], rho):
+        if grid.auto_rho:
+            for r in _rho_refinements(grid.rho, rho):
                 self.try_point(r, lam, eps, 3)
             rho, lam, eps = self.best_key((rho, lam, eps))
         return rho, lam, eps
