@@ -26,17 +26,32 @@ from hashlearn.experiments._common import write_section as _write_section  # noq
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
 
-def interleaved_times(contenders: Sequence[Callable[[], object]], repeats: int) -> np.ndarray:
-    """Seconds per call, shape ``(repeats, len(contenders))``, after one warm-up call each."""
+def interleaved_wall_and_cpu(
+    contenders: Sequence[Callable[[], object]], repeats: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Wall and CPU (``process_time``: all threads of this process) seconds per call, each
+    of shape ``(repeats, len(contenders))``, after one warm-up call each."""
     for fn in contenders:
         fn()
-    times = np.empty((repeats, len(contenders)))
+    wall = np.empty((repeats, len(contenders)))
+    cpu = np.empty((repeats, len(contenders)))
     for r in range(repeats):
         for c, fn in enumerate(contenders):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
-            times[r, c] = time.perf_counter() - start
-    return times
+            wall[r, c] = time.perf_counter() - start
+            cpu[r, c] = time.process_time() - start_cpu
+    return wall, cpu
+
+
+def interleaved_times(contenders: Sequence[Callable[[], object]], repeats: int) -> np.ndarray:
+    """Wall seconds per call, shape ``(repeats, len(contenders))`` (see above)."""
+    return interleaved_wall_and_cpu(contenders, repeats)[0]
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as ``uptime`` prints them."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def machine() -> str:

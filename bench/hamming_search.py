@@ -23,7 +23,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
-from _common import interleaved_times, machine, markdown_table, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    interleaved_times,
+    interleaved_wall_and_cpu,
+    load_average,
+    machine,
+    markdown_table,
+    write_section,
+)
 from hashlearn import FlatIndex, RandomHyperplaneLSH  # noqa: E402
 from hashlearn.codes import as_words, hamming_distance  # noqa: E402
 from hashlearn.datasets import fashion_mnist_available, load_fashion_mnist  # noqa: E402
@@ -118,12 +125,13 @@ def run(args) -> list[list[object]]:
                 qps_np = n_np / float(np.median(t_np))
                 for threads in args.threads:
                     faiss.omp_set_num_threads(threads)
-                    times = interleaved_times(
+                    times, cpu = interleaved_wall_and_cpu(
                         [partial(ref.search, q, k), partial(ours.search, q, k, n_threads=threads)],
                         args.repeats,
                     )
                     qps = len(q) / np.median(times, axis=0)
                     ratio = times[:, 0] / times[:, 1]
+                    cpu_ratio = cpu[:, 0] / cpu[:, 1]
                     row = [
                         data,
                         n_bits,
@@ -133,6 +141,7 @@ def run(args) -> list[list[object]]:
                         f"{qps[1]:,.0f}",
                         f"{qps_np:,.0f}" if threads == 1 else "",
                         f"**{np.median(ratio):.2f}** ({ratio.min():.2f}-{ratio.max():.2f})",
+                        f"{np.median(cpu_ratio):.2f}",
                         "yes" if exact else "NO",
                     ]
                     rows.append(row)
@@ -147,7 +156,9 @@ def main(argv=None) -> None:
     parser.add_argument("--numpy-queries", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--bits", type=lambda s: [int(x) for x in s.split(",")], default=[32, 64, 128, 256]
+        "--bits",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[32, 64, 128, 256, 512, 1024],
     )
     parser.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10, 100])
     parser.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
@@ -163,10 +174,14 @@ def main(argv=None) -> None:
         "hashlearn QPS",
         "numpy QPS",
         "ratio hashlearn/faiss (min-max)",
+        "CPU-time ratio",
         "distances = faiss",
     ]
     print(" | ".join(header))
+    load_before = load_average()
     rows = run(args)
+    load_after = load_average()
+    print(f"load average before: {load_before}; after: {load_after}")
     if not args.no_write:
         import faiss
 
@@ -175,9 +190,10 @@ def main(argv=None) -> None:
             "(`bench/hamming_search.py`)\n\n"
             f"Machine: {machine()}; faiss {faiss.__version__}. n = {args.n:,} codes, "
             f"{args.queries} queries per batch, {args.repeats} interleaved repetitions "
-            "(median QPS; ratio = median of per-repetition time ratios faiss/hashlearn, >1 "
-            f"means hashlearn is faster). numpy baseline on {args.numpy_queries} queries, "
-            "1 thread.\n\n" + markdown_table(header, rows)
+            "(median QPS; ratio = median of per-repetition wall-time ratios faiss/hashlearn, >1 "
+            "means hashlearn is faster; CPU-time ratio the same over process CPU seconds). "
+            f"numpy baseline on {args.numpy_queries} queries, 1 thread. Load average "
+            f"before: {load_before}; after: {load_after}.\n\n" + markdown_table(header, rows)
         )
         write_section("hamming_search", text)
 

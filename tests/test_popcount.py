@@ -82,7 +82,7 @@ _GENERIC_CHECK = textwrap.dedent(
     from hashlearn._knn_scan import knn_scan
 
     rng = np.random.default_rng(0)
-    for n_words in (1, 4, 5, 8, 16):
+    for n_words in (1, 5, 16):  # lanes, run-time width, vector popcount
         db = rng.integers(0, 2**64, (700, n_words), dtype=np.uint64, endpoint=False)
         db[100:200] = db[:100]
         q = np.concatenate([db[:2], rng.integers(0, 2**63, (3, n_words), np.uint64)])
@@ -101,7 +101,7 @@ _GENERIC_CHECK = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # compiles five kernels from scratch for another CPU: ~15-30 s
+@pytest.mark.slow  # compiles three kernels from scratch for another CPU: ~30-90 s
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 CPU names")
 def test_scan_is_exact_when_built_for_a_cpu_without_vector_popcount(tmp_path):
     """The portable path: numba compiles for baseline x86-64 (SSE2, no POPCNT, no AVX)."""
@@ -116,7 +116,7 @@ def test_scan_is_exact_when_built_for_a_cpu_without_vector_popcount(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "generic ok generic" in result.stdout

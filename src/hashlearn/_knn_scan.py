@@ -27,14 +27,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._popcount import code_distance, popcount64
+from hashlearn._popcount import code_distance, popcount64, trailing_zeros64
 
 __all__ = ["knn_scan"]
 
 _MINI_BLOCK = 64  # codes whose distances are computed before any is looked at
 
 
-@njit(nogil=True, inline="always")
+@njit(nogil=True, cache=True)  # called rarely: compiled once, not inlined
 def _shrink(buf_d, buf_p, base, count, k, hist):
     """Keep the first k of ``count`` buffered candidates by (distance, position).
 
@@ -65,7 +65,7 @@ def _shrink(buf_d, buf_p, base, count, k, hist):
     return kth
 
 
-@njit(nogil=True, inline="always")
+@njit(nogil=True, cache=True)
 def _emit_sorted(buf_d, buf_p, base, count, hist, out_d, out_p, row):
     """Write ``count`` buffered candidates to ``out[row]`` sorted by distance (stable)."""
     hist[:] = 0
@@ -105,21 +105,34 @@ def _mini_block_distances(db, first, count, queries, q_offset, n_words, out):
 
 
 @njit(nogil=True, inline="always")
-def _accept(dist, count, first, tau, kept, base, buf_d, buf_p, cap, k, hist, n_bits):
-    """Buffer the codes of a mini-block closer than ``tau``; returns ``(tau, kept)``."""
-    nearest = n_bits + 1
-    for u in range(count):
-        nearest = min(nearest, dist[u])
-    if nearest >= tau:
+def _passing(dist, tau):
+    """Bit ``u`` set where ``dist[u] < tau``, over the whole mini-block (LLVM vectorises it)."""
+    mask = np.uint64(0)
+    for u in range(_MINI_BLOCK):
+        mask |= np.uint64(dist[u] < tau) << np.uint64(u)
+    return mask
+
+
+@njit(nogil=True, inline="always")
+def _accept(dist, first, tau, kept, base, buf_d, buf_p, cap, k, hist):
+    """Buffer the codes of a mini-block closer than ``tau``; returns ``(tau, kept)``.
+
+    One step per accepted code (a set bit of the mask), none per rejected one: a branch per
+    code would mispredict whenever many pass, as in the first blocks or with a large k.
+    """
+    mask = _passing(dist, tau)
+    if mask == 0:
         return tau, kept
-    for u in range(count):
-        if dist[u] < tau:
-            buf_d[base + kept] = dist[u]
-            buf_p[base + kept] = first + u
-            kept += 1
-            if kept == cap:
-                tau = _shrink(buf_d, buf_p, base, kept, k, hist)
-                kept = k
+    if kept + popcount64(mask) > cap:  # make room: shrink to k and tighten tau
+        tau = _shrink(buf_d, buf_p, base, kept, k, hist)
+        kept = k
+        mask = _passing(dist, tau)
+    while mask:
+        u = trailing_zeros64(mask)
+        buf_d[base + kept] = dist[u]
+        buf_p[base + kept] = first + u
+        kept += 1
+        mask &= mask - np.uint64(1)
     return tau, kept
 
 
@@ -148,12 +161,11 @@ def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, 
                 m = min(_MINI_BLOCK, b1 - i0)
                 _mini_block_distances(db, i0, m, queries, oa, n_words, dist_a)
                 _mini_block_distances(db, i0, m, queries, ob, n_words, dist_b)
-                ta, ka = _accept(
-                    dist_a, m, i0, ta, ka, qa * cap, buf_d, buf_p, cap, k, hist, n_bits
-                )
-                tb, kb = _accept(
-                    dist_b, m, i0, tb, kb, qb * cap, buf_d, buf_p, cap, k, hist, n_bits
-                )
+                if m < _MINI_BLOCK:  # the database's last codes: the tail never passes
+                    dist_a[m:] = n_bits + 1
+                    dist_b[m:] = n_bits + 1
+                ta, ka = _accept(dist_a, i0, ta, ka, qa * cap, buf_d, buf_p, cap, k, hist)
+                tb, kb = _accept(dist_b, i0, tb, kb, qb * cap, buf_d, buf_p, cap, k, hist)
             tau[qa], kept[qa], tau[qb], kept[qb] = ta, ka, tb, kb
     for qi in range(n_q):
         c = kept[qi]
@@ -219,7 +231,7 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
     ``q_start:q_end`` of ``out_d`` / ``out_p``, padding with -1 when ``n < k``. Serial and
     GIL-free: callers run chunks of queries on several threads.
     """
-    block = max(_MINI_BLOCK, 2048 // n_words)
+    block = _MINI_BLOCK * max(1, 32 // n_words)  # ~16 KiB of codes, whole mini-blocks
     kernel = _KERNEL_BY_WORDS.get(n_words)
     if kernel is None:
         knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)

@@ -23,7 +23,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["popcount64", "xor_popcount8", "code_distance"]
+__all__ = ["popcount64", "trailing_zeros64", "xor_popcount8", "code_distance"]
 
 _U0 = np.uint64(0)
 _U1 = np.uint64(1)
@@ -38,6 +38,21 @@ def popcount64(typingctx, x):
     def codegen(context, builder, signature, args):
         fn = builder.module.declare_intrinsic("llvm.ctpop", [ir.IntType(64)])
         return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def trailing_zeros64(typingctx, x):
+    """Index of the lowest set bit of a nonzero uint64 (LLVM's ``cttz``: one TZCNT/BSF)."""
+    sig = types.int64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.cttz.i64"
+        )
+        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
 
     return sig, codegen
 
