@@ -5,19 +5,9 @@ Every function here works on plain arrays: packed codes as C-contiguous ``uint64
 ``j % 64``, which is exactly the LSB-first byte layout read as little-endian words), ids as
 ``int64``. Callers in the public API validate inputs first; kernels trust them.
 
-Exhaustive k-NN (:func:`knn_scan`) is the core of :class:`hashlearn.index.FlatIndex`:
-
-* XOR + popcount over 64-bit words, with the word count ``W`` a compile-time constant for
-  codes up to 256 bits so the query words stay in registers;
-* database blocks of ~16 KiB reused by a chunk of queries while they are in L1 cache, two
-  queries per pass over a block (each loaded word serves both);
-* top-k by counting, not sorting: a per-query candidate buffer accepts an item only when its
-  distance is below the current k-th distance ``tau``; when the buffer fills, a histogram over
-  the ``b + 1`` possible distances finds the new ``tau`` and a stable filter keeps exactly k;
-* ties broken by smaller position (= smaller id, since indexes store codes sorted by id),
-  which the stable filters preserve, so results are deterministic;
-* serial and GIL-free over a range of queries ``q_start:q_end``: callers run chunks of
-  queries on several threads (:func:`hashlearn.index.base.parallel_chunks`).
+Here: pairwise distances, range search, multi-index hashing and the shared bit and hash
+helpers. The exhaustive k-NN scan of :class:`hashlearn.index.FlatIndex` lives in
+:mod:`hashlearn._knn_scan`; the popcount primitives in :mod:`hashlearn._popcount`.
 """
 
 from __future__ import annotations
@@ -25,29 +15,12 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from llvmlite import ir
 from numba import njit
-from numba.core import types
-from numba.extending import intrinsic
 
+from hashlearn._popcount import code_distance
 from hashlearn._postings import find_in
 
 _U1 = np.uint64(1)
-_U2 = np.uint64(2)
-_U3 = np.uint64(3)
-
-
-@intrinsic
-def popcount64(typingctx, x):
-    """Population count of a uint64 through LLVM's ``ctpop`` (one POPCNT instruction)."""
-    sig = types.int64(types.uint64)
-
-    def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.ctpop", [ir.IntType(64)])
-        return builder.call(fn, args)
-
-    return sig, codegen
-
 
 #: splitmix64's increment, the golden ratio as a 64-bit fraction
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -87,11 +60,8 @@ def grow_hits(pos, dist, total, needed):
 
 @njit(nogil=True, inline="always")
 def _hamming(a, ao, b, bo, n_words):
-    """Hamming distance between ``a[ao:ao+W]`` and ``b[bo:bo+W]`` (word arrays)."""
-    d = 0
-    for w in range(n_words):
-        d += popcount64(a[ao + w] ^ b[bo + w])
-    return d
+    """Hamming distance between ``a[ao:ao+W]`` and ``b[bo:bo+W]`` (word arrays, int offsets)."""
+    return code_distance(a, np.uint64(ao), b, np.uint64(bo), n_words)
 
 
 # ---------------------------------------------------------------------------------------
@@ -107,297 +77,6 @@ def hamming_cdist(a, b, n_words, out, q_start, q_end):
         ao = i * n_words
         for j in range(n):
             out[i, j] = _hamming(a, ao, b, j * n_words, n_words)
-
-
-# ---------------------------------------------------------------------------------------
-# exhaustive k-NN with counting top-k
-# ---------------------------------------------------------------------------------------
-
-
-@njit(nogil=True, inline="always")
-def _shrink(buf_d, buf_p, base, count, k, hist):
-    """Keep the first k of ``count`` buffered candidates by (distance, position).
-
-    The buffer is in scan (= position) order and the filter is stable, so among equal
-    distances the smallest positions survive. Returns the new acceptance bound ``tau``:
-    a later item (larger position) enters the top k only if its distance is ``< tau``.
-    """
-    hist[:] = 0
-    for j in range(count):
-        hist[buf_d[base + j]] += 1
-    total = 0
-    kth = 0
-    for d in range(hist.shape[0]):
-        if total + hist[d] >= k:
-            kth = d
-            break
-        total += hist[d]
-    ties_left = k - total
-    kept = 0
-    for j in range(count):
-        d = buf_d[base + j]
-        if d < kth or (d == kth and ties_left > 0):
-            if d == kth:
-                ties_left -= 1
-            buf_d[base + kept] = d
-            buf_p[base + kept] = buf_p[base + j]
-            kept += 1
-    return kth
-
-
-@njit(nogil=True, inline="always")
-def _emit_sorted(buf_d, buf_p, base, count, hist, out_d, out_p, row):
-    """Write ``count`` buffered candidates to ``out[row]`` sorted by distance (stable)."""
-    hist[:] = 0
-    for j in range(count):
-        hist[buf_d[base + j]] += 1
-    start = 0
-    for d in range(hist.shape[0]):
-        c = hist[d]
-        hist[d] = start
-        start += c
-    for j in range(count):
-        d = buf_d[base + j]
-        slot = hist[d]
-        hist[d] = slot + 1
-        out_d[row, slot] = d
-        out_p[row, slot] = buf_p[base + j]
-    for slot in range(count, out_d.shape[1]):
-        out_d[row, slot] = -1
-        out_p[row, slot] = -1
-
-
-@njit(nogil=True, inline="always")
-def _push(buf_d, buf_p, base, count, d, pos, cap, k, hist, tau):
-    """Append a candidate; when the buffer is full, shrink it to k and lower ``tau``."""
-    buf_d[base + count] = d
-    buf_p[base + count] = pos
-    count += 1
-    if count == cap:
-        tau = _shrink(buf_d, buf_p, base, count, k, hist)
-        count = k
-    return count, tau
-
-
-@njit(nogil=True, inline="always")
-def _scan_pair_one_word(
-    db,
-    b0,
-    b1,
-    qa,
-    qb,
-    ta,
-    tb,
-    ca,
-    cb,
-    base_a,
-    base_b,
-    buf_d,
-    buf_p,
-    cap,
-    k,
-    hist,
-    n_bits,
-    mini_a,
-    mini_b,
-):
-    """Scan ``db[b0:b1]`` for two queries of one 64-bit word each.
-
-    Distances of a mini-block of 8 codes are computed branch-free (LLVM vectorises this) and
-    only a mini-block whose minimum beats ``tau`` is looked at item by item.
-    """
-    mini = mini_a.shape[0]
-    for i0 in range(b0, b1, mini):
-        count = min(mini, b1 - i0)
-        min_a = n_bits + 1
-        min_b = n_bits + 1
-        u0 = np.uint64(i0)
-        for u in range(count):
-            x = db[u0 + np.uint64(u)]
-            da = popcount64(x ^ qa)
-            dbb = popcount64(x ^ qb)
-            mini_a[u] = da
-            mini_b[u] = dbb
-            min_a = min(min_a, da)
-            min_b = min(min_b, dbb)
-        if min_a < ta:
-            for u in range(count):
-                if mini_a[u] < ta:
-                    ca, ta = _push(buf_d, buf_p, base_a, ca, mini_a[u], i0 + u, cap, k, hist, ta)
-        if min_b < tb:
-            for u in range(count):
-                if mini_b[u] < tb:
-                    cb, tb = _push(buf_d, buf_p, base_b, cb, mini_b[u], i0 + u, cap, k, hist, tb)
-    return ta, tb, ca, cb
-
-
-@njit(nogil=True, inline="always")
-def _scan_pair_words(
-    db, b0, b1, queries, oa, ob, n_words, ta, tb, ca, cb, base_a, base_b, buf_d, buf_p, cap, k, hist
-):
-    """Scan ``db[b0:b1]`` for two queries of ``n_words`` words each, item by item.
-
-    Up to 4 words, the query words are held in registers and each loaded database word
-    serves both queries.
-    """
-    wu = np.uint64(n_words)
-    if n_words <= 4:
-        a0 = queries[oa]
-        b0w = queries[ob]
-        a1 = queries[oa + 1] if n_words > 1 else np.uint64(0)
-        b1w = queries[ob + 1] if n_words > 1 else np.uint64(0)
-        a2 = queries[oa + 2] if n_words > 2 else np.uint64(0)
-        b2w = queries[ob + 2] if n_words > 2 else np.uint64(0)
-        a3 = queries[oa + 3] if n_words > 3 else np.uint64(0)
-        b3w = queries[ob + 3] if n_words > 3 else np.uint64(0)
-    for i in range(np.uint64(b0), np.uint64(b1)):
-        o = i * wu
-        if n_words <= 4:
-            x = db[o]
-            da = popcount64(x ^ a0)
-            dbb = popcount64(x ^ b0w)
-            if n_words > 1:
-                x = db[o + _U1]
-                da += popcount64(x ^ a1)
-                dbb += popcount64(x ^ b1w)
-            if n_words > 2:
-                x = db[o + _U2]
-                da += popcount64(x ^ a2)
-                dbb += popcount64(x ^ b2w)
-            if n_words > 3:
-                x = db[o + _U3]
-                da += popcount64(x ^ a3)
-                dbb += popcount64(x ^ b3w)
-        else:
-            da = 0
-            dbb = 0
-            for w in range(n_words):
-                x = db[o + np.uint64(w)]
-                da += popcount64(x ^ queries[oa + w])
-                dbb += popcount64(x ^ queries[ob + w])
-        if da < ta:
-            ca, ta = _push(buf_d, buf_p, base_a, ca, da, i, cap, k, hist, ta)
-        if dbb < tb:
-            cb, tb = _push(buf_d, buf_p, base_b, cb, dbb, i, cap, k, hist, tb)
-    return ta, tb, ca, cb
-
-
-@njit(nogil=True, inline="always")
-def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block):
-    """Shared body of the ``knn_scan_w*`` kernels; ``n_words`` is a constant in each."""
-    cap = 4 * k + 64
-    n_q = q_end - q_start
-    # slot n_q is a scratch partner for an odd query out
-    buf_d = np.empty((n_q + 1) * cap, np.int32)
-    buf_p = np.empty((n_q + 1) * cap, np.int64)
-    count = np.zeros(n_q + 1, np.int64)
-    tau = np.full(n_q + 1, n_bits + 1, np.int64)
-    hist = np.zeros(n_bits + 1, np.int64)
-    mini_a = np.empty(8, np.int64)
-    mini_b = np.empty(8, np.int64)
-    for b0 in range(0, n, block):
-        b1 = min(n, b0 + block)
-        for qa in range(0, n_q, 2):
-            qb = qa + 1 if qa + 1 < n_q else n_q
-            oa = (q_start + qa) * n_words
-            ob = (q_start + min(qa + 1, n_q - 1)) * n_words
-            if n_words == 1:
-                ta, tb, ca, cb = _scan_pair_one_word(
-                    db,
-                    b0,
-                    b1,
-                    queries[oa],
-                    queries[ob],
-                    tau[qa],
-                    tau[qb],
-                    count[qa],
-                    count[qb],
-                    qa * cap,
-                    qb * cap,
-                    buf_d,
-                    buf_p,
-                    cap,
-                    k,
-                    hist,
-                    n_bits,
-                    mini_a,
-                    mini_b,
-                )
-            else:
-                ta, tb, ca, cb = _scan_pair_words(
-                    db,
-                    b0,
-                    b1,
-                    queries,
-                    oa,
-                    ob,
-                    n_words,
-                    tau[qa],
-                    tau[qb],
-                    count[qa],
-                    count[qb],
-                    qa * cap,
-                    qb * cap,
-                    buf_d,
-                    buf_p,
-                    cap,
-                    k,
-                    hist,
-                )
-            tau[qa] = ta
-            tau[qb] = tb
-            count[qa] = ca
-            count[qb] = cb
-    for qi in range(n_q):
-        c = count[qi]
-        if c > k:
-            _shrink(buf_d, buf_p, qi * cap, c, k, hist)
-            c = k
-        _emit_sorted(buf_d, buf_p, qi * cap, c, hist, out_d, out_p, q_start + qi)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w1(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 1, block)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w2(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 2, block)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w3(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 3, block)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w4(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 4, block)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block)
-
-
-_KNN_BY_WORDS = {1: knn_scan_w1, 2: knn_scan_w2, 3: knn_scan_w3, 4: knn_scan_w4}
-
-
-def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
-    """Exact k-NN by Hamming distance of queries ``q_start:q_end`` against ``n`` codes.
-
-    ``db`` and ``queries`` are flat ``uint64`` word arrays; writes distances (int32) and
-    database *positions* (int64) sorted by (distance, position) into rows
-    ``q_start:q_end`` of ``out_d`` / ``out_p``, padding with -1 when ``n < k``. Serial and
-    GIL-free: callers run chunks of queries on several threads.
-    """
-    block = max(64, 2048 // n_words)
-    fn = _KNN_BY_WORDS.get(n_words)
-    if fn is None:
-        knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
-    else:
-        fn(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block)
 
 
 # ---------------------------------------------------------------------------------------

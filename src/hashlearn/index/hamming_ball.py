@@ -40,8 +40,9 @@ import math
 import numba
 import numpy as np
 
-from hashlearn._kernels import grow_hits, popcount64, splitmix64
+from hashlearn._kernels import grow_hits, splitmix64
 from hashlearn._parallel import parallel_chunks
+from hashlearn._popcount import popcount64
 from hashlearn._postings import build_table, check_table, find_in
 from hashlearn._validation import check_real
 from hashlearn.codes import as_words

@@ -30,7 +30,7 @@ import numba
 import numpy as np
 from sklearn.utils import check_random_state
 
-from hashlearn._kernels import popcount64
+from hashlearn._popcount import popcount64
 from hashlearn._validation import check_codes, check_ids, check_int, check_real
 from hashlearn.codes import unpack_bits
 from hashlearn.index.base import BinaryIndex, register_index
