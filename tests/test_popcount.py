@@ -21,7 +21,7 @@ from numba import njit
 from hashlearn._knn_scan import knn_scan
 from hashlearn._popcount import code_distance
 
-WIDTHS = (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24)
+WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24)
 
 
 @njit(cache=False)
@@ -74,6 +74,22 @@ def test_knn_scan_matches_brute_force_with_ties(n_words, k):
     want_d, want_p = _brute_knn(db, queries, k)
     np.testing.assert_array_equal(out_d, want_d)
     np.testing.assert_array_equal(out_p, want_p)
+
+
+@pytest.mark.parametrize("n_words", [1, 4, 6])
+def test_knn_scan_with_k_equal_to_and_near_the_database_size(n_words):
+    """k = n keeps every code (the buffer never needs to shrink below k); k = n - 1 drops one."""
+    rng = np.random.default_rng(n_words)
+    n = 200
+    db = rng.integers(0, 4, (n, n_words), dtype=np.uint64)  # few distinct codes: ties
+    queries = db[:3].copy()
+    for k in (n, n - 1):
+        out_d = np.empty((3, k), np.int32)
+        out_p = np.empty((3, k), np.int64)
+        knn_scan(db.ravel(), n, queries.ravel(), 0, 3, k, 64 * n_words, n_words, out_d, out_p)
+        want_d, want_p = _brute_knn(db, queries, k)
+        np.testing.assert_array_equal(out_d, want_d)
+        np.testing.assert_array_equal(out_p, want_p)
 
 
 _GENERIC_CHECK = textwrap.dedent(

@@ -16,10 +16,10 @@ see :mod:`hashlearn._kernels`). The scan:
 * breaks ties by smaller position (= smaller id, since indexes store codes sorted by id),
   which the stable filters preserve, so results are deterministic.
 
-The word count ``W`` is a compile-time constant in the kernels for 1, 2, 3, 4, 8 and 16
-words (64 to 1024 bits); other widths use one kernel with ``W`` at run time. Each kernel is
-serial and GIL-free over a range of queries ``q_start:q_end``: callers run chunks of
-queries on several threads (:func:`hashlearn._parallel.parallel_chunks`).
+The word count ``W`` is a compile-time constant in the kernels for 1, 2, 3, 4, 6, 8 and
+16 words (64 to 1024 bits; 384 bits are one sign bit per dimension of MiniLM embeddings);
+other widths use one kernel with ``W`` at run time. Each kernel is serial and GIL-free over
+a range of queries ``q_start:q_end``: callers run chunks of queries on several threads (:func:`hashlearn._parallel.parallel_chunks`).
 """
 
 from __future__ import annotations
@@ -198,6 +198,11 @@ def knn_scan_w4(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
 
 
 @njit(nogil=True, cache=True)
+def knn_scan_w6(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 6, block)
+
+
+@njit(nogil=True, cache=True)
 def knn_scan_w8(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
     _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 8, block)
 
@@ -218,6 +223,7 @@ _KERNEL_BY_WORDS = {
     2: knn_scan_w2,
     3: knn_scan_w3,
     4: knn_scan_w4,
+    6: knn_scan_w6,
     8: knn_scan_w8,
     16: knn_scan_w16,
 }

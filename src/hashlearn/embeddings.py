@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 
 from hashlearn import io as _io
 from hashlearn._parallel import parallel_chunks
+from hashlearn._rescore import rescore_kernel
 from hashlearn._validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
@@ -107,44 +107,6 @@ def _normalized(X: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------- rescoring
 
 
-@numba.njit(nogil=True, cache=True, fastmath=True)
-def _dot(Q, i, V, p):  # pragma: no cover - compiled
-    acc = 0.0
-    for t in range(Q.shape[1]):
-        acc += np.float64(Q[i, t]) * np.float64(V[p, t])
-    return acc
-
-
-@numba.njit(nogil=True, cache=True)
-def _rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop):  # pragma: no cover - compiled
-    """Exact inner products of each query with its candidates; keep the best ``k`` by
-    (score descending, id ascending). ``cand`` rows are ids into ``V``, -1 = none."""
-    c = cand.shape[1]
-    for i in range(start, stop):
-        filled = 0
-        for j in range(c):
-            p = cand[i, j]
-            if p < 0:
-                continue
-            s = _dot(Q, i, V, p)
-            if filled == k:
-                last_s = out_s[i, k - 1]
-                if s < last_s or (s == last_s and p > out_i[i, k - 1]):
-                    continue
-                pos = k - 1
-            else:
-                pos = filled
-                filled += 1
-            while pos > 0 and (
-                out_s[i, pos - 1] < s or (out_s[i, pos - 1] == s and out_i[i, pos - 1] > p)
-            ):
-                out_s[i, pos] = out_s[i, pos - 1]
-                out_i[i, pos] = out_i[i, pos - 1]
-                pos -= 1
-            out_s[i, pos] = s
-            out_i[i, pos] = p
-
-
 def rescore(
     queries: np.ndarray,
     vectors: np.ndarray,
@@ -166,9 +128,11 @@ def rescore(
     if m and candidates.shape[1] and len(vectors):
         Q = np.ascontiguousarray(queries, dtype=np.float32)
         V = np.asarray(vectors)  # a memmap's buffer as a plain ndarray: no copy
+        if not V.flags.c_contiguous:
+            V = np.ascontiguousarray(V)
         cand = np.ascontiguousarray(candidates, dtype=np.int64)
         parallel_chunks(
-            lambda start, stop: _rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop),
+            lambda start, stop: rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop),
             m,
             n_threads,
         )
