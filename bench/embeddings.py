@@ -51,7 +51,7 @@ import hashlearn  # noqa: E402
 from hashlearn.embeddings import EmbeddingIndex, load_embeddings  # noqa: E402
 
 K = 10
-OVERFETCH = (1, 2, 4, 8, 16, 32)
+OVERFETCH = (1, 2, 4, 8, 12, 16, 24, 32)
 BITS = (128, 256, 384, 512)
 EF_SEARCH = (16, 32, 64, 128, 256, 512)
 #: (label, registry name, extra parameters, learned?)
