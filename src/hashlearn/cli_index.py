@@ -3,7 +3,7 @@
 ::
 
     hashlearn index build EMB.npy --hasher itq --bits 256 --out DIR
-    hashlearn index search DIR QUERIES.npy -k 10 [--overfetch 8] [--out RESULT.npy]
+    hashlearn index search DIR QUERIES.npy -k 10 [--overfetch 16] [--out RESULT.npy]
     hashlearn index info DIR
 
 Inputs are ``.npy`` float matrices (memory-mapped), TEXMEX ``.fvecs`` files, or
@@ -221,7 +221,7 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
 )
 @_count_option("--bits", 256)
 @click.option("--metric", default="cosine", show_default=True, type=click.Choice(["cosine", "ip"]))
-@_count_option("--overfetch", 8, help="Default over-fetch factor saved with the index.")
+@_count_option("--overfetch", 16, help="Default over-fetch factor saved with the index.")
 @_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
 @_count_option("--chunk-size", 65_536)
 @_count_option("--seed", 0, minimum=0)

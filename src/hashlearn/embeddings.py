@@ -157,9 +157,12 @@ class EmbeddingIndex:
     metric : {"cosine", "ip"}, default="cosine"
         ``"cosine"`` L2-normalises every vector (stored normalised) and query; ``"ip"`` keeps
         them as they are and ranks by inner product.
-    overfetch : int, default=8
+    overfetch : int, default=16
         Candidates per query taken from the Hamming scan, as a multiple of ``k``; they are
-        rescored exactly and the best ``k`` returned. Larger is slower and more accurate.
+        rescored exactly and the best ``k`` returned. Larger is slower and more accurate. On
+        120,000 MiniLM sentence embeddings, ITQ at 256 bits gave recall@10 0.945 / 0.964 /
+        0.975 / 0.984 at over-fetch 8 / 12 / 16 / 24, and 6.2x the speed of exact search at
+        16 (``docs/results.md``).
     hasher_params : dict, optional
         Extra parameters for :func:`make_hasher` (e.g. ``{"n_iter": 20}`` for ITQ).
     random_state : int or None, default=0
@@ -192,7 +195,7 @@ class EmbeddingIndex:
         hasher: str | BaseHasher = "itq",
         n_bits: int | None = 256,
         metric: str = "cosine",
-        overfetch: int = 8,
+        overfetch: int = 16,
         hasher_params: dict | None = None,
         random_state: int | None = 0,
     ):
