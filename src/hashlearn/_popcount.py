@@ -6,7 +6,7 @@ primitives, both numba intrinsics so they inline into the kernels that call them
 * :func:`popcount64` -- one word, LLVM's scalar ``ctpop`` (one POPCNT instruction);
 * :func:`code_distance` -- a whole code: the words go through LLVM's *vector* ``ctpop`` 8 at
   a time (one 512-bit XOR, one ``VPOPCNTQ`` and one horizontal sum on a CPU with
-  AVX-512 VPOPCNTDQ), the rest 4, 2 and 1 at a time.
+  AVX-512 VPOPCNTDQ), then word by word for the rest.
 
 The vector form is plain LLVM IR, not an instruction: LLVM lowers it to whatever the CPU
 numba compiles for has -- ``VPOPCNTQ`` with AVX-512 VPOPCNTDQ, a ``PSHUFB`` nibble table
@@ -27,8 +27,6 @@ __all__ = ["popcount64", "trailing_zeros64", "code_distance"]
 
 _U0 = np.uint64(0)
 _U1 = np.uint64(1)
-_U2 = np.uint64(2)
-_U4 = np.uint64(4)
 _U8 = np.uint64(8)
 
 
@@ -98,8 +96,6 @@ def _vector_xor_popcount(lanes: int):
 
 
 xor_popcount8 = _vector_xor_popcount(8)
-xor_popcount4 = _vector_xor_popcount(4)
-xor_popcount2 = _vector_xor_popcount(2)
 
 
 @njit(nogil=True, inline="always")
@@ -115,12 +111,7 @@ def code_distance(a, ao, b, bo, n_words):
     while w + _U8 <= end:
         d += xor_popcount8(a, ao + w, b, bo + w)
         w += _U8
-    if w + _U4 <= end:
-        d += xor_popcount4(a, ao + w, b, bo + w)
-        w += _U4
-    if w + _U2 <= end:
-        d += xor_popcount2(a, ao + w, b, bo + w)
-        w += _U2
-    if w < end:
+    while w < end:
         d += popcount64(a[ao + w] ^ b[bo + w])
+        w += _U1
     return d

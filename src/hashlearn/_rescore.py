@@ -12,10 +12,9 @@ overlap the dot products of the rows before them.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
+
+from hashlearn._kernels import prefetch
 
 __all__ = ["rescore_kernel"]
 
@@ -23,33 +22,12 @@ _LOOKAHEAD = 4  # candidates fetched ahead of the one being scored
 _LINE_FLOATS = 16  # float32 values per 64-byte cache line
 
 
-@intrinsic
-def _prefetch(typingctx, array, offset):
-    """Hint the CPU to load the cache line holding ``array.flat[offset]`` (read, keep)."""
-    sig = types.void(array, offset)
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module,
-            ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
-            "llvm.prefetch.p0i8",
-        )
-        # rw = 0 (read), locality = 3 (keep in all levels), cache type = 1 (data)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @njit(nogil=True, inline="always")
 def _prefetch_row(V, row):
     d = V.shape[1]
     base = row * d
     for t in range(0, d, _LINE_FLOATS):
-        _prefetch(V, base + t)
+        prefetch(V, base + t)
 
 
 @njit(nogil=True, inline="always")

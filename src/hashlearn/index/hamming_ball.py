@@ -40,7 +40,7 @@ import math
 import numba
 import numpy as np
 
-from hashlearn._kernels import grow_hits, splitmix64
+from hashlearn._kernels import grow_hits, prefetch, splitmix64
 from hashlearn._parallel import parallel_chunks
 from hashlearn._popcount import popcount64
 from hashlearn._postings import build_table, check_table, find_in
@@ -91,6 +91,40 @@ def _lookup(keys, directory, shift, bitmap, bitmap_shift, key):
     return find_in(keys, directory[slot], directory[slot + 1], key)
 
 
+_PROBE_BATCH = 64  # probe keys computed before they are looked up
+
+
+@numba.njit(nogil=True, inline="always")
+def _next_combination(comb, level, n_bits):
+    """Advance ``comb[:level]`` to the next ``level``-subset of ``range(n_bits)`` in
+    lexicographic order; False when it was the last one."""
+    i = level - 1
+    while i >= 0 and comb[i] == n_bits - level + i:
+        i -= 1
+    if i < 0:
+        return False
+    comb[i] += 1
+    for j in range(i + 1, level):
+        comb[j] = comb[j - 1] + 1
+    return True
+
+
+@numba.njit(nogil=True, inline="always")
+def _probe_key(queries, qo, n_words, comb, level, probe):
+    """Key of the query code ``queries[qo:qo+W]`` with bits ``comb[:level]`` flipped."""
+    if n_words == 1:  # the common case (codes up to 64 bits): no copy, one mixing step
+        word = queries[qo]
+        for i in range(level):
+            word ^= np.uint64(1) << np.uint64(comb[i])
+        return np.int64(splitmix64(word) >> np.uint64(1))
+    for w in range(n_words):
+        probe[w] = queries[qo + w]
+    for i in range(level):
+        bit = comb[i]
+        probe[bit >> 6] ^= np.uint64(1) << np.uint64(bit & 63)
+    return _key(probe, 0, n_words)
+
+
 @numba.njit(cache=True, nogil=True)
 def _ball_chunk(
     db,
@@ -122,6 +156,7 @@ def _ball_chunk(
     total = 0
     probe = np.empty(n_words, np.uint64)
     comb = np.empty(max(max_level, 1), np.int64)
+    batch = np.empty(_PROBE_BATCH, np.int64)
     for qi in range(m):
         qo = (q_start + qi) * n_words
         found = 0
@@ -129,16 +164,21 @@ def _ball_chunk(
             level_start = total
             for i in range(level):
                 comb[i] = i
-            while True:
-                for w in range(n_words):
-                    probe[w] = queries[qo + w]
-                for i in range(level):
-                    bit = comb[i]
-                    probe[bit >> 6] ^= np.uint64(1) << np.uint64(bit & 63)
-                slot = _lookup(
-                    keys, directory, shift, bitmap, bitmap_shift, _key(probe, 0, n_words)
-                )
-                if slot >= 0:
+            more = True
+            while more:
+                # a batch of probe keys first, then their lookups: the bitmap reads of a
+                # batch are independent, so the CPU overlaps their cache misses
+                n_batch = 0
+                while more and n_batch < _PROBE_BATCH:
+                    key = _probe_key(queries, qo, n_words, comb, level, probe)
+                    batch[n_batch] = key
+                    prefetch(bitmap, (key >> bitmap_shift) >> 6)
+                    n_batch += 1
+                    more = _next_combination(comb, level, n_bits)
+                for b in range(n_batch):
+                    slot = _lookup(keys, directory, shift, bitmap, bitmap_shift, batch[b])
+                    if slot < 0:
+                        continue
                     for j in range(offsets[slot], offsets[slot + 1]):
                         p = postings[j]
                         d = 0
@@ -150,15 +190,6 @@ def _ball_chunk(
                         pos[total] = p
                         dist[total] = level
                         total += 1
-                # next combination of `level` bits out of n_bits
-                i = level - 1
-                while i >= 0 and comb[i] == n_bits - level + i:
-                    i -= 1
-                if i < 0:
-                    break
-                comb[i] += 1
-                for j in range(i + 1, level):
-                    comb[j] = comb[j - 1] + 1
             if total - level_start > 1:
                 pos[level_start:total] = np.sort(pos[level_start:total])
             found += total - level_start
@@ -351,8 +382,9 @@ class HammingBallIndex(BinaryIndex):
         """The ``k`` nearest codes: ``(D int32 (m, k), I int64 (m, k))``, exact.
 
         The ball grows level by level until ``k`` items are found; queries that would need a
-        ball bigger than the database are answered by a scan. Sorted by (distance, id),
-        padded with -1.
+        ball bigger than the database, or that found nothing within distance 1 where a ball
+        of the largest affordable radius is not expected to hold ``k`` codes, are answered by
+        a scan. Sorted by (distance, id), padded with -1.
         """
         snap = self._store.snapshot
         queries = self._check_queries(queries)
@@ -365,15 +397,31 @@ class HammingBallIndex(BinaryIndex):
         k_eff = min(k, n)
         max_level = self._max_level(n)
         short = np.ones(m, bool)
-        if max_level >= 0:
-            lims, dist, pos = self._run_ball(snap, queries, max_level, k_eff, n_threads)
+        # The cost model: levels 0 and 1 first (1 + b probes, about 1 % of a scan of 1M
+        # codes). A query that found nothing there and whose ball up to ``max_level`` would
+        # hold fewer than k codes of a uniformly spread database of this size is hopeless:
+        # it goes straight to the scan instead of paying for the rest of the ball first
+        # (random codes: 529 probes at b = 32, r = 2, cost about a tenth of a scan).
+        first = min(1, max_level)
+        found = np.zeros(m, np.int64)  # results within distance ``first``
+        for level in sorted({first, max_level}) if max_level >= 0 else []:
+            rows = np.flatnonzero(short)
+            if level > first:
+                expected = n * ball_size(self.n_bits, max_level) / 2.0**self.n_bits
+                if expected < k_eff:
+                    rows = rows[found[rows] > 0]
+            if rows.size == 0:
+                break
+            lims, dist, pos = self._run_ball(snap, queries[rows], level, k_eff, n_threads)
             counts = np.diff(lims)
-            short = counts < k_eff
-            rows = np.flatnonzero(~short)
-            if rows.size:
-                take = lims[rows][:, None] + np.arange(k_eff)[None, :]
-                D[rows, :k_eff] = dist[take]
-                I[rows, :k_eff] = snap.to_ids(pos[take])
+            if level == first:
+                found[rows] = counts
+            done = counts >= k_eff
+            short[rows[done]] = False
+            if done.any():
+                take = lims[:-1][done][:, None] + np.arange(k_eff)[None, :]
+                D[rows[done], :k_eff] = dist[take]
+                I[rows[done], :k_eff] = snap.to_ids(pos[take])
         if short.any():
             D_scan, I_scan = scan_search(snap, queries[short], k, self.n_bits, n_threads)
             D[short], I[short] = D_scan, I_scan
