@@ -127,9 +127,7 @@ def rescore(
     out_i = np.full((m, k), -1, np.int64)
     if m and candidates.shape[1] and len(vectors):
         Q = np.ascontiguousarray(queries, dtype=np.float32)
-        V = np.asarray(vectors)  # a memmap's buffer as a plain ndarray: no copy
-        if not V.flags.c_contiguous:
-            V = np.ascontiguousarray(V)
+        V = np.ascontiguousarray(vectors)  # a memmap's buffer as a plain ndarray: no copy
         cand = np.ascontiguousarray(candidates, dtype=np.int64)
         parallel_chunks(
             lambda start, stop: rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop),

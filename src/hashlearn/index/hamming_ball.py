@@ -1,8 +1,9 @@
 """Hamming-ball lookup: binary codes used as hash-table addresses (semantic hashing).
 
-Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §2.2 (Salakhutdinov & Hinton's semantic hashing; also the inverted
-index of the LambdaRank bit-vector paper (WWW), Sec. 5.5): every database code is a key of a hash table
-whose posting list holds the items with that code. A query does not scan the database; it
+Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale Image Search*, 2013 §2.2
+(Salakhutdinov & Hinton's semantic hashing; also the inverted index of the LambdaRank
+bit-vector paper (WWW), Sec. 5.5): every database code is a key of a hash table whose
+posting list holds the items with that code. A query does not scan the database; it
 enumerates its *Hamming ball*, the codes at distance 0, 1, 2, ... from its own code, in order
 of distance, and looks each one up. A ball of radius ``r`` around a ``b``-bit code holds
 :math:`\\sum_{i \\le r} \\binom{b}{i}` codes (529 for b = 32, r = 2), so a query costs that
@@ -61,6 +62,7 @@ def ball_size(n_bits: int, radius: int) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def _key(words, offset, n_words):
+    """Table key of a code: splitmix64 chained over its words, top 63 bits."""
     h = np.uint64(0)
     for w in range(n_words):
         h = splitmix64(h ^ words[offset + w])
@@ -116,7 +118,7 @@ def _probe_key(queries, qo, n_words, comb, level, probe):
         word = queries[qo]
         for i in range(level):
             word ^= np.uint64(1) << np.uint64(comb[i])
-        return np.int64(splitmix64(word) >> np.uint64(1))
+        return np.int64(splitmix64(word) >> np.uint64(1))  # _key of a one-word code
     for w in range(n_words):
         probe[w] = queries[qo + w]
     for i in range(level):
@@ -397,31 +399,36 @@ class HammingBallIndex(BinaryIndex):
         k_eff = min(k, n)
         max_level = self._max_level(n)
         short = np.ones(m, bool)
-        # The cost model: levels 0 and 1 first (1 + b probes, about 1 % of a scan of 1M
-        # codes). A query that found nothing there and whose ball up to ``max_level`` would
-        # hold fewer than k codes of a uniformly spread database of this size is hopeless:
-        # it goes straight to the scan instead of paying for the rest of the ball first
-        # (random codes: 529 probes at b = 32, r = 2, cost about a tenth of a scan).
-        first = min(1, max_level)
-        found = np.zeros(m, np.int64)  # results within distance ``first``
-        for level in sorted({first, max_level}) if max_level >= 0 else []:
-            rows = np.flatnonzero(short)
-            if level > first:
-                expected = n * ball_size(self.n_bits, max_level) / 2.0**self.n_bits
-                if expected < k_eff:
-                    rows = rows[found[rows] > 0]
-            if rows.size == 0:
-                break
+
+        def ball(rows: np.ndarray, level: int) -> np.ndarray:
+            """Ball up to ``level`` for ``rows``; fills the rows that reach k, returns the
+            number of results of each row."""
             lims, dist, pos = self._run_ball(snap, queries[rows], level, k_eff, n_threads)
             counts = np.diff(lims)
-            if level == first:
-                found[rows] = counts
             done = counts >= k_eff
             short[rows[done]] = False
             if done.any():
                 take = lims[:-1][done][:, None] + np.arange(k_eff)[None, :]
                 D[rows[done], :k_eff] = dist[take]
                 I[rows[done], :k_eff] = snap.to_ids(pos[take])
+            return counts
+
+        if max_level >= 0:
+            # The cost model: levels 0 and 1 first (1 + b probes, about 1 % of a scan of 1M
+            # codes). A query that found nothing there, when the ball up to ``max_level``
+            # would hold fewer than k codes of a uniformly spread database of this size, is
+            # hopeless: it goes straight to the scan instead of paying for the rest of the
+            # ball first (random codes: 529 probes at b = 32, r = 2, about a tenth of a scan).
+            first = min(1, max_level)
+            rows = np.arange(m)
+            found = ball(rows, first)
+            if max_level > first:
+                rows = rows[short]
+                expected = n * ball_size(self.n_bits, max_level) / 2.0**self.n_bits
+                if expected < k_eff:
+                    rows = rows[found[rows] > 0]
+                if rows.size:
+                    ball(rows, max_level)
         if short.any():
             D_scan, I_scan = scan_search(snap, queries[short], k, self.n_bits, n_threads)
             D[short], I[short] = D_scan, I_scan
