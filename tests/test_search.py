@@ -575,3 +575,197 @@ def test_clipped_hasher_gets_an_index_of_its_fitted_code_length():
     fixed = Searcher(PCAHashing(n_bits=80), FlatIndex(n_bits=80))
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="64-bit codes"):
         fixed.fit(X)
+
+
+# ------------------------------------------- batched kernels: fused top-k, learned metric
+
+
+def _brute_top_k(full: np.ndarray, allowed: np.ndarray, k: int):
+    """Per row, the k smallest of ``full`` over the ``allowed`` columns by (distance, column)."""
+    masked = np.where(allowed, full, np.inf)
+    order = np.lexsort((np.broadcast_to(np.arange(full.shape[1]), full.shape), masked), axis=1)
+    order = order[:, :k]
+    D = np.take_along_axis(masked, order, 1)
+    return D, np.where(np.isfinite(D), order, -1)
+
+
+@pytest.mark.parametrize("kind", ["sqeuclidean", "euclidean", "inner_product", "cosine"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_distance_kernel_keeps_the_k_nearest_by_distance_then_row(kind, dtype):
+    """Integer-valued vectors (exact in any summation order) with duplicated rows (ties),
+    zero rows (cosine 1), candidate lists with -1 padding and fewer than k real entries."""
+    from hashlearn._rescore import distance_kernel
+    from hashlearn.search import _EXACT_KIND
+
+    rng = np.random.default_rng(5)
+    V = rng.integers(-3, 4, (60, 9)).astype(dtype)
+    V[10:20] = V[:10]  # ties
+    V[20] = 0.0
+    Q = rng.integers(-3, 4, (25, 9)).astype(np.float64)
+    Q[0] = 0.0
+    cand = np.stack([rng.permutation(60)[:30] for _ in range(25)])
+    cand[:, ::4] = -1
+    cand[3, 2:] = -1  # one real candidate only
+    q, v = Q.astype(np.float64), V.astype(np.float64)
+    dot = q @ v.T
+    sq = (q**2).sum(1)[:, None] + (v**2).sum(1)[None] - 2 * dot
+    norms = np.linalg.norm(q, axis=1)[:, None] * np.linalg.norm(v, axis=1)[None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.where(norms > 0, 1 - dot / np.where(norms > 0, norms, 1), 1.0)
+    full = {"sqeuclidean": sq, "euclidean": np.sqrt(sq), "inner_product": -dot, "cosine": cos}
+    allowed = np.zeros((25, 60), bool)
+    for i, row in enumerate(cand):
+        allowed[i, row[row >= 0]] = True
+    k = 7
+    out_d = np.full((25, k), np.inf)
+    out_i = np.full((25, k), -1, np.int64)
+    distance_kernel(Q, V, cand, _EXACT_KIND[kind], k, out_d, out_i, 0, 25)
+    D, I_ = _brute_top_k(full[kind], allowed, k)
+    np.testing.assert_allclose(out_d, D, rtol=1e-12, atol=1e-12)
+    if kind in ("sqeuclidean", "inner_product"):  # exact integers: ties broken by row
+        np.testing.assert_array_equal(out_i, I_)
+    else:  # every kept row's distance is the brute-force one
+        valid = out_i >= 0
+        np.testing.assert_array_equal(valid, I_ >= 0)
+        got = np.take_along_axis(full[kind], np.maximum(out_i, 0), 1)
+        np.testing.assert_allclose(got[valid], out_d[valid], rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["sqeuclidean", "inner_product", "cosine"])
+def test_sparse_batched_kernel_equals_brute_force_on_random_floats(name):
+    """CSR vectors (float32) and queries, every item a candidate: distances agree to
+    rounding and every returned id's brute-force distance is the one reported."""
+    db = sp.random(300, 40, density=0.2, format="csr", random_state=1, dtype=np.float32)
+    keep = np.ones(300, np.float32)
+    keep[7] = 0.0
+    db = sp.csr_matrix(sp.diags(keep) @ db)  # row 7 empty (cosine 1)
+    db.eliminate_zeros()
+    q = sp.random(20, 40, density=0.2, format="csr", random_state=2)
+    ids = np.random.default_rng(4).permutation(300) * 3
+    s = Searcher(RandomHyperplaneLSH(16, random_state=0), rerank=name, n_candidates=300)
+    s.fit(db).add(db, ids=ids)
+    assert sp.issparse(s._vectors)
+    D, I_ = s.search(q, 5)
+    a, b = q.toarray(), db.toarray().astype(np.float64)
+    dot = a @ b.T
+    norms = np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=1)[None]
+    full = {
+        "sqeuclidean": ((a[:, None] - b[None]) ** 2).sum(-1),
+        "inner_product": -dot,
+        "cosine": np.where(norms > 0, 1 - dot / np.where(norms > 0, norms, 1), 1.0),
+    }[name]
+    np.testing.assert_allclose(D, np.sort(full, axis=1)[:, :5], rtol=1e-5, atol=1e-6)
+    row_of_id = np.argsort(ids)[np.searchsorted(np.sort(ids), I_)]
+    got = np.take_along_axis(full, row_of_id, 1)
+    np.testing.assert_allclose(got, D, rtol=1e-5, atol=1e-6)
+
+
+def _metric_hasher(d: int, seed: int = 0, *, sparse: bool = False):
+    """A fitted MetricLSH around a random full-rank factor G (no ITML fit: quick); with
+    ``sparse``, a subclass that also encodes scipy.sparse rows (uncentred)."""
+    from hashlearn.hashers import MetricLSH
+
+    class _SparseMetricLSH(MetricLSH):
+        accept_sparse = True
+
+    rng = np.random.default_rng(seed)
+    G = np.eye(d) + 0.3 * rng.standard_normal((d, d))
+    cls = _SparseMetricLSH if sparse else MetricLSH
+    return cls.from_metric(G=G, n_bits=24, random_state=seed)
+
+
+def _learned_brute_force(hasher, db, queries):
+    """``(x - q)^T A (x - q)`` for every pair, in numpy."""
+    A = hasher.A_
+    diff = db[None, :, :] - queries[:, None, :]
+    return np.einsum("qnd,de,qne->qn", diff, A, diff)
+
+
+def _assert_top_k_matches(D, I_, full, row_of_id, k, rtol=1e-9):
+    """Distances equal the brute-force k smallest; ids equal except among tied distances."""
+    expected = np.sort(full, axis=1)[:, :k]
+    np.testing.assert_allclose(D, expected, rtol=1e-5)
+    got = np.take_along_axis(full, row_of_id(I_), 1)
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=1e-9)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_learned_metric_rerank_equals_brute_force(split, sparse, dtype):
+    """MetricLSH's learned metric runs as the batched squared-Euclidean kernel on the vectors
+    mapped by G (computed once): every item a candidate gives the exact learned k-NN."""
+    db, ids, queries = split
+    db = db[:600].astype(dtype)
+    ids = ids[:600]
+    hasher = _metric_hasher(db.shape[1], sparse=sparse)
+    s = Searcher(hasher, rerank="metric", n_candidates=600)
+    s.add(sp.csr_matrix(db) if sparse else db, ids=ids)
+    D, I_ = s.search(sp.csr_matrix(queries) if sparse else queries, 6)
+    assert s._metric_cache is not None and s._metric_cache[0] is s._vectors
+    full = _learned_brute_force(hasher, db.astype(np.float64), queries)
+    order = np.argsort(ids)
+    _assert_top_k_matches(D, I_, full, lambda I: order[np.searchsorted(ids[order], I)], 6)
+
+
+def test_learned_metric_fast_path_equals_the_hashers_metric_distances(split):
+    """Hamming candidates re-ranked by the mapped vectors and by the hasher's own
+    metric_distances (a subclass takes the general path) agree: same candidates, same
+    distances to rounding, same ids wherever distances are not tied."""
+    from hashlearn.hashers import MetricLSH
+
+    class _OwnMetric(MetricLSH):
+        def metric_distances(self, queries, candidates):
+            return super().metric_distances(queries, candidates)
+
+    db, ids, queries = split
+    fast_hasher = _metric_hasher(db.shape[1], seed=1)
+    slow_hasher = _OwnMetric.from_metric(G=fast_hasher.G_, n_bits=24, random_state=1)
+    fast = Searcher(fast_hasher, rerank="metric", n_candidates=80).add(db, ids=ids)
+    slow = Searcher(slow_hasher, rerank="metric", n_candidates=80).add(db, ids=ids)
+    (Df, If), (Ds, Is) = fast.search(queries, 8), slow.search(queries, 8)
+    assert slow._metric_cache is None and fast._metric_cache is not None
+    np.testing.assert_allclose(Df, Ds, rtol=1e-5)
+    untied = np.ones(Df.shape, bool)
+    untied[:, 1:] &= ~np.isclose(Ds[:, 1:], Ds[:, :-1], rtol=1e-5)
+    untied[:, :-1] &= ~np.isclose(Ds[:, :-1], Ds[:, 1:], rtol=1e-5)
+    np.testing.assert_array_equal(If[untied], Is[untied])
+
+
+def test_learned_metric_vectors_follow_add_remove_and_load(split, tmp_path):
+    """The mapped vectors are derived state: rebuilt after add / remove, not saved, and
+    recomputed after a load (memory-mapped vectors included)."""
+    db, ids, queries = split
+    s = Searcher(_metric_hasher(db.shape[1], seed=2), rerank="metric", n_candidates=50)
+    s.add(db[:1000], ids=ids[:1000])
+    first = s.search(queries, 5)
+    s.add(db[1000:], ids=ids[1000:])
+    s.remove(ids[1000:])
+    for a, b in zip(first, s.search(queries, 5), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    s.save(tmp_path / "s")
+    names = {f.name for f in (tmp_path / "s").iterdir()}
+    assert not any("mapped" in n or "metric" in n for n in names)
+    for mmap in (False, True):
+        loaded = Searcher.load(tmp_path / "s", mmap=mmap)
+        assert loaded._metric_cache is None
+        for a, b in zip(first, loaded.search(queries, 5), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_dense_and_sparse_ids_look_up_the_same_rows(split):
+    """Ids 0..n-1 (table lookup) and widely spread ids (binary search) re-rank alike, and
+    both refuse ids they hold no vectors for."""
+    db, _, queries = split
+    spread = np.arange(len(db)) * 10**6 + 5
+    dense_ids = Searcher(RandomHyperplaneLSH(N_BITS, random_state=0), rerank="sqeuclidean")
+    sparse_ids = Searcher(RandomHyperplaneLSH(N_BITS, random_state=0), rerank="sqeuclidean")
+    dense_ids.fit(db).add(db)
+    sparse_ids.fit(db).add(db, ids=spread)
+    assert dense_ids._id_table() is not None and sparse_ids._id_table() is None
+    Dd, Id = dense_ids.search(queries, 5)
+    Ds, Is = sparse_ids.search(queries, 5)
+    np.testing.assert_array_equal(Dd, Ds)
+    np.testing.assert_array_equal(spread[Id], Is)
+    for s, bad in ((dense_ids, len(db) + 3), (sparse_ids, 7)):
+        with pytest.raises(ValueError, match="without vectors"):
+            s._vector_positions(np.array([[0 if s is dense_ids else 5, bad, -1]]))

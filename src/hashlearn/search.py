@@ -10,9 +10,15 @@ vectors by id for re-ranking, choosing how many candidates to re-rank).
 
 The built-in exact re-rankers (``"sqeuclidean"``, ``"euclidean"``, ``"inner_product"``,
 ``"cosine"``) run as one batched numba kernel over all (query, candidate) pairs on the shared
-thread pool; for scipy.sparse input the vectors are kept as CSR and the kernel merges the
-sorted non-zeros of each pair (O(nnz(q) + nnz(x)) per pair), so no dense copy of the
-database is ever made. A ``Searcher`` saves to a directory (:meth:`Searcher.save`): the
+thread pool, keeping each query's top k as it scores (no candidate distance matrix, no
+sort); for scipy.sparse input the vectors are kept as CSR and the kernel merges the sorted
+non-zeros of each pair (O(nnz(q) + nnz(x)) per pair), so no dense copy of the database is
+ever made. The learned metric of :class:`~hashlearn.hashers.MetricLSH`, ``d_A(x, q) =
+(x - q)^T A (x - q)`` with ``A = G^T G`` (Jain, Kulis & Grauman, "Fast Image Search for
+Learned Metrics", CVPR 2008, eq. 6's explicit form), is the squared Euclidean distance of
+``G x`` and ``G q``: the kept vectors are mapped by ``G`` once (derived state, recomputed
+after a load, never saved) and re-ranked by the same kernel. Other learned metrics and
+callables are scored in blocks of queries, one call per block. A ``Searcher`` saves to a directory (:meth:`Searcher.save`): the
 hasher and the index each in their own save format, the re-rank vectors as ``.npy`` arrays
 (CSR arrays for sparse vectors) that :meth:`Searcher.load` can memory-map. No pickle.
 """
@@ -33,8 +39,17 @@ from sklearn.utils.validation import check_array, check_is_fitted
 
 from hashlearn import io as _io
 from hashlearn._parallel import parallel_chunks
+from hashlearn._rescore import (
+    COSINE,
+    EUCLIDEAN,
+    NEG_INNER,
+    SQEUCLIDEAN,
+    distance_kernel,
+    keep_smallest,
+)
 from hashlearn._validation import check_int
 from hashlearn.hashers.base import BaseHasher
+from hashlearn.hashers.metric_lsh import MetricLSH
 from hashlearn.index.base import BinaryIndex, make_index
 
 __all__ = ["Searcher", "register_reranker", "available_rerankers"]
@@ -84,9 +99,14 @@ def _cosine(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     return 1.0 - np.nan_to_num(sim)
 
 
-# Built-in exact re-rankers as batched kernels: one call scores every (query, candidate) pair
-# of a block; rows of ``pos`` index the kept vectors, -1 marks padding (scored inf).
-_EXACT_KIND = {"sqeuclidean": 0, "euclidean": 1, "inner_product": 2, "cosine": 3}
+# The built-in exact re-rankers run as batched kernels (``_rescore.distance_kernel`` for dense
+# vectors, ``_rerank_csr_kernel`` for CSR) that keep each query's top k as they score.
+_EXACT_KIND = {
+    "sqeuclidean": SQEUCLIDEAN,
+    "euclidean": EUCLIDEAN,
+    "inner_product": NEG_INNER,
+    "cosine": COSINE,
+}
 _BUILTIN = {
     "sqeuclidean": _sqeuclidean,
     "euclidean": _euclidean,
@@ -97,11 +117,11 @@ _BUILTIN = {
 
 @numba.njit(nogil=True, cache=True)
 def _finish(kind, sq, dot, qq, xx):  # pragma: no cover - compiled
-    if kind == 0:
+    if kind == SQEUCLIDEAN:
         return sq
-    if kind == 1:
+    if kind == EUCLIDEAN:
         return np.sqrt(sq)
-    if kind == 2:
+    if kind == NEG_INNER:
         return -dot
     if qq == 0.0 or xx == 0.0:
         return 1.0
@@ -109,43 +129,18 @@ def _finish(kind, sq, dot, qq, xx):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def _rerank_dense_kernel(Q, V, pos, kind, out, start, stop):  # pragma: no cover - compiled
-    d = Q.shape[1]
-    for i in range(start, stop):
-        for j in range(pos.shape[1]):
-            p = pos[i, j]
-            if p < 0:
-                out[i, j] = np.inf
-                continue
-            sq = 0.0
-            dot = 0.0
-            qq = 0.0
-            xx = 0.0
-            if kind <= 1:
-                for t in range(d):
-                    diff = Q[i, t] - np.float64(V[p, t])
-                    sq += diff * diff
-            else:
-                for t in range(d):
-                    x = np.float64(V[p, t])
-                    dot += Q[i, t] * x
-                    if kind == 3:
-                        qq += Q[i, t] * Q[i, t]
-                        xx += x * x
-            out[i, j] = _finish(kind, sq, dot, qq, xx)
-
-
-@numba.njit(nogil=True, cache=True)
 def _rerank_csr_kernel(
-    q_data, q_ind, q_ptr, v_data, v_ind, v_ptr, pos, kind, out, start, stop
+    q_data, q_ind, q_ptr, v_data, v_ind, v_ptr, cand, kind, k, out_d, out_i, start, stop
 ):  # pragma: no cover - compiled
+    """``distance_kernel`` for CSR queries and vectors (canonical: sorted column indices):
+    each pair's sorted non-zeros merged, O(nnz(q) + nnz(x))."""
     for i in range(start, stop):
         q0 = q_ptr[i]
         q1 = q_ptr[i + 1]
-        for j in range(pos.shape[1]):
-            p = pos[i, j]
+        filled = 0
+        for j in range(cand.shape[1]):
+            p = cand[i, j]
             if p < 0:
-                out[i, j] = np.inf
                 continue
             a = q0
             b = v_ptr[p]
@@ -156,7 +151,7 @@ def _rerank_csr_kernel(
             xx = 0.0
             while a < q1 or b < b1:  # merge of the two sorted index lists
                 if b >= b1 or (a < q1 and q_ind[a] < v_ind[b]):
-                    qa = q_data[a]
+                    qa = np.float64(q_data[a])
                     sq += qa * qa
                     qq += qa * qa
                     a += 1
@@ -166,7 +161,7 @@ def _rerank_csr_kernel(
                     xx += xb * xb
                     b += 1
                 else:
-                    qa = q_data[a]
+                    qa = np.float64(q_data[a])
                     xb = np.float64(v_data[b])
                     diff = qa - xb
                     sq += diff * diff
@@ -175,7 +170,8 @@ def _rerank_csr_kernel(
                     xx += xb * xb
                     a += 1
                     b += 1
-            out[i, j] = _finish(kind, sq, dot, qq, xx)
+            dist = _finish(kind, sq, dot, qq, xx)
+            filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
 
 
 def _code_bits(hasher) -> int | None:
@@ -197,7 +193,9 @@ class Searcher:
     rerank : None, str or callable
         ``None`` returns Hamming distances. ``"metric"`` re-ranks by the hasher's learned
         metric (its ``metric_distances(queries, candidates)``, e.g. ITML's Mahalanobis
-        distance; for scipy.sparse vectors, its ``metric_distances_from_differences(Z)``
+        distance; for a ``MetricLSH``, the squared Euclidean distance of the vectors mapped
+        by ``G_``, computed in the batched kernel; for scipy.sparse vectors otherwise, its
+        ``metric_distances_from_differences(Z)``
         over the CSR differences of the pairs when it has one, so nothing is densified --
         otherwise only each block's candidate rows are). A name from :func:`available_rerankers`
         (``"euclidean"``, ``"sqeuclidean"``, ``"cosine"``, ``"inner_product"`` -- reported as
@@ -282,6 +280,8 @@ class Searcher:
         self.n_candidates = n_candidates
         self._vectors: np.ndarray | None = None  # rows in the order of _vector_ids
         self._vector_ids = np.zeros(0, np.int64)
+        self._position_table: tuple | None = None  # (vector ids, id -> row table)
+        self._metric_cache: tuple | None = None  # (vectors, G, vectors @ G.T)
 
     def fit(self, X, y=None, **fit_params) -> Searcher:
         """Fit the hasher (on a training sample); does not add anything to the index.
@@ -349,7 +349,7 @@ class Searcher:
         else:
             n_cand = max(k, self.n_candidates or max(10 * k, 100))
             _, cand = self.index.search(codes, n_cand, n_threads=n_threads)
-        return self._rerank(X, self._vector_positions(cand), cand, k, n_threads)
+        return self._rerank(X, cand, k, n_threads)
 
     # -------------------------------------------------------------------------- persistence
 
@@ -538,11 +538,20 @@ class Searcher:
         return self.hasher.encode(X) if isinstance(self.hasher, BaseHasher) else self.hasher.keys(X)
 
     def _vector_positions(self, ids: np.ndarray) -> np.ndarray:
-        """Rows of the kept vectors for candidate ids (-1 stays -1); unknown ids raise."""
-        pos = np.searchsorted(self._vector_ids, ids)
-        found = np.zeros(ids.shape, bool)
-        inside = pos < len(self._vector_ids)
-        found[inside] = self._vector_ids[pos[inside]] == ids[inside]
+        """Rows of the kept vectors for candidate ids (-1 stays -1); unknown ids raise.
+
+        Ids spanning at most ``4 n + 1024`` values (the usual ``0..n-1`` included) are looked
+        up in a table built once per set of ids; others by binary search."""
+        table = self._id_table()
+        if table is not None:
+            span = len(table) - 1  # table[span] = -1 answers padding and unknown ids
+            pos = table[np.where(ids >= 0, np.minimum(ids, span), span)]
+            found = pos >= 0
+        else:
+            pos = np.searchsorted(self._vector_ids, ids)
+            found = np.zeros(ids.shape, bool)
+            inside = pos < len(self._vector_ids)
+            found[inside] = self._vector_ids[pos[inside]] == ids[inside]
         unknown = (ids >= 0) & ~found
         if unknown.any():
             raise ValueError(
@@ -551,6 +560,19 @@ class Searcher:
                 "rerank=None)."
             )
         return np.where(found, pos, -1)
+
+    def _id_table(self) -> np.ndarray | None:
+        """``table[id]`` = row of the kept vectors (-1 for none), when the ids are dense."""
+        ids = self._vector_ids
+        cached = self._position_table
+        if cached is not None and cached[0] is ids:
+            return cached[1]
+        table = None
+        if len(ids) and ids[0] >= 0 and ids[-1] < 4 * len(ids) + 1024:
+            table = np.full(int(ids[-1]) + 2, -1, np.int64)
+            table[ids] = np.arange(len(ids))
+        self._position_table = (ids, table)
+        return table
 
     def _as_vectors(self, X, name: str):
         """``X`` as kept re-rank vectors: CSR (canonical) when the store is sparse -- or is
@@ -569,24 +591,67 @@ class Searcher:
             return _EXACT_KIND[name]
         return None
 
+    def _metric_factor(self) -> np.ndarray | None:
+        """``G_`` when the hasher's learned metric is ``|G_ (x - q)|^2`` (MetricLSH's), else
+        None."""
+        h = type(self.hasher)
+        if (
+            self.rerank != "metric"
+            or getattr(h, "metric_distances", None) is not MetricLSH.metric_distances
+            or getattr(h, "metric_distances_from_differences", None)
+            is not MetricLSH.metric_distances_from_differences
+        ):
+            return None
+        G = getattr(self.hasher, "G_", None)
+        if not isinstance(G, np.ndarray) or G.ndim != 2 or G.dtype != np.float64:
+            return None
+        return G
+
+    def _metric_vectors(self, G: np.ndarray) -> np.ndarray:
+        """The kept vectors mapped by ``x -> G x`` (dense float64), computed once per set of
+        vectors and factor (recomputed after a load, never saved)."""
+        V = self._vectors
+        cached = self._metric_cache
+        if cached is not None and cached[0] is V and cached[1] is G:
+            return cached[2]
+        if G.shape[1] != V.shape[1]:
+            raise ValueError(
+                f"the hasher's metric factor G_ takes {G.shape[1]} features but the database "
+                f"vectors have {V.shape[1]}."
+            )
+        mapped = _mapped(V, G)
+        self._metric_cache = (V, G, mapped)
+        return mapped
+
+    def _batched_operands(self, X):
+        """``(queries, vectors, kind)`` for the batched kernels -- an exact metric on the kept
+        vectors (dense or CSR), or the learned metric ``|G_ (x - q)|^2`` as the squared
+        Euclidean distance of the mapped vectors -- or None for the general path."""
+        V = self._vectors
+        kind = self._exact_kind()
+        G = self._metric_factor() if kind is None else None
+        if G is not None:
+            mapped = self._metric_vectors(G)
+            Q = _checked_queries(X, sp.issparse(X), G.shape[1])
+            return _mapped(Q, G), mapped, SQEUCLIDEAN
+        if kind is None:
+            return None
+        return _checked_queries(X, sp.issparse(V), V.shape[1]), V, kind
+
     def _rerank(
-        self, X, cand_pos: np.ndarray, cand: np.ndarray, k: int, n_threads: int | None
+        self, X, cand: np.ndarray, k: int, n_threads: int | None
     ) -> tuple[np.ndarray, np.ndarray]:
         m = cand.shape[0]
-        out_d = np.full((m, k), np.inf, np.float32)
-        out_i = np.full((m, k), -1, np.int64)
         if not len(self._vector_ids):  # empty database: every candidate is padding
-            return out_d, out_i
-        V = self._vectors
-        sparse = sp.issparse(V)
-        kind = self._exact_kind()
-        if kind is not None:  # batched kernel over every (query, candidate) pair
-            dist = np.empty(cand.shape, np.float64)
+            return np.full((m, k), np.inf, np.float32), np.full((m, k), -1, np.int64)
+        cand_pos = self._vector_positions(cand)
+        operands = self._batched_operands(X)
+        if operands is not None:  # one kernel scores every pair and keeps each top k
+            Q, V, kind = operands
             pos = np.ascontiguousarray(cand_pos, np.int64)
-            if sparse:
-                Q = _canonical_csr(
-                    sp.csr_matrix(check_array(X, accept_sparse="csr", dtype=np.float64))
-                )
+            out_d = np.full((m, k), np.inf, np.float64)
+            out_row = np.full((m, k), -1, np.int64)
+            if sp.issparse(V):
                 args = (
                     Q.data,
                     Q.indices.astype(np.int64),
@@ -595,26 +660,28 @@ class Searcher:
                     np.asarray(V.indices, np.int64),
                     np.asarray(V.indptr, np.int64),
                 )
-                if Q.shape[1] != V.shape[1]:
-                    raise ValueError(
-                        f"X has {Q.shape[1]} features but the database vectors have {V.shape[1]}."
-                    )
 
                 def run(start, stop):
-                    _rerank_csr_kernel(*args, pos, kind, dist, start, stop)
+                    _rerank_csr_kernel(*args, pos, kind, k, out_d, out_row, start, stop)
             else:
-                Q = np.ascontiguousarray(_dense(X), np.float64)
-                Vd = V.view(np.ndarray) if isinstance(V, np.memmap) else V
+                Vd = np.ascontiguousarray(V)  # a memmap's buffer as a plain ndarray: no copy
 
                 def run(start, stop):
-                    _rerank_dense_kernel(Q, Vd, pos, kind, dist, start, stop)
+                    distance_kernel(Q, Vd, pos, kind, k, out_d, out_row, start, stop)
 
             parallel_chunks(run, m, n_threads, min_chunk=1)
-            block = max(1, 2**22 // max(1, cand.shape[1]))
-            for start in range(0, m, block):
-                stop = min(m, start + block)
-                _top_k(dist[start:stop], cand[start:stop], k, out_d[start:stop], out_i[start:stop])
-            return out_d, out_i
+            ids = np.where(out_row >= 0, self._vector_ids[np.maximum(out_row, 0)], -1)
+            return out_d.astype(np.float32), ids
+        return self._rerank_general(X, cand_pos, cand, k)
+
+    def _rerank_general(self, X, cand_pos, cand, k):
+        """Re-ranking by a callable or a learned metric without a linear factor, in blocks of
+        queries (one call of the distance function per block)."""
+        m = cand.shape[0]
+        out_d = np.full((m, k), np.inf, np.float32)
+        out_i = np.full((m, k), -1, np.int64)
+        V = self._vectors
+        sparse = sp.issparse(V)
         if self.rerank == "metric":
             fn = self.hasher.metric_distances
             from_differences = getattr(self.hasher, "metric_distances_from_differences", None)
@@ -675,6 +742,29 @@ def _top_k(dist: np.ndarray, ids: np.ndarray, k: int, out_d: np.ndarray, out_i: 
     width = order.shape[1]
     out_d[:, :width] = dist[rows, order]
     out_i[:, :width] = ids[rows, order]
+
+
+def _checked_queries(X, sparse: bool, n_features: int):
+    """Queries for the batched kernels: canonical float64 CSR (``sparse``) or a dense float64
+    C array, with ``n_features`` columns."""
+    if sparse:
+        Q = _canonical_csr(sp.csr_matrix(check_array(X, accept_sparse="csr", dtype=np.float64)))
+    else:
+        Q = np.ascontiguousarray(_dense(X), np.float64)
+    if Q.shape[1] != n_features:
+        raise ValueError(f"X has {Q.shape[1]} features but the database vectors have {n_features}.")
+    return Q
+
+
+def _mapped(X, G: np.ndarray, block: int = 65536) -> np.ndarray:
+    """``X @ G.T`` as a dense float64 C array (dense ``X`` in blocks of rows: no float64 copy
+    of a float32 ``X``)."""
+    if sp.issparse(X):
+        return np.ascontiguousarray(np.asarray(X @ G.T), np.float64)
+    out = np.empty((X.shape[0], G.shape[0]), np.float64)
+    for start in range(0, X.shape[0], block):
+        out[start : start + block] = np.asarray(X[start : start + block], np.float64) @ G.T
+    return out
 
 
 def _canonical_csr(X: sp.csr_matrix) -> sp.csr_matrix:
