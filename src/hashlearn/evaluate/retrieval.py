@@ -26,6 +26,16 @@ from hashlearn.evaluate._common import (
 )
 
 
+def _check_pr_inputs(distances, relevant, aggregate, empty, owner, n_bits=None) -> tuple:
+    """The checked ``(distances, relevant, aggregate, empty)`` of a precision--recall
+    measure (distances at most ``n_bits`` when it is given)."""
+    d = _check_distances(distances, owner, n_bits)
+    rel = _check_relevant(relevant, d.shape, owner)
+    aggregate = _check_choice(aggregate, "aggregate", owner, _AGGREGATES)
+    empty = _check_choice(empty, "empty", owner, _EMPTY)
+    return d, rel, aggregate, empty
+
+
 def _aggregate_pr(
     hits: np.ndarray, retrieved: np.ndarray, n_relevant: np.ndarray, aggregate: str, empty: str
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -66,11 +76,8 @@ def precision_recall_at_radius(
 ) -> tuple[float, float]:
     """Precision and recall of the Hamming ball ``distance <= radius`` (MLH, Sec. 6)."""
     owner = "precision_recall_at_radius"
-    d = _check_distances(distances, owner)
-    rel = _check_relevant(relevant, d.shape, owner)
     radius = check_int(radius, "radius", owner, low=0)
-    aggregate = _check_choice(aggregate, "aggregate", owner, _AGGREGATES)
-    empty = _check_choice(empty, "empty", owner, _EMPTY)
+    d, rel, aggregate, empty = _check_pr_inputs(distances, relevant, aggregate, empty, owner)
     inside = d <= radius
     precision, recall = _aggregate_pr(
         np.count_nonzero(inside & rel, axis=1)[:, None],
@@ -97,10 +104,9 @@ def precision_recall_curve(
     """
     owner = "precision_recall_curve"
     n_bits = check_int(n_bits, "n_bits", owner)
-    d = _check_distances(distances, owner, n_bits)
-    rel = _check_relevant(relevant, d.shape, owner)
-    aggregate = _check_choice(aggregate, "aggregate", owner, _AGGREGATES)
-    empty = _check_choice(empty, "empty", owner, _EMPTY)
+    d, rel, aggregate, empty = _check_pr_inputs(
+        distances, relevant, aggregate, empty, owner, n_bits
+    )
     n_bins = n_bits + 1
     retrieved = np.empty((d.shape[0], n_bins), dtype=np.int64)
     hits = np.empty_like(retrieved)

@@ -74,9 +74,23 @@ def principal_directions(
     return mean, comps * signs, var
 
 
+class _PrincipalHasher(BaseHasher):
+    """What PCAH and ITQ share: ``n_bits`` clipped to the principal directions the data has,
+    and bits ``components_ @ (x - mean_) >= 0``."""
+
+    def _principal_directions(self, X) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`principal_directions` of ``X`` for ``n_bits`` clipped (with a warning) to
+        ``min(n_samples, n_features)``."""
+        n_bits = self._clip_n_bits(min(X.shape), "min(n_samples, n_features)")
+        return principal_directions(X, n_bits, type(self).__name__)
+
+    def _linear_form(self) -> LinearForm:
+        return LinearForm(self.components_, mean=self.mean_)
+
+
 @persistable
 @register_hasher("pca")
-class PCAHashing(BaseHasher):
+class PCAHashing(_PrincipalHasher):
     """Sign of the top ``n_bits`` principal projections (PCAH).
 
     Parameters
@@ -114,26 +128,21 @@ class PCAHashing(BaseHasher):
         self.random_state = random_state
 
     def _fit(self, X, y, pairs, similar) -> None:
-        n_bits = self._clip_n_bits(min(X.shape), "min(n_samples, n_features)")
-        mean, comps, var = principal_directions(X, n_bits, type(self).__name__)
+        mean, comps, var = self._principal_directions(X)
         self.mean_ = mean
         self.components_ = comps.T.copy()
         self.explained_variance_ = var
 
-    def _linear_form(self) -> LinearForm:
-        return LinearForm(self.components_, mean=self.mean_)
-
 
 @persistable
 @register_hasher("itq")
-class IterativeQuantization(BaseHasher):
+class IterativeQuantization(_PrincipalHasher):
     """PCA followed by the ITQ rotation (Gong & Lazebnik 2011, eq. 2 and its Procrustes step).
 
     Parameters
     ----------
     n_bits : int, default=32
-        Code length; clipped (with a warning) to ``min(n_samples, n_features)`` of the
-        training data.
+        As :class:`PCAHashing` (at most ``min(n_samples, n_features)``).
     n_iter : int, default=50
         Alternations of the code step and the rotation step.
     random_state : int, RandomState or None
@@ -141,9 +150,8 @@ class IterativeQuantization(BaseHasher):
 
     Attributes
     ----------
-    n_bits_ : int
-        Code length produced (``n_bits`` unless clipped).
-    mean_ : ndarray (n_features,)
+    n_bits_, mean_ :
+        As :class:`PCAHashing`.
     components_ : ndarray (n_bits_, n_features)
         Rotated projection :math:`(V R)^T`; bits are ``components_ @ (x - mean_) >= 0``.
     rotation_ : ndarray (n_bits_, n_bits_)
@@ -172,8 +180,8 @@ class IterativeQuantization(BaseHasher):
         owner = type(self).__name__
         n_iter = check_int(self.n_iter, "n_iter", owner, low=0)
         rng = check_random_state(self.random_state)
-        n_bits = self._clip_n_bits(min(X.shape), "min(n_samples, n_features)")
-        mean, comps, _ = principal_directions(X, n_bits, owner)
+        mean, comps, _ = self._principal_directions(X)
+        n_bits = comps.shape[1]
         V = (X - mean) @ comps
         q, r = np.linalg.qr(rng.standard_normal((n_bits, n_bits)))
         R = q * np.sign(np.diag(r))
@@ -188,6 +196,3 @@ class IterativeQuantization(BaseHasher):
         self.rotation_ = R
         self.components_ = (comps @ R).T.copy()
         self.quantization_loss_ = losses
-
-    def _linear_form(self) -> LinearForm:
-        return LinearForm(self.components_, mean=self.mean_)

@@ -46,6 +46,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
+from hashlearn._dense import matvec, rank_one_update
 from hashlearn._validation import DEPRECATED, check_int, check_real, renamed_param
 from hashlearn._vote import majority_vote
 from hashlearn.io import (
@@ -102,36 +103,39 @@ def _duals_settled(lam, lam_old, tol):
     return den == 0.0 or num / den < tol
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def itml_projections(A, V, delta, bhat, lam, slack, max_iter, tol):
-    """Cyclic Bregman projections of ITML (paper eq. 3) over the difference vectors ``V``.
+@numba.njit(cache=True, nogil=True)
+def itml_projections(A, V, delta, bhat, lam, slack, max_iter, tol, C=None):
+    """Cyclic Bregman projections of ITML (paper eq. 3) over the difference vectors ``V``:
+    per constraint ``v``, ``w = A v``, ``p = v^T w`` and ``A += beta w w^T``.
 
     ``A`` (d, d) is updated in place; ``delta`` is +1 for a similar pair, -1 for a
     dissimilar one; ``bhat`` (slack targets, start at u / l) and ``lam`` (dual variables,
-    start at 0) are updated in place. Returns ``(passes, converged)``: convergence is the
-    relative L1 change of the dual variables over a pass falling below ``tol`` (the
-    criterion of Davis et al.'s code).
+    start at 0) are updated in place. With ``C`` (d, d) given (KernelITML's factored
+    solver, where ``A`` is its ``B``), Lemma 1's factor is updated alongside:
+    ``C += alpha_L (C v) w^T`` with ``alpha_L = (sqrt(1 + p beta) - 1) / p``. Returns
+    ``(passes, converged)``: convergence is the relative L1 change of the dual variables
+    over a pass falling below ``tol`` (the criterion of Davis et al.'s code).
     """
     m, d = V.shape
     w = np.empty(d)
+    cv = np.empty(d)
     lam_old = np.empty(m)
     for it in range(max_iter):
         lam_old[:] = lam
-        for c in range(m):
+        for t in range(m):
+            v = V[t]
+            matvec(A, v, w)
             p = 0.0
             for a in range(d):
-                s = 0.0
-                for b in range(d):
-                    s += A[a, b] * V[c, b]
-                w[a] = s
-                p += s * V[c, a]
-            alpha, beta = _bregman_step(p, c, delta, lam, bhat, slack)
+                p += w[a] * v[a]
+            if C is not None:
+                matvec(C, v, cv)
+            alpha, beta = _bregman_step(p, t, delta, lam, bhat, slack)
             if beta == 0.0:
                 continue
-            for a in range(d):
-                ba = beta * w[a]
-                for b in range(d):
-                    A[a, b] += ba * w[b]
+            if C is not None:
+                rank_one_update(C, (np.sqrt(1.0 + p * beta) - 1.0) / p, cv, w)
+            rank_one_update(A, beta, w, w)
         if _duals_settled(lam, lam_old, tol):
             return it + 1, True
     return max_iter, False

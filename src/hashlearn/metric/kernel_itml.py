@@ -13,21 +13,21 @@ matrix ``S`` of Lemma 2 is updated so that the learned factor is
 
 with :math:`\\alpha_t = (\\sqrt{1 + p_t \\beta_t} - 1) / p_t` from Lemma 1 and
 :math:`p_t = (e_i - e_j)^T K_t (e_i - e_j)`. Written this way both updates cost O(c^2) per
-projection (:func:`kernel_itml_projections`), against ITML's O(d^2): with ``c`` = 200
-constrained points of 16-d data a fit was 100s of times slower than ITML on the same
-constraints.
+projection, against ITML's O(d^2): with ``c`` = 200 constrained points of 16-d data a fit
+was 100s of times slower than ITML on the same constraints (this form is the oracle of
+``tests/test_metric.py``).
 
 The fit therefore runs the same projections in a basis of the span of the constrained
 points: with the eigendecomposition :math:`K_0 = U \\Sigma^2 U^T = L L^T` of rank ``r``
 (:math:`r \\le \\min(c, d)` for the linear kernel), every iterate is
 :math:`K_t = L B_t L^T` and Lemma 2's factor is :math:`G_t = I + Q (C_t - I) Q^T` on that
 span, where :math:`B_t, C_t` (r x r) follow eq. 3 and Lemma 1 on the vectors
-:math:`v = L_i - L_j` (:func:`factored_projections`, O(r^2) per projection); at the end
-:math:`K = L B L^T` and :math:`S = U \\Sigma^{-1} (C - I) \\Sigma^{-1} U^T`, the same
-:math:`G = I + \\Phi S \\Phi^T` as the incremental Lemma 2 update. With the linear kernel
-a fit costs about twice ITML's projections (two r x r updates) plus one c x c
-eigendecomposition. Eigenvalues below ``rank_tol`` times the largest are dropped (the
-directions in which no constraint can act).
+:math:`v = L_i - L_j` (:func:`hashlearn.metric.itml.itml_projections` with ``C``, O(r^2)
+per projection); at the end :math:`K = L B L^T` and
+:math:`S = U \\Sigma^{-1} (C - I) \\Sigma^{-1} U^T`, the same :math:`G = I + \\Phi S \\Phi^T` as
+the incremental Lemma 2 update. With the linear kernel a fit costs about twice ITML's
+projections (two r x r updates) plus one c x c eigendecomposition. Eigenvalues below
+``rank_tol`` times the largest are dropped (the directions in which no constraint can act).
 
 The learned kernel of any two inputs follows from ``S`` and kernel values against the
 constrained points, :math:`k_x = \\Phi^T \\phi(x)`:
@@ -41,7 +41,6 @@ import numbers
 import time
 import warnings
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
@@ -58,114 +57,12 @@ from hashlearn.io import (
     require_array,
 )
 from hashlearn.kernels import log_message
-from hashlearn.metric.itml import _bregman_step, _duals_settled, default_num_constraints
+from hashlearn.metric.itml import default_num_constraints, itml_projections
 from hashlearn.supervision import check_supervision, pairs_from_labels
 
 __all__ = ["KernelITML"]
 
 _KERNELS = ("linear", "rbf", "precomputed")
-
-
-@numba.njit(cache=True, nogil=True)
-def kernel_itml_projections(K, S, K0, pair_i, pair_j, delta, bhat, lam, slack, max_iter, tol):
-    """Cyclic Bregman projections on the c x c kernel ``K`` (eq. 4) and ``S`` (Lemma 2),
-    the paper's O(c^2)-per-projection form, kept as the reference of the factored solver.
-
-    ``K`` (starts at ``K0``) and ``S`` (starts at 0) are updated in place; the rest as in
-    :func:`hashlearn.metric.itml.itml_projections`. Returns ``(passes, converged)``.
-    """
-    c = K.shape[0]
-    m = pair_i.shape[0]
-    w = np.empty(c)
-    a = np.empty(c)
-    k0a = np.empty(c)
-    b = np.empty(c)
-    lam_old = np.empty(m)
-    for it in range(max_iter):
-        lam_old[:] = lam
-        for t in range(m):
-            i = pair_i[t]
-            j = pair_j[t]
-            p = K[i, i] + K[j, j] - 2.0 * K[i, j]
-            alpha, beta = _bregman_step(p, t, delta, lam, bhat, slack)
-            if beta == 0.0:
-                continue
-            for r in range(c):
-                w[r] = K[r, i] - K[r, j]
-            # S update (Lemma 2): a = (I + S K0) e, b = a + S^T K0 a, S += alpha_L a b^T
-            alpha_l = (np.sqrt(1.0 + p * beta) - 1.0) / p
-            for r in range(c):
-                k0a[r] = K0[r, i] - K0[r, j]
-            for r in range(c):
-                acc = (1.0 if r == i else 0.0) - (1.0 if r == j else 0.0)
-                for s in range(c):
-                    acc += S[r, s] * k0a[s]
-                a[r] = acc
-            for r in range(c):
-                acc = 0.0
-                for s in range(c):
-                    acc += K0[r, s] * a[s]
-                k0a[r] = acc
-            for r in range(c):
-                b[r] = a[r]
-            for s in range(c):
-                ks = k0a[s]
-                for r in range(c):
-                    b[r] += S[s, r] * ks
-            for r in range(c):
-                ar = alpha_l * a[r]
-                for s in range(c):
-                    S[r, s] += ar * b[s]
-            # K update (eq. 4)
-            for r in range(c):
-                br = beta * w[r]
-                for s in range(c):
-                    K[r, s] += br * w[s]
-        if _duals_settled(lam, lam_old, tol):
-            return it + 1, True
-    return max_iter, False
-
-
-@numba.njit(cache=True, nogil=True)
-def factored_projections(B, C, V, delta, bhat, lam, slack, max_iter, tol):
-    """ITML's projections in a basis of the constrained points' feature span.
-
-    With ``K0 = L L^T`` (``L`` (c, r), r = rank), the learned kernel is ``K = L B L^T`` and
-    Lemma 2's factor restricted to the span is ``C``; ``V`` (m, r) holds ``L_i - L_j`` of each
-    constraint. Per projection (eq. 3 and Lemma 1, both O(r^2)):
-    ``w = B v``, ``p = v^T w``, ``C += alpha_L (C v) w^T``, ``B += beta w w^T``. Convergence
-    as in :func:`hashlearn.metric.itml.itml_projections`. Returns ``(passes, converged)``.
-    """
-    m, r = V.shape
-    w = np.empty(r)
-    cv = np.empty(r)
-    lam_old = np.empty(m)
-    for it in range(max_iter):
-        lam_old[:] = lam
-        for t in range(m):
-            p = 0.0
-            for a in range(r):
-                s = 0.0
-                q = 0.0
-                for b in range(r):
-                    s += B[a, b] * V[t, b]
-                    q += C[a, b] * V[t, b]
-                w[a] = s
-                cv[a] = q
-                p += s * V[t, a]
-            alpha, beta = _bregman_step(p, t, delta, lam, bhat, slack)
-            if beta == 0.0:
-                continue
-            alpha_l = (np.sqrt(1.0 + p * beta) - 1.0) / p
-            for a in range(r):
-                ca = alpha_l * cv[a]
-                ba = beta * w[a]
-                for b in range(r):
-                    C[a, b] += ca * w[b]
-                    B[a, b] += ba * w[b]
-        if _duals_settled(lam, lam_old, tol):
-            return it + 1, True
-    return max_iter, False
 
 
 def _pair_distances(K, local) -> np.ndarray:
@@ -495,7 +392,7 @@ class KernelITML(Persistable, BaseEstimator):
         return vecs[:, keep], np.sqrt(vals[keep])
 
     def _projections(self, L, local, similar, bounds, slack) -> tuple[np.ndarray, np.ndarray]:
-        """ITML's projections in the span (:func:`factored_projections`), logged every 2 s
+        """ITML's projections in the span (``itml_projections`` with ``C``), logged every 2 s
         of CPU with ``verbose``; returns ``(B, C)`` and sets ``n_iter_``, ``converged_``."""
         c, r = L.shape
         V = np.ascontiguousarray(L[local[:, 0]] - L[local[:, 1]])
@@ -519,8 +416,8 @@ class KernelITML(Persistable, BaseEstimator):
         last_log = started
         while n_iter < self.max_iter and not converged:
             chunk = min(self.max_iter - n_iter, 1 if self.verbose else self.max_iter)
-            done, converged = factored_projections(
-                B, C, V, delta, bhat, lam, slack, int(chunk), float(self.tol)
+            done, converged = itml_projections(
+                B, V, delta, bhat, lam, slack, int(chunk), float(self.tol), C
             )
             n_iter += int(done)
             now = time.process_time()
