@@ -97,10 +97,11 @@ def test_key_collisions_are_verified():
     moved = own != query_key  # file these under the query's key instead of their own
     keys = np.where(moved, query_key, own)
     positions = np.arange(n)
-    table = hamming_ball._ball_table(*build_table(keys, positions))
+    words = as_words(index.codes).reshape(-1)
+    table = hamming_ball._ball_table(*build_table(keys, positions), words, 1)
     snap = index.store.snapshot
     index.store.restore(snap.ids, snap.rows, snap.next_id, {"ball": table})
-    assert np.diff(table["offsets"]).max() == n
+    assert np.diff(table["kv"][:, 1]).max() == n
     flat = FlatIndex(16)
     flat.add(pack_le(bits))
     for got, ref in zip(index.range_search(q, 0), flat.range_search(q, 0), strict=False):

@@ -9,11 +9,13 @@ of distance, and looks each one up. A ball of radius ``r`` around a ``b``-bit co
 :math:`\\sum_{i \\le r} \\binom{b}{i}` codes (529 for b = 32, r = 2), so a query costs that
 many lookups whatever the database size.
 
-Storage is :mod:`hashlearn._postings` (sorted int64 keys + CSR posting lists of positions)
-plus a *directory* over the top ``p`` bits of the keys (``2^p`` about the number of distinct
-keys), so a lookup is one directory read and a binary search over a handful of keys, and an
-occupancy bitmap over the top ``p + 4`` bits (2 bytes per distinct code, cache-resident at
-1M codes) that answers the common case -- the probed code is absent -- in one cached read.
+Storage is :mod:`hashlearn._postings` (sorted int64 keys + CSR posting lists of positions),
+laid out for lookups: rows ``(key, first entry)`` side by side, the entries ``(position,
+code)`` in bucket order so a bucket's codes are verified by one sequential read, a
+*directory* over the top ``p`` bits of the keys (``2^p`` about a quarter of the number of
+distinct keys, so it stays in cache) that narrows a lookup to a few adjacent key rows, and an
+occupancy bitmap over the top ``p + 6`` bits (2 bytes per distinct code) that answers the
+common case -- the probed code is absent -- in one cached read.
 
 Keys. Every code goes through a second, 64-bit mixing hash (splitmix64, chained over the
 code's 64-bit words) and keeps its top 63 bits as the table key; that spreads learned, skewed
@@ -84,15 +86,25 @@ def _fill_bitmap(keys, bitmap, bitmap_shift):
         bitmap[b >> 6] |= np.uint64(1) << np.uint64(b & 63)
 
 
-@numba.njit(cache=True, nogil=True)
-def _lookup(keys, directory, shift, bitmap, bitmap_shift, key):
+@numba.njit(nogil=True, inline="always")
+def _may_hold(bitmap, bitmap_shift, key):
+    """False when no key has the top bits of ``key``: the common case, answered from cache."""
     b = key >> bitmap_shift
-    if ((bitmap[b >> 6] >> np.uint64(b & 63)) & np.uint64(1)) == np.uint64(0):
-        return -1  # no key with these top bits: the common case, answered from cache
-    slot = key >> shift
-    return find_in(keys, directory[slot], directory[slot + 1], key)
+    return ((bitmap[b >> 6] >> np.uint64(b & 63)) & np.uint64(1)) != np.uint64(0)
 
 
+@numba.njit(nogil=True, inline="always")
+def _find_row(kv, lo, hi, key):
+    """Row of ``key`` among the key rows ``kv[lo:hi]`` (sorted), or -1."""
+    if hi - lo > _LINEAR_ROWS:  # a crowded directory slot: binary search
+        return find_in(kv[:, 0], lo, hi, key)
+    for row in range(lo, hi):  # a few rows, one or two cache lines
+        if kv[row, 0] >= key:
+            return row if kv[row, 0] == key else -1
+    return -1
+
+
+_LINEAR_ROWS = 16  # directory slots hold ~4 keys; longer ones are binary searched
 _PROBE_BATCH = 64  # probe keys computed before they are looked up
 
 
@@ -129,11 +141,9 @@ def _probe_key(queries, qo, n_words, comb, level, probe):
 
 @numba.njit(cache=True, nogil=True)
 def _ball_chunk(
-    db,
     n_words,
-    keys,
-    offsets,
-    postings,
+    kv,
+    entries,
     directory,
     shift,
     bitmap,
@@ -159,6 +169,8 @@ def _ball_chunk(
     probe = np.empty(n_words, np.uint64)
     comb = np.empty(max(max_level, 1), np.int64)
     batch = np.empty(_PROBE_BATCH, np.int64)
+    lows = np.empty(_PROBE_BATCH, np.int64)
+    highs = np.empty(_PROBE_BATCH, np.int64)
     for qi in range(m):
         qo = (q_start + qi) * n_words
         found = 0
@@ -177,21 +189,37 @@ def _ball_chunk(
                     prefetch(bitmap, (key >> bitmap_shift) >> 6)
                     n_batch += 1
                     more = _next_combination(comb, level, n_bits)
+                # then, in stages that each prefetch what the next one reads: the key
+                # rows of the probes that pass the bitmap, the buckets of those found
+                n_rows = 0
                 for b in range(n_batch):
-                    slot = _lookup(keys, directory, shift, bitmap, bitmap_shift, batch[b])
-                    if slot < 0:
-                        continue
-                    for j in range(offsets[slot], offsets[slot + 1]):
-                        p = postings[j]
+                    key = batch[b]
+                    if _may_hold(bitmap, bitmap_shift, key):
+                        slot = key >> shift
+                        lo, hi = directory[slot], directory[slot + 1]
+                        if lo < hi:
+                            prefetch(kv, 2 * lo)
+                            batch[n_rows], lows[n_rows], highs[n_rows] = key, lo, hi
+                            n_rows += 1
+                n_found = 0
+                for b in range(n_rows):
+                    row = _find_row(kv, lows[b], highs[b], batch[b])
+                    if row >= 0:
+                        prefetch(entries, kv[row, 1] * (1 + n_words))
+                        lows[n_found] = row
+                        n_found += 1
+                for b in range(n_found):
+                    # the bucket's entries (position, code words) are contiguous
+                    first, stop = kv[lows[b], 1], kv[lows[b] + 1, 1]
+                    pos, dist = grow_hits(pos, dist, total, total + stop - first)
+                    for e in range(first, stop):
                         d = 0
                         for w in range(n_words):
-                            d += popcount64(db[p * n_words + w] ^ queries[qo + w])
-                        if d != level:  # a key collision: this item belongs to another level
-                            continue
-                        pos, dist = grow_hits(pos, dist, total, total + 1)
-                        pos[total] = p
-                        dist[total] = level
-                        total += 1
+                            d += popcount64(entries[e, 1 + w] ^ queries[qo + w])
+                        if d == level:  # else a key collision: it belongs to another level
+                            pos[total] = np.int64(entries[e, 0])
+                            dist[total] = level
+                            total += 1
             if total - level_start > 1:
                 pos[level_start:total] = np.sort(pos[level_start:total])
             found += total - level_start
@@ -211,24 +239,39 @@ def _keys_match(db, n_words, keys, offsets, postings):
     return True
 
 
-def _ball_table(keys: np.ndarray, offsets: np.ndarray, postings: np.ndarray) -> dict:
-    """The lookup structure over a table: the table, its directory and occupancy bitmap."""
-    p = int(min(24, max(1, math.ceil(math.log2(max(len(keys), 2))))))
+def _ball_table(
+    keys: np.ndarray, offsets: np.ndarray, postings: np.ndarray, words: np.ndarray, n_words: int
+) -> dict:
+    """The lookup structure over a table (sorted ``keys``, CSR ``offsets`` into ``postings``
+    of positions) of the codes ``words``: rows ``(key, first entry)``, the entries
+    ``(position, code words)`` in bucket order, a directory and an occupancy bitmap.
+
+    A probe that hits reads three places: the directory (cache-resident, ~4 keys a slot),
+    one or two lines of key rows, and the bucket's entries, which carry the codes so the
+    verification reads sequentially (faiss's ``IndexBinaryHash`` keeps codes by ids likewise).
+    """
+    u = len(keys)
+    kv = np.empty((u + 1, 2), np.int64)
+    kv[:u, 0], kv[u, 0] = keys, np.iinfo(np.int64).max
+    kv[:, 1] = offsets
+    entries = np.empty((len(postings), 1 + n_words), np.uint64)
+    entries[:, 0] = postings
+    entries[:, 1:] = words.reshape(-1, n_words)[postings]
+    p = int(min(24, max(1, math.ceil(math.log2(max(u, 2))) - 2)))
     shift = 63 - p
     bounds = np.arange(2**p + 1, dtype=np.int64) << np.int64(shift)
     bounds[-1] = np.iinfo(np.int64).max
     directory = np.searchsorted(keys, bounds).astype(np.int64)
-    directory[-1] = len(keys)
+    directory[-1] = u
     # occupancy bitmap over the top q bits of the keys (~16 bits per key, <= 128 MiB):
     # most probed codes are absent, and this answers them without touching the table
-    q = int(min(30, max(6, math.ceil(math.log2(max(len(keys), 2))) + 4)))
+    q = int(min(30, max(6, math.ceil(math.log2(max(u, 2))) + 4)))
     bitmap_shift = 63 - q
     bitmap = np.zeros(2 ** (q - 6), np.uint64)
     _fill_bitmap(keys, bitmap, bitmap_shift)
     return {
-        "keys": keys,
-        "offsets": offsets,
-        "postings": postings,
+        "kv": kv,
+        "entries": entries,
         "directory": directory,
         "shift": shift,
         "bitmap": bitmap,
@@ -281,7 +324,7 @@ class HammingBallIndex(BinaryIndex):
     @property
     def n_keys(self) -> int:
         """Number of distinct codes (occupied table entries)."""
-        return len(self._table_of(self._store.snapshot)["keys"])
+        return len(self._table_of(self._store.snapshot)["kv"]) - 1
 
     # ---------------------------------------------------------------------------- build
 
@@ -314,24 +357,22 @@ class HammingBallIndex(BinaryIndex):
         n, n_words = snap.n, self._n_words
         db = snap.rows["words"].reshape(-1)
         keys = _keys_of(db, n, n_words) if n else np.zeros(0, np.int64)
-        return _ball_table(*build_table(keys, np.arange(n)))
+        return _ball_table(*build_table(keys, np.arange(n)), db, n_words)
 
     # --------------------------------------------------------------------------- search
 
     def _run_ball(self, snap, queries, max_level: int, k: int, n_threads: int | None):
         m = queries.shape[0]
         q_words = as_words(queries)
-        db, n_words = snap.rows["words"].reshape(-1), self._n_words
+        n_words = self._n_words
         t = self._table_of(snap)
         chunks: dict[int, tuple] = {}
 
         def run(start: int, stop: int) -> None:
             chunks[start] = _ball_chunk(
-                db,
                 n_words,
-                t["keys"],
-                t["offsets"],
-                t["postings"],
+                t["kv"],
+                t["entries"],
                 t["directory"],
                 t["shift"],
                 t["bitmap"],
@@ -440,19 +481,20 @@ class HammingBallIndex(BinaryIndex):
         snap = self._store.snapshot
         t = self._table_of(snap)
         params = {"n_bits": self.n_bits, "probe_cost": self.probe_cost}
+        kv = t["kv"]
         arrays = {
             "words": snap.rows["words"],
             "ids": snap.ids,
-            "keys": t["keys"],
-            "offsets": t["offsets"],
-            "postings": t["postings"],
+            "keys": np.ascontiguousarray(kv[:-1, 0]),
+            "offsets": np.ascontiguousarray(kv[:, 1]),
+            "postings": t["entries"][:, 0].astype(np.int64),
         }
         return params, {"next_id": snap.next_id}, arrays
 
     @classmethod
     def _from_state(cls, params, state, arrays):
-        """Table arrays load as saved (memory-mappable) once checked against the codes in
-        O(n); the directory and bitmap are rebuilt."""
+        """Table arrays are checked against the codes in O(n); the lookup structure
+        (key rows, entries with their codes, directory, bitmap) is rebuilt from them."""
         index = cls(params["n_bits"], probe_cost=params.get("probe_cost", 32.0))
         words, ids, next_id = check_code_state(arrays, state, index.n_bits)
         n = len(ids)
@@ -464,6 +506,6 @@ class HammingBallIndex(BinaryIndex):
             raise ValueError("the code table holds negative keys")
         if not _keys_match(words.reshape(-1), index._n_words, keys, offsets, postings):
             raise ValueError("the code table files codes under keys that are not theirs")
-        table = _ball_table(keys, offsets, postings)
+        table = _ball_table(keys, offsets, postings, words, index._n_words)
         index._store.restore(ids, {"words": words}, next_id, {"ball": table})
         return index
