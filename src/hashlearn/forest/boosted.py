@@ -74,6 +74,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
+from hashlearn._dense import matvec
 from hashlearn._validation import check_int, check_real
 from hashlearn.forest.base import BaseBucketer, TreeBuilder, _score, node_scores, tree_leaves
 from hashlearn.io import persistable
@@ -180,11 +181,7 @@ def _apply_node_matrix(pairs, Xc, a_loc, b_loc, pw, v, out, u, t):
     """``out = A v`` without forming ``A``: ``A = Xc^T (S + S^T) Xc`` when ``pairs`` (eq. 18),
     else ``A = Xc^T Xc`` (the scatter matrix)."""
     m, d = Xc.shape
-    for i in range(m):
-        acc = 0.0
-        for j in range(d):
-            acc += Xc[i, j] * v[j]
-        u[i] = acc
+    matvec(Xc, v, u)
     if pairs:
         t[:] = 0.0
         for e in range(pw.shape[0]):

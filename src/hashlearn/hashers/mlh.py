@@ -43,6 +43,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from hashlearn._dense import matvec
 from hashlearn._validation import check_int, check_real
 from hashlearn.codes import hamming_distance, pack_bits
 from hashlearn.hashers._linear import LinearForm
@@ -138,16 +139,6 @@ def _pair_workspace(q):
     return np.empty(q), np.empty(q), np.empty(q), np.empty(q), np.empty(q), np.empty(q, np.int8)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=True)
-def _project_point(W, x, out):
-    q, d = W.shape
-    for k in range(q):
-        s = 0.0
-        for t in range(d):
-            s += W[k, t] * x[t]
-        out[k] = s
-
-
 @numba.njit(cache=True, nogil=True)
 def _objective(W, X, pairs, targets, kind, rho, lam, eps):
     """Mean empirical loss (eq. 3) and mean upper bound (eq. 11, divided by eps so it bounds
@@ -157,8 +148,8 @@ def _objective(W, X, pairs, targets, kind, rho, lam, eps):
     total_loss = 0.0
     total_bound = 0.0
     for p in range(pairs.shape[0]):
-        _project_point(W, X[pairs[p, 0]], a)
-        _project_point(W, X[pairs[p, 1]], c)
+        matvec(W, X[pairs[p, 0]], a)
+        matvec(W, X[pairs[p, 1]], c)
         m_b = 0
         score_b = 0.0
         for k in range(q):
@@ -193,8 +184,8 @@ def _train_epoch(
         for p in range(start, stop):
             xi = X[pairs[p, 0]]
             xj = X[pairs[p, 1]]
-            _project_point(W, xi, a)
-            _project_point(W, xj, c)
+            matvec(W, xi, a)
+            matvec(W, xj, c)
             _infer_pair(a, c, targets[p], kind, rho, lam, eps, gi, gj, delta, buf)
             for k in range(q):
                 # gradient of (15): psi(x, g~) - psi(x, b)
