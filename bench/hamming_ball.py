@@ -23,7 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
-from _common import interleaved_times, machine, markdown_table, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    interleaved_wall_and_cpu,
+    load_average,
+    machine,
+    markdown_table,
+    write_section,
+)
 from hashlearn.codes import pack_bits  # noqa: E402
 from hashlearn.index.flat import FlatIndex  # noqa: E402
 from hashlearn.index.hamming_ball import HammingBallIndex  # noqa: E402
@@ -50,6 +56,37 @@ def same(a, b) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(a, b, strict=False))
 
 
+def faiss_hash(db):
+    """faiss's IndexBinaryHash keyed by the whole 32-bit code (b = 32), or None."""
+    try:
+        import faiss
+    except ImportError:
+        return None
+    faiss.omp_set_num_threads(1)
+    index = faiss.IndexBinaryHash(32, 32)
+    index.add(db)
+    return index
+
+
+def faiss_range(index, queries, radius):
+    """faiss's range search at our ``radius`` (its radius is exclusive), ball of ``radius``."""
+    index.nflip = radius
+    return index.range_search(queries, radius + 1)
+
+
+def same_range(ours, lims, D, I) -> bool:  # noqa: E741 - faiss's names
+    """Whether faiss's range result holds the same (distance, id) pairs per query."""
+    lims_o, D_o, I_o = ours
+    if not np.array_equal(lims_o, lims):
+        return False
+    for q in range(len(lims) - 1):
+        a, b = lims[q], lims[q + 1]
+        got = sorted(zip(D[a:b].tolist(), I[a:b].tolist(), strict=True))
+        if got != list(zip(D_o[a:b].tolist(), I_o[a:b].tolist(), strict=True)):
+            return False
+    return True
+
+
 def run(args) -> list[list[object]]:
     rows = []
     for kind in args.data:
@@ -59,37 +96,50 @@ def run(args) -> list[list[object]]:
         ball.add(db)
         build = time.perf_counter() - t0
         flat.add(db)
+        fhash = faiss_hash(db)
         sub = queries[: args.flat_queries]
         cases = [
-            (f"range r={r}", lambda idx, q, r=r: idx.range_search(q, r, n_threads=1))
+            (f"range r={r}", r, lambda idx, q, r=r: idx.range_search(q, r, n_threads=1))
             for r in (0, 1, 2)
         ]
-        cases.append(("search k=10", lambda idx, q: idx.search(q, 10, n_threads=1)))
-        for name, call in cases:
-            times = interleaved_times(
-                [lambda c=call, i=ball, q=queries: c(i, q), lambda c=call, i=flat, q=sub: c(i, q)],
-                args.repeats,
-            )
-            ball_us = times[:, 0] / len(queries) * 1e6
-            flat_us = times[:, 1] / len(sub) * 1e6
-            res = call(ball, sub)
+        cases.append(("search k=10", None, lambda idx, q: idx.search(q, 10, n_threads=1)))
+        for name, radius, call in cases:
+            contenders = [
+                lambda c=call, i=ball, q=queries: c(i, q),
+                lambda c=call, i=flat, q=sub: c(i, q),
+            ]
+            if fhash is not None and radius is not None:
+                contenders.append(lambda r=radius: faiss_range(fhash, queries, r))
+            wall, cpu = interleaved_wall_and_cpu(contenders, args.repeats)
+            per_query = np.array([len(queries), len(sub), len(queries)])[: wall.shape[1]]
+            wall_us, cpu_us = wall / per_query * 1e6, cpu / per_query * 1e6
+            res = call(ball, queries)
             n_res = (
                 float(np.diff(res[0]).mean())
-                if name.startswith("range")
+                if radius is not None
                 else float((res[1] >= 0).sum(1).mean())
             )
-            rows.append(
-                [
-                    kind,
-                    f"{args.n:,}",
-                    name,
-                    f"{np.median(ball_us):.1f}",
-                    f"{np.median(flat_us):.1f}",
-                    f"{np.median(flat_us / ball_us):.1f}x",
-                    f"{n_res:.1f}",
-                    "yes" if same(res, call(flat, sub)) else "NO",
+            identical = same(call(ball, sub), call(flat, sub))
+            row = [
+                kind,
+                f"{args.n:,}",
+                name,
+                f"{np.median(wall_us[:, 0]):.1f} / {np.median(cpu_us[:, 0]):.1f}",
+                f"{np.median(wall_us[:, 1]):.1f}",
+                f"{np.median(wall_us[:, 1] / wall_us[:, 0]):.1f}x / "
+                f"{np.median(cpu_us[:, 1] / cpu_us[:, 0]):.1f}x",
+            ]
+            if wall.shape[1] == 3:
+                identical &= same_range(res, *faiss_range(fhash, queries, radius))
+                row += [
+                    f"{np.median(wall_us[:, 2]):.1f} / {np.median(cpu_us[:, 2]):.1f}",
+                    f"{np.median(wall_us[:, 2] / wall_us[:, 0]):.2f}x / "
+                    f"{np.median(cpu_us[:, 2] / cpu_us[:, 0]):.2f}x",
                 ]
-            )
+            else:
+                row += ["", ""]
+            row += [f"{n_res:.1f}", "yes" if identical else "NO"]
+            rows.append(row)
             print(rows[-1], flush=True)
         print(f"{kind}: built in {build:.2f} s, {ball.n_keys:,} distinct codes", flush=True)
     return rows
@@ -106,21 +156,28 @@ def main() -> None:
     )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    load_before = load_average()
     rows = run(args)
     header = [
         "codes",
         "n",
         "query",
-        "ball µs/query",
+        "ball µs/query (wall / CPU)",
         "flat µs/query",
-        "speed-up",
+        "ball vs flat (wall / CPU)",
+        "faiss IndexBinaryHash µs/query (wall / CPU)",
+        "ball vs faiss (wall / CPU)",
         "results/query",
         "identical",
     ]
     md = "\n".join(
         [
             f"32-bit codes, single thread, median of {args.repeats} interleaved repetitions "
-            f"({args.queries} ball queries, {args.flat_queries} flat queries). {machine()}",
+            f"({args.queries} ball and faiss queries, {args.flat_queries} flat queries). "
+            "faiss: `IndexBinaryHash(32, b=32)` with `nflip = r` (its ball of radius r, exact "
+            "here). 'identical': the ball's results equal FlatIndex's (and faiss's, as sets of "
+            f"(distance, id) per query). Load average before {load_before}, after "
+            f"{load_average()}. {machine()}",
             "",
             markdown_table(header, rows),
         ]

@@ -98,8 +98,8 @@ def test_key_collisions_are_verified():
     keys = np.where(moved, query_key, own)
     positions = np.arange(n)
     words = as_words(index.codes).reshape(-1)
-    table = hamming_ball._ball_table(*build_table(keys, positions), words, 1)
     snap = index.store.snapshot
+    table = hamming_ball._ball_table(*build_table(keys, positions), words, snap.ids, 1)
     index.store.restore(snap.ids, snap.rows, snap.next_id, {"ball": table})
     assert np.diff(table["kv"][:, 1]).max() == n
     flat = FlatIndex(16)

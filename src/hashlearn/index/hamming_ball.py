@@ -158,12 +158,12 @@ def _ball_chunk(
     """Enumerate the Hamming ball of queries ``q_start:q_end`` level by level.
 
     Stops a query after level ``max_level`` or after the first level at which it has ``k``
-    items (``k = 0``: never). Returns ``(counts, pos, dist)``: per query its number of
-    results, and the results concatenated in query order, sorted by (distance, position).
+    items (``k = 0``: never). Returns ``(counts, ids, dist)``: per query its number of
+    results, and the results concatenated in query order, sorted by (distance, id).
     """
     m = q_end - q_start
     counts = np.zeros(m, np.int64)
-    pos = np.empty(1024, np.int64)
+    hit_ids = np.empty(1024, np.int64)
     dist = np.empty(1024, np.int32)
     total = 0
     probe = np.empty(n_words, np.uint64)
@@ -176,6 +176,7 @@ def _ball_chunk(
         found = 0
         for level in range(max_level + 1):
             level_start = total
+            n_buckets = 0
             for i in range(level):
                 comb[i] = i
             more = True
@@ -208,25 +209,26 @@ def _ball_chunk(
                         prefetch(entries, kv[row, 1] * (1 + n_words))
                         lows[n_found] = row
                         n_found += 1
+                n_buckets += n_found
                 for b in range(n_found):
-                    # the bucket's entries (position, code words) are contiguous
+                    # the bucket's entries (id, code words) are contiguous, ids ascending
                     first, stop = kv[lows[b], 1], kv[lows[b] + 1, 1]
-                    pos, dist = grow_hits(pos, dist, total, total + stop - first)
+                    hit_ids, dist = grow_hits(hit_ids, dist, total, total + stop - first)
                     for e in range(first, stop):
                         d = 0
                         for w in range(n_words):
                             d += popcount64(entries[e, 1 + w] ^ queries[qo + w])
                         if d == level:  # else a key collision: it belongs to another level
-                            pos[total] = np.int64(entries[e, 0])
+                            hit_ids[total] = np.int64(entries[e, 0])
                             dist[total] = level
                             total += 1
-            if total - level_start > 1:
-                pos[level_start:total] = np.sort(pos[level_start:total])
+            if n_buckets > 1:  # one bucket's ids are sorted already
+                hit_ids[level_start:total].sort()
             found += total - level_start
             if k > 0 and found >= k:
                 break
         counts[qi] = found
-    return counts, pos[:total], dist[:total]
+    return counts, hit_ids[:total], dist[:total]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -240,11 +242,16 @@ def _keys_match(db, n_words, keys, offsets, postings):
 
 
 def _ball_table(
-    keys: np.ndarray, offsets: np.ndarray, postings: np.ndarray, words: np.ndarray, n_words: int
+    keys: np.ndarray,
+    offsets: np.ndarray,
+    postings: np.ndarray,
+    words: np.ndarray,
+    ids: np.ndarray,
+    n_words: int,
 ) -> dict:
     """The lookup structure over a table (sorted ``keys``, CSR ``offsets`` into ``postings``
-    of positions) of the codes ``words``: rows ``(key, first entry)``, the entries
-    ``(position, code words)`` in bucket order, a directory and an occupancy bitmap.
+    of positions) of the codes ``words`` with ``ids``: rows ``(key, first entry)``, the
+    entries ``(id, code words)`` in bucket order, a directory and an occupancy bitmap.
 
     A probe that hits reads three places: the directory (cache-resident, ~4 keys a slot),
     one or two lines of key rows, and the bucket's entries, which carry the codes so the
@@ -255,7 +262,7 @@ def _ball_table(
     kv[:u, 0], kv[u, 0] = keys, np.iinfo(np.int64).max
     kv[:, 1] = offsets
     entries = np.empty((len(postings), 1 + n_words), np.uint64)
-    entries[:, 0] = postings
+    entries[:, 0] = ids[postings]  # postings ascend within a bucket, and so do the ids
     entries[:, 1:] = words.reshape(-1, n_words)[postings]
     p = int(min(24, max(1, math.ceil(math.log2(max(u, 2))) - 2)))
     shift = 63 - p
@@ -357,7 +364,7 @@ class HammingBallIndex(BinaryIndex):
         n, n_words = snap.n, self._n_words
         db = snap.rows["words"].reshape(-1)
         keys = _keys_of(db, n, n_words) if n else np.zeros(0, np.int64)
-        return _ball_table(*build_table(keys, np.arange(n)), db, n_words)
+        return _ball_table(*build_table(keys, np.arange(n)), db, snap.ids, n_words)
 
     # --------------------------------------------------------------------------- search
 
@@ -388,11 +395,11 @@ class HammingBallIndex(BinaryIndex):
         parallel_chunks(run, m, n_threads)
         starts = sorted(chunks)
         counts = np.concatenate([chunks[s][0] for s in starts]) if starts else np.zeros(0, int)
-        pos = np.concatenate([chunks[s][1] for s in starts]) if starts else np.zeros(0, int)
+        ids = np.concatenate([chunks[s][1] for s in starts]) if starts else np.zeros(0, int)
         dist = np.concatenate([chunks[s][2] for s in starts]) if starts else np.zeros(0, int)
         lims = np.zeros(m + 1, np.int64)
         np.cumsum(counts, out=lims[1:])
-        return lims, dist.astype(np.int32), pos
+        return lims, dist.astype(np.int32), ids
 
     def _max_level(self, n: int | None = None) -> int:
         """Largest radius whose ball, times ``probe_cost``, is not bigger than the database
@@ -416,8 +423,7 @@ class HammingBallIndex(BinaryIndex):
         radius = self._check_radius(radius)
         if radius > self._max_level(snap.n):
             return scan_range_search(snap, queries, radius, self.n_bits, n_threads)
-        lims, dist, pos = self._run_ball(snap, queries, radius, 0, n_threads)
-        return lims, dist, snap.to_ids(pos)
+        return self._run_ball(snap, queries, radius, 0, n_threads)
 
     def search(
         self, queries: np.ndarray, k: int, *, n_threads: int | None = None
@@ -444,14 +450,14 @@ class HammingBallIndex(BinaryIndex):
         def ball(rows: np.ndarray, level: int) -> np.ndarray:
             """Ball up to ``level`` for ``rows``; fills the rows that reach k, returns the
             number of results of each row."""
-            lims, dist, pos = self._run_ball(snap, queries[rows], level, k_eff, n_threads)
+            lims, dist, hit_ids = self._run_ball(snap, queries[rows], level, k_eff, n_threads)
             counts = np.diff(lims)
             done = counts >= k_eff
             short[rows[done]] = False
             if done.any():
                 take = lims[:-1][done][:, None] + np.arange(k_eff)[None, :]
                 D[rows[done], :k_eff] = dist[take]
-                I[rows[done], :k_eff] = snap.to_ids(pos[take])
+                I[rows[done], :k_eff] = hit_ids[take]
             return counts
 
         if max_level >= 0:
@@ -487,7 +493,7 @@ class HammingBallIndex(BinaryIndex):
             "ids": snap.ids,
             "keys": np.ascontiguousarray(kv[:-1, 0]),
             "offsets": np.ascontiguousarray(kv[:, 1]),
-            "postings": t["entries"][:, 0].astype(np.int64),
+            "postings": np.searchsorted(snap.ids, t["entries"][:, 0].astype(np.int64)),
         }
         return params, {"next_id": snap.next_id}, arrays
 
@@ -506,6 +512,6 @@ class HammingBallIndex(BinaryIndex):
             raise ValueError("the code table holds negative keys")
         if not _keys_match(words.reshape(-1), index._n_words, keys, offsets, postings):
             raise ValueError("the code table files codes under keys that are not theirs")
-        table = _ball_table(keys, offsets, postings, words, index._n_words)
+        table = _ball_table(keys, offsets, postings, words, ids, index._n_words)
         index._store.restore(ids, {"words": words}, next_id, {"ball": table})
         return index
