@@ -180,41 +180,13 @@ def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, 
         _emit_sorted(buf_d, buf_p, qi * cap, c, hist, out_d, out_p, q_start + qi)
 
 
-# One kernel per common word count, with the count compiled in as a constant (numba caches
-# each to disk; a closure factory could not be cached).
 @njit(nogil=True, cache=True)
-def knn_scan_w1(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 1, block, True)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w2(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 2, block, True)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w3(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 3, block, True)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w4(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 4, block, True)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w6(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 6, block, True)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w8(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 8, block, True)
-
-
-@njit(nogil=True, cache=True)
-def knn_scan_w16(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block):
-    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 16, block, True)
+def knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width):
+    """The kernel for a common word count, given as the *length* of the tuple ``width``: a
+    tuple's length is part of its type, so numba compiles (and caches) one kernel per word
+    count with the count a constant, which lets LLVM unroll and vectorise the word loop."""
+    n_words = len(width)
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, True)
 
 
 @njit(nogil=True, cache=True)
@@ -223,15 +195,8 @@ def knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 
     _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, False)
 
 
-_KERNEL_BY_WORDS = {
-    1: knn_scan_w1,
-    2: knn_scan_w2,
-    3: knn_scan_w3,
-    4: knn_scan_w4,
-    6: knn_scan_w6,
-    8: knn_scan_w8,
-    16: knn_scan_w16,
-}
+#: word counts with a kernel of their own, each keyed by a tuple of that length
+_WIDTH_TAGS = {w: (0,) * w for w in (1, 2, 3, 4, 6, 8, 16)}
 
 
 def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
@@ -243,8 +208,8 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
     GIL-free: callers run chunks of queries on several threads.
     """
     block = _MINI_BLOCK * max(1, 32 // n_words)  # ~16 KiB of codes, whole mini-blocks
-    kernel = _KERNEL_BY_WORDS.get(n_words)
-    if kernel is None:
+    width = _WIDTH_TAGS.get(n_words)
+    if width is None:
         knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
     else:
-        kernel(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block)
+        knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
