@@ -38,6 +38,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from hashlearn import io as _io
+from hashlearn._kernels import prefetch
 from hashlearn._parallel import parallel_chunks
 from hashlearn._rescore import (
     COSINE,
@@ -128,17 +129,34 @@ def _finish(kind, sq, dot, qq, xx):  # pragma: no cover - compiled
     return 1.0 - dot / (np.sqrt(qq) * np.sqrt(xx))
 
 
+_LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
+
+
+@numba.njit(nogil=True, inline="always")
+def _prefetch_csr_row(v_data, v_ind, v_ptr, p):
+    if p >= 0:
+        for b in range(v_ptr[p], v_ptr[p + 1], 8):  # 8 values of 8 bytes: one line
+            prefetch(v_data, b)
+            prefetch(v_ind, b)
+
+
 @numba.njit(nogil=True, cache=True)
 def _rerank_csr_kernel(
     q_data, q_ind, q_ptr, v_data, v_ind, v_ptr, cand, kind, k, out_d, out_i, start, stop
 ):  # pragma: no cover - compiled
     """``distance_kernel`` for CSR queries and vectors (canonical: sorted column indices):
-    each pair's sorted non-zeros merged, O(nnz(q) + nnz(x))."""
+    each pair's sorted non-zeros merged, O(nnz(q) + nnz(x)); the rows of the candidates
+    ``_LOOKAHEAD`` ahead are prefetched."""
+    c = cand.shape[1]
     for i in range(start, stop):
         q0 = q_ptr[i]
         q1 = q_ptr[i + 1]
         filled = 0
-        for j in range(cand.shape[1]):
+        for j in range(min(_LOOKAHEAD, c)):
+            _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j])
+        for j in range(c):
+            if j + _LOOKAHEAD < c:
+                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j + _LOOKAHEAD])
             p = cand[i, j]
             if p < 0:
                 continue
@@ -282,6 +300,7 @@ class Searcher:
         self._vector_ids = np.zeros(0, np.int64)
         self._position_table: tuple | None = None  # (vector ids, id -> row table)
         self._metric_cache: tuple | None = None  # (vectors, G, vectors @ G.T)
+        self._csr_cache: tuple | None = None  # (CSR vectors, their kernel arrays)
 
     def fit(self, X, y=None, **fit_params) -> Searcher:
         """Fit the hasher (on a training sample); does not add anything to the index.
@@ -623,6 +642,19 @@ class Searcher:
         self._metric_cache = (V, G, mapped)
         return mapped
 
+    def _csr_arrays(self, V: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``V``'s data, int64 indices and int64 row pointers, converted once per set of
+        vectors (not on every search)."""
+        cached = self._csr_cache
+        if cached is None or cached[0] is not V:
+            arrays = (
+                np.asarray(V.data),
+                np.asarray(V.indices, np.int64),
+                np.asarray(V.indptr, np.int64),
+            )
+            cached = self._csr_cache = (V, arrays)
+        return cached[1]
+
     def _batched_operands(self, X):
         """``(queries, vectors, kind)`` for the batched kernels -- an exact metric on the kept
         vectors (dense or CSR), or the learned metric ``|G_ (x - q)|^2`` as the squared
@@ -656,9 +688,7 @@ class Searcher:
                     Q.data,
                     Q.indices.astype(np.int64),
                     Q.indptr.astype(np.int64),
-                    np.asarray(V.data),
-                    np.asarray(V.indices, np.int64),
-                    np.asarray(V.indptr, np.int64),
+                    *self._csr_arrays(V),
                 )
 
                 def run(start, stop):
