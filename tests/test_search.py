@@ -769,3 +769,15 @@ def test_dense_and_sparse_ids_look_up_the_same_rows(split):
     for s, bad in ((dense_ids, len(db) + 3), (sparse_ids, 7)):
         with pytest.raises(ValueError, match="without vectors"):
             s._vector_positions(np.array([[0 if s is dense_ids else 5, bad, -1]]))
+
+
+def test_pad_candidates_keeps_each_lists_order_and_limit():
+    from hashlearn.search import _pad_candidates
+
+    lists = [np.array([5, 3, 9]), (np.array([7]), np.array([2])), np.array([], np.int64)]
+    np.testing.assert_array_equal(
+        _pad_candidates(lists, None), [[5, 3, 9], [7, -1, -1], [-1, -1, -1]]
+    )
+    np.testing.assert_array_equal(_pad_candidates(lists, 2), [[5, 3], [7, -1], [-1, -1]])
+    np.testing.assert_array_equal(_pad_candidates([np.array([], np.int64)], None), [[-1]])
+    assert _pad_candidates([], None).shape == (0, 1)

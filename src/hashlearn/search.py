@@ -817,13 +817,13 @@ def _is_candidate_index(obj) -> bool:
 def _pad_candidates(lists, limit: int | None) -> np.ndarray:
     """Per-query candidate lists -- id arrays or ``(ids, counts)`` pairs, in the index's order
     of preference -- as one ``(m, c)`` int64 array padded with -1 (first ``limit`` kept)."""
-    lists = [np.asarray(c[0] if isinstance(c, tuple) else c, np.int64) for c in lists]
-    if limit is not None:
-        lists = [c[:limit] for c in lists]
-    width = max((len(c) for c in lists), default=0)
-    out = np.full((len(lists), max(width, 1)), -1, np.int64)
-    for row, c in enumerate(lists):
-        out[row, : len(c)] = c
+    lists = [np.asarray(c[0] if isinstance(c, tuple) else c, np.int64)[:limit] for c in lists]
+    lengths = np.fromiter(map(len, lists), np.int64, len(lists))
+    out = np.full((len(lists), max(int(lengths.max(initial=0)), 1)), -1, np.int64)
+    if lengths.sum():
+        rows = np.repeat(np.arange(len(lists)), lengths)
+        cols = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        out[rows, cols] = np.concatenate(lists)
     return out
 
 
