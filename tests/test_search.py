@@ -674,9 +674,8 @@ def _metric_hasher(d: int, seed: int = 0, *, sparse: bool = False):
     return cls.from_metric(G=G, n_bits=24, random_state=seed)
 
 
-def _learned_brute_force(hasher, db, queries):
+def _learned_brute_force(A, db, queries):
     """``(x - q)^T A (x - q)`` for every pair, in numpy."""
-    A = hasher.A_
     diff = db[None, :, :] - queries[:, None, :]
     return np.einsum("qnd,de,qne->qn", diff, A, diff)
 
@@ -702,7 +701,7 @@ def test_learned_metric_rerank_equals_brute_force(split, sparse, dtype):
     s.add(sp.csr_matrix(db) if sparse else db, ids=ids)
     D, I_ = s.search(sp.csr_matrix(queries) if sparse else queries, 6)
     assert s._metric_cache is not None and s._metric_cache[0] is s._vectors
-    full = _learned_brute_force(hasher, db.astype(np.float64), queries)
+    full = _learned_brute_force(hasher.A_, db.astype(np.float64), queries)
     order = np.argsort(ids)
     _assert_top_k_matches(D, I_, full, lambda I: order[np.searchsorted(ids[order], I)], 6)
 
@@ -781,3 +780,50 @@ def test_pad_candidates_keeps_each_lists_order_and_limit():
     np.testing.assert_array_equal(_pad_candidates(lists, 2), [[5, 3], [7, -1], [-1, -1]])
     np.testing.assert_array_equal(_pad_candidates([np.array([], np.int64)], None), [[-1]])
     assert _pad_candidates([], None).shape == (0, 1)
+
+
+def _kernel_metric_split():
+    """Sparse non-negative data with class structure, a fitted KernelMetricLSH (quick)."""
+    from hashlearn.hashers import KernelMetricLSH
+
+    rng = np.random.default_rng(6)
+    y = rng.integers(0, 3, 400)
+    X = sp.random(400, 30, density=0.15, format="csr", random_state=3)
+    X = sp.csr_matrix(X + sp.csr_matrix((np.ones(400), (np.arange(400), y * 5)), shape=X.shape))
+    hasher = KernelMetricLSH(n_bits=16, num_constraints=60, random_state=0).fit(X[:300], y[:300])
+    return hasher, X[:300], X[300:]
+
+
+def test_implicit_learned_metric_on_csr_equals_brute_force():
+    """KernelMetricLSH over CSR vectors: CSR squared distances plus side features in the
+    batched kernel (computed once), equal to (x - q)^T A (x - q) with A = G^T G."""
+    hasher, db, queries = _kernel_metric_split()
+    s = Searcher(hasher, rerank="metric", n_candidates=300).add(db)
+    D, I_ = s.search(queries, 6)
+    assert s._metric_cache is not None and s._metric_cache[0] is s._vectors
+    G = hasher.metric_factor()
+    full = _learned_brute_force(G.T @ G, db.toarray(), queries.toarray())
+    _assert_top_k_matches(D, I_, full, lambda I: I, 6)
+
+
+def test_implicit_learned_metric_fast_path_equals_the_general_path():
+    """Hamming candidates re-ranked by the kernel path and by the hasher's own
+    metric_distances_from_differences (a subclass takes the general path) agree."""
+    from hashlearn.hashers import KernelMetricLSH
+
+    class _OwnMetric(KernelMetricLSH):
+        def metric_distances_from_differences(self, Z):
+            return super().metric_distances_from_differences(Z)
+
+    hasher, db, queries = _kernel_metric_split()
+    slow_hasher = _OwnMetric(**hasher.get_params())
+    slow_hasher.__dict__.update({k: v for k, v in vars(hasher).items() if k.endswith("_")})
+    fast = Searcher(hasher, rerank="metric", n_candidates=40).add(db)
+    slow = Searcher(slow_hasher, rerank="metric", n_candidates=40).add(db)
+    (Df, If), (Ds, Is) = fast.search(queries, 8), slow.search(queries, 8)
+    assert slow._metric_cache is None and fast._metric_cache is not None
+    np.testing.assert_allclose(Df, Ds, rtol=1e-5, atol=1e-6)
+    untied = np.ones(Df.shape, bool)
+    untied[:, 1:] &= ~np.isclose(Ds[:, 1:], Ds[:, :-1], rtol=1e-5)
+    untied[:, :-1] &= ~np.isclose(Ds[:, :-1], Ds[:, 1:], rtol=1e-5)
+    np.testing.assert_array_equal(If[untied], Is[untied])

@@ -17,7 +17,11 @@ ever made. The learned metric of :class:`~hashlearn.hashers.MetricLSH`, ``d_A(x,
 (x - q)^T A (x - q)`` with ``A = G^T G`` (Jain, Kulis & Grauman, "Fast Image Search for
 Learned Metrics", CVPR 2008, eq. 6's explicit form), is the squared Euclidean distance of
 ``G x`` and ``G q``: the kept vectors are mapped by ``G`` once (derived state, recomputed
-after a load, never saved) and re-ranked by the same kernel. Other learned metrics and
+after a load, never saved) and re-ranked by the same kernel. The implicit learned metric of
+:class:`~hashlearn.hashers.KernelMetricLSH` over CSR vectors (eq. 8's kernelised form,
+``|z|^2 + t^T M t`` with ``z = x - q``, ``t = Phi z`` over the c constrained points) runs in
+the CSR kernel: ``M = U diag(w) U^T`` once, each vector's ``U^T Phi x`` kept as c side
+features, so a pair costs O(nnz + c) instead of O(nnz + c^2). Other learned metrics and
 callables are scored in blocks of queries, one call per block. A ``Searcher`` saves to a directory (:meth:`Searcher.save`): the
 hasher and the index each in their own save format, the re-rank vectors as ``.npy`` arrays
 (CSR arrays for sparse vectors) that :meth:`Searcher.load` can memory-map. No pickle.
@@ -50,7 +54,7 @@ from hashlearn._rescore import (
 )
 from hashlearn._validation import check_int
 from hashlearn.hashers.base import BaseHasher
-from hashlearn.hashers.metric_lsh import MetricLSH
+from hashlearn.hashers.metric_lsh import KernelMetricLSH, MetricLSH
 from hashlearn.index.base import BinaryIndex, make_index
 
 __all__ = ["Searcher", "register_reranker", "available_rerankers"]
@@ -142,11 +146,28 @@ def _prefetch_csr_row(v_data, v_ind, v_ptr, p):
 
 @numba.njit(nogil=True, cache=True)
 def _rerank_csr_kernel(
-    q_data, q_ind, q_ptr, v_data, v_ind, v_ptr, cand, kind, k, out_d, out_i, start, stop
+    q_data,
+    q_ind,
+    q_ptr,
+    v_data,
+    v_ind,
+    v_ptr,
+    f_q,
+    f_v,
+    f_w,
+    cand,
+    kind,
+    k,
+    out_d,
+    out_i,
+    start,
+    stop,
 ):  # pragma: no cover - compiled
     """``distance_kernel`` for CSR queries and vectors (canonical: sorted column indices):
     each pair's sorted non-zeros merged, O(nnz(q) + nnz(x)); the rows of the candidates
-    ``_LOOKAHEAD`` ahead are prefetched."""
+    ``_LOOKAHEAD`` ahead are prefetched. With side features (``f_w`` non-empty; kind
+    ``SQEUCLIDEAN`` only) the distance is ``|x - q|^2 + sum_t f_w[t] (f_v[x, t] -
+    f_q[q, t])^2``, the implicit learned metric."""
     c = cand.shape[1]
     for i in range(start, stop):
         q0 = q_ptr[i]
@@ -188,6 +209,9 @@ def _rerank_csr_kernel(
                     xx += xb * xb
                     a += 1
                     b += 1
+            for t in range(f_w.shape[0]):
+                diff = f_q[i, t] - f_v[p, t]
+                sq += f_w[t] * (diff * diff)
             dist = _finish(kind, sq, dot, qq, xx)
             filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
 
@@ -212,7 +236,8 @@ class Searcher:
         ``None`` returns Hamming distances. ``"metric"`` re-ranks by the hasher's learned
         metric (its ``metric_distances(queries, candidates)``, e.g. ITML's Mahalanobis
         distance; for a ``MetricLSH``, the squared Euclidean distance of the vectors mapped
-        by ``G_``, computed in the batched kernel; for scipy.sparse vectors otherwise, its
+        by ``G_``, computed in the batched kernel; for a ``KernelMetricLSH`` over sparse
+        vectors, the CSR kernel with side features; for scipy.sparse vectors otherwise, its
         ``metric_distances_from_differences(Z)``
         over the CSR differences of the pairs when it has one, so nothing is densified --
         otherwise only each block's candidate rows are). A name from :func:`available_rerankers`
@@ -655,20 +680,69 @@ class Searcher:
             cached = self._csr_cache = (V, arrays)
         return cached[1]
 
+    def _implicit_metric(self):
+        """For a ``KernelMetricLSH`` over CSR vectors: ``(Phi, U, w)`` with its learned
+        distance ``|z|^2 + t^T M t`` (``z = x - q``, ``t = Phi z``) written as ``|z|^2 +
+        sum_j w_j (U^T t)_j^2`` (``M = U diag(w) U^T``); else None (also when the side features,
+        one float64 per constrained point per vector, would exceed 1 GiB)."""
+        h, V = self.hasher, self._vectors
+        if (
+            self.rerank != "metric"
+            or not sp.issparse(V)
+            or getattr(type(h), "metric_distances", None) is not KernelMetricLSH.metric_distances
+            or getattr(type(h), "metric_distances_from_differences", None)
+            is not KernelMetricLSH.metric_distances_from_differences
+        ):
+            return None
+        try:
+            S, K0, ptr = h.S_, h.K0_, h.constrained_indptr_
+            Phi = sp.csr_matrix(
+                (h.constrained_data_, h.constrained_indices_, ptr),
+                shape=(len(ptr) - 1, V.shape[1]),
+            )
+        except (AttributeError, ValueError):
+            return None
+        if V.shape[0] * Phi.shape[0] * 8 > 2**30:
+            return None
+        w, U = np.linalg.eigh(S + S.T + S.T @ K0 @ S)
+        return Phi, U, w
+
+    def _side_features(self, implicit) -> np.ndarray:
+        """``(Phi x) U`` of every kept vector (dense float64), computed once per set of
+        vectors and hasher state (recomputed after a load, never saved)."""
+        V = self._vectors
+        key = self.hasher.S_
+        cached = self._metric_cache
+        if cached is not None and cached[0] is V and cached[1] is key:
+            return cached[2]
+        Phi, U, _ = implicit
+        features = np.ascontiguousarray((V @ Phi.T).toarray() @ U)
+        self._metric_cache = (V, key, features)
+        return features
+
     def _batched_operands(self, X):
-        """``(queries, vectors, kind)`` for the batched kernels -- an exact metric on the kept
-        vectors (dense or CSR), or the learned metric ``|G_ (x - q)|^2`` as the squared
-        Euclidean distance of the mapped vectors -- or None for the general path."""
+        """``(queries, vectors, kind, side)`` for the batched kernels -- an exact metric on the
+        kept vectors (dense or CSR); the learned metric ``|G_ (x - q)|^2`` as the squared
+        Euclidean distance of the mapped vectors; the implicit learned metric as CSR squared
+        distances plus weighted side features ``side = (queries', vectors', weights)`` -- or
+        None for the general path."""
         V = self._vectors
         kind = self._exact_kind()
-        G = self._metric_factor() if kind is None else None
+        if kind is not None:
+            return _checked_queries(X, sp.issparse(V), V.shape[1]), V, kind, None
+        G = self._metric_factor()
         if G is not None:
             mapped = self._metric_vectors(G)
             Q = _checked_queries(X, sp.issparse(X), G.shape[1])
-            return _mapped(Q, G), mapped, SQEUCLIDEAN
-        if kind is None:
-            return None
-        return _checked_queries(X, sp.issparse(V), V.shape[1]), V, kind
+            return _mapped(Q, G), mapped, SQEUCLIDEAN, None
+        implicit = self._implicit_metric()
+        if implicit is not None:
+            features = self._side_features(implicit)
+            Q = _checked_queries(X, True, V.shape[1])
+            Phi, U, w = implicit
+            side = (np.ascontiguousarray((Q @ Phi.T).toarray() @ U), features, w)
+            return Q, V, SQEUCLIDEAN, side
+        return None
 
     def _rerank(
         self, X, cand: np.ndarray, k: int, n_threads: int | None
@@ -679,16 +753,19 @@ class Searcher:
         cand_pos = self._vector_positions(cand)
         operands = self._batched_operands(X)
         if operands is not None:  # one kernel scores every pair and keeps each top k
-            Q, V, kind = operands
+            Q, V, kind, side = operands
             pos = np.ascontiguousarray(cand_pos, np.int64)
             out_d = np.full((m, k), np.inf, np.float64)
             out_row = np.full((m, k), -1, np.int64)
             if sp.issparse(V):
+                if side is None:  # no side features: zero-width arrays
+                    side = (np.zeros((m, 0)), np.zeros((len(self._vector_ids), 0)), np.zeros(0))
                 args = (
                     Q.data,
                     Q.indices.astype(np.int64),
                     Q.indptr.astype(np.int64),
                     *self._csr_arrays(V),
+                    *side,
                 )
 
                 def run(start, stop):
