@@ -794,9 +794,10 @@ def _kernel_metric_split():
     return hasher, X[:300], X[300:]
 
 
-def test_implicit_learned_metric_on_csr_equals_brute_force():
+def test_implicit_learned_metric_on_csr_equals_brute_force(tmp_path):
     """KernelMetricLSH over CSR vectors: CSR squared distances plus side features in the
-    batched kernel (computed once), equal to (x - q)^T A (x - q) with A = G^T G."""
+    batched kernel (computed once; recomputed after a load), equal to (x - q)^T A (x - q)
+    with A = G^T G."""
     hasher, db, queries = _kernel_metric_split()
     s = Searcher(hasher, rerank="metric", n_candidates=300).add(db)
     D, I_ = s.search(queries, 6)
@@ -804,6 +805,10 @@ def test_implicit_learned_metric_on_csr_equals_brute_force():
     G = hasher.metric_factor()
     full = _learned_brute_force(G.T @ G, db.toarray(), queries.toarray())
     _assert_top_k_matches(D, I_, full, lambda I: I, 6)
+    s.save(tmp_path / "s")
+    loaded = Searcher.load(tmp_path / "s", mmap=True)
+    for a, b in zip((D, I_), loaded.search(queries, 6), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_implicit_learned_metric_fast_path_equals_the_general_path():

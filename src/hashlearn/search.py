@@ -326,6 +326,7 @@ class Searcher:
         self._position_table: tuple | None = None  # (vector ids, id -> row table)
         self._metric_cache: tuple | None = None  # (vectors, G, vectors @ G.T)
         self._csr_cache: tuple | None = None  # (CSR vectors, their kernel arrays)
+        self._implicit_cache: tuple | None = None  # (S_, (Phi, U, w)) of KernelMetricLSH
 
     def fit(self, X, y=None, **fit_params) -> Searcher:
         """Fit the hasher (on a training sample); does not add anything to the index.
@@ -694,17 +695,22 @@ class Searcher:
             is not KernelMetricLSH.metric_distances_from_differences
         ):
             return None
-        try:
-            S, K0, ptr = h.S_, h.K0_, h.constrained_indptr_
-            Phi = sp.csr_matrix(
-                (h.constrained_data_, h.constrained_indices_, ptr),
-                shape=(len(ptr) - 1, V.shape[1]),
-            )
-        except (AttributeError, ValueError):
-            return None
+        S = getattr(h, "S_", None)
+        cached = self._implicit_cache
+        if cached is None or cached[0] is not S:
+            try:
+                K0, ptr = h.K0_, h.constrained_indptr_
+                Phi = sp.csr_matrix(
+                    (h.constrained_data_, h.constrained_indices_, ptr),
+                    shape=(len(ptr) - 1, V.shape[1]),
+                )
+                w, U = np.linalg.eigh(S + S.T + S.T @ K0 @ S)
+            except (AttributeError, TypeError, ValueError):
+                return None
+            cached = self._implicit_cache = (S, (Phi, U, w))
+        Phi, U, w = cached[1]
         if V.shape[0] * Phi.shape[0] * 8 > 2**30:
             return None
-        w, U = np.linalg.eigh(S + S.T + S.T @ K0 @ S)
         return Phi, U, w
 
     def _side_features(self, implicit) -> np.ndarray:
