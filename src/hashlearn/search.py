@@ -324,7 +324,7 @@ class Searcher:
         self._vectors: np.ndarray | None = None  # rows in the order of _vector_ids
         self._vector_ids = np.zeros(0, np.int64)
         self._position_table: tuple | None = None  # (vector ids, id -> row table)
-        self._metric_cache: tuple | None = None  # (vectors, G, vectors @ G.T)
+        self._metric_cache: tuple | None = None  # (vectors, G_ or S_, vectors mapped by it)
         self._csr_cache: tuple | None = None  # (CSR vectors, their kernel arrays)
         self._implicit_cache: tuple | None = None  # (S_, (Phi, U, w)) of KernelMetricLSH
 
