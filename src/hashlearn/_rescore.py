@@ -1,5 +1,6 @@
-"""Exact rescoring of Hamming candidates by inner product: the numba kernel of
-:class:`hashlearn.embeddings.EmbeddingIndex`.
+"""Exact rescoring of Hamming candidates: by inner product for
+:class:`hashlearn.embeddings.EmbeddingIndex` (``rescore_kernel``), by a distance for
+:class:`hashlearn.Searcher` (``distance_kernel``); both keep each query's top k as they score.
 
 A query's candidates are rows scattered over a float matrix that is usually far larger than
 the caches (120k x 384 float32 is 184 MB, often a memory map), so rescoring is bound by memory
