@@ -197,10 +197,11 @@ def _apply_node_matrix(pairs, Xc, a_loc, b_loc, pw, v, out, u, t):
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def _lanczos_top(pairs, Xc, a_loc, b_loc, pw, n_steps, n_vec):
-    """Top ``n_vec`` Ritz vectors (columns, largest eigenvalue last) of ``A`` (see
-    :func:`_apply_node_matrix`) from ``n_steps`` Lanczos steps with full
-    re-orthogonalisation, started from a fixed generic vector."""
+def _lanczos(pairs, Xc, a_loc, b_loc, pw, n_steps):
+    """``n_steps`` Lanczos steps with full re-orthogonalisation on ``A`` (see
+    :func:`_apply_node_matrix`), started from a fixed generic vector: the basis ``V``
+    (steps, d), the diagonal ``alpha`` (steps,) and the off-diagonal ``beta`` (steps - 1,)
+    of the tridiagonal matrix. Stops early when the Krylov space is exhausted."""
     m, d = Xc.shape
     k = min(n_steps, d)
     V = np.zeros((k, d))
@@ -228,26 +229,38 @@ def _lanczos_top(pairs, Xc, a_loc, b_loc, pw, n_steps, n_vec):
             break
         beta[j] = b
         V[j + 1] = w / b
-    T = np.zeros((steps, steps))
-    for j in range(steps):
-        T[j, j] = alpha[j]
-        if j + 1 < steps:
-            T[j, j + 1] = beta[j]
-            T[j + 1, j] = beta[j]
-    vals, vecs = np.linalg.eigh(T)
-    n_out = min(n_vec, steps)
-    out = np.zeros((d, n_vec))
-    for c in range(n_out):
-        col = vecs[:, steps - n_out + c]
-        for j in range(steps):
-            out[:, n_vec - n_out + c] += col[j] * V[j]
-    for c in range(n_vec - n_out):  # fewer Ritz vectors than asked: repeat the top one
-        out[:, c] = out[:, n_vec - 1]
-    return out
+    return V[:steps], alpha[:steps], beta[: steps - 1]
+
+
+def _lanczos_top(pairs, Xc, a_loc, b_loc, pw, n_steps, n_vec) -> np.ndarray:
+    """Top ``n_vec`` Ritz vectors (columns ``(d, n_vec)``, largest eigenvalue last) of ``A``
+    from :func:`_lanczos`; with fewer Ritz vectors than asked the top one is repeated."""
+    V, alpha, beta = _lanczos(pairs, Xc, a_loc, b_loc, pw, n_steps)
+    _, vecs = np.linalg.eigh(np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1))
+    ritz = V.T @ vecs[:, -n_vec:]
+    return np.concatenate([np.repeat(ritz[:, -1:], n_vec - ritz.shape[1], axis=1), ritz], axis=1)
 
 
 @numba.njit(cache=True, nogil=True)
-def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
+def _pair_rows(a_loc, b_loc, m):
+    """The distinct rows of the pairs' endpoints in order of first appearance, ``(r,)``, and
+    each row's slot in that list (-1 for rows in no pair), ``(m,)``."""
+    slot = np.full(m, -1, np.int64)
+    rows = np.empty(2 * a_loc.shape[0], np.int64)
+    r = 0
+    for e in range(2 * a_loc.shape[0]):
+        i = a_loc[e] if e < a_loc.shape[0] else b_loc[e - a_loc.shape[0]]
+        if slot[i] < 0:
+            slot[i] = r
+            rows[r] = i
+            r += 1
+    return rows[:r], slot
+
+
+_NO_ROWS = np.zeros(0, np.int64)
+
+
+def _candidate_directions(Xc, sub, a_loc, b_loc, pw) -> np.ndarray:
     """Candidate split directions of a node, rows of a ``(k, d)`` array: the top two
     eigenvectors of ``A = X~^T (S + S^T) X~`` (eq. 18, ``S_ab = w_ab z_ab``; only when the
     node holds similar pairs) and the top principal direction of ``sub`` (the centred node
@@ -261,68 +274,41 @@ def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
     comes from the ``m x m`` Gram matrix when ``m < d``. When that reduced problem is larger
     than ``_LANCZOS_STEPS`` (16), the top eigenvectors are approximated by 16 Lanczos steps
     with full re-orthogonalisation, applying ``A`` implicitly (``O(m d + pairs)`` per step).
+    (The eigen-solvers run in numpy; only the Lanczos loop is a numba kernel.)
     """
     d = Xc.shape[1]
     n_pairs = a_loc.shape[0]
-    n_dirs = 1 if n_pairs == 0 else 3
-    out = np.zeros((n_dirs, d))
+    out = np.zeros((1 if n_pairs == 0 else 3, d))
     k = 0
     if n_pairs:
-        m = Xc.shape[0]
-        slot = np.full(m, -1, np.int64)
-        rows = np.empty(2 * n_pairs, np.int64)
-        r = 0
-        for e in range(2 * n_pairs):
-            i = a_loc[e] if e < n_pairs else b_loc[e - n_pairs]
-            if slot[i] < 0:
-                slot[i] = r
-                rows[r] = i
-                r += 1
+        rows, slot = _pair_rows(a_loc, b_loc, Xc.shape[0])
+        r = len(rows)
         if min(r, d) > _LANCZOS_STEPS:
             vecs = _lanczos_top(True, Xc, a_loc, b_loc, pw, _LANCZOS_STEPS, 2)
         elif r < d:
-            S = np.zeros((r, r))
-            for e in range(n_pairs):
-                ia = slot[a_loc[e]]
-                ib = slot[b_loc[e]]
-                S[ia, ib] += pw[e]
-                S[ib, ia] += pw[e]
-            Yt = np.empty((d, r))
-            for c in range(r):
-                Yt[:, c] = Xc[rows[c]]
-            Q, R = np.linalg.qr(Yt)
-            B = R @ S @ R.T
-            vals, vecs = np.linalg.eigh(0.5 * (B + B.T))
-            vecs = np.ascontiguousarray(Q) @ np.ascontiguousarray(vecs)
+            cell = slot[a_loc] * r + slot[b_loc]
+            S = np.bincount(cell, weights=pw, minlength=r * r).reshape(r, r)
+            Q, R = np.linalg.qr(Xc[rows].T)
+            B = R @ (S + S.T) @ R.T
+            vecs = Q @ np.linalg.eigh(0.5 * (B + B.T))[1]
         else:
-            A = np.zeros((d, d))
-            for e in range(n_pairs):
-                xa = Xc[a_loc[e]]
-                xb = Xc[b_loc[e]]
-                for i in range(d):
-                    c = pw[e] * xa[i]
-                    for j in range(d):
-                        A[i, j] += c * xb[j]
-            vals, vecs = np.linalg.eigh(A + A.T)
-        nv = vecs.shape[1]
-        out[0] = vecs[:, nv - 1]
-        out[1] = vecs[:, nv - 2] if nv > 1 else vecs[:, nv - 1]
+            A = (Xc[a_loc] * pw[:, None]).T @ Xc[b_loc]
+            vecs = np.linalg.eigh(A + A.T)[1]
+        out[0] = vecs[:, -1]
+        out[1] = vecs[:, -2] if vecs.shape[1] > 1 else vecs[:, -1]
         k = 2
     m_sub = sub.shape[0]
-    empty = np.zeros(0, np.int64)
     if min(m_sub, d) > _LANCZOS_STEPS:
-        out[k] = _lanczos_top(False, sub, empty, empty, np.zeros(0), _LANCZOS_STEPS, 1)[:, 0]
+        out[k] = _lanczos_top(False, sub, _NO_ROWS, _NO_ROWS, np.zeros(0), _LANCZOS_STEPS, 1)[:, 0]
     elif m_sub < d:
-        vals, vecs = np.linalg.eigh(sub @ sub.T)
-        v = sub.T @ vecs[:, m_sub - 1]
+        v = sub.T @ np.linalg.eigh(sub @ sub.T)[1][:, -1]
         norm = np.sqrt(np.sum(v * v))
         if norm > 0:
             out[k] = v / norm
         else:
             out[k, 0] = 1.0
     else:
-        vals, vecs = np.linalg.eigh(sub.T @ sub)
-        out[k] = vecs[:, d - 1]
+        out[k] = np.linalg.eigh(sub.T @ sub)[1][:, -1]
     return out
 
 
