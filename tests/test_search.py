@@ -832,3 +832,20 @@ def test_implicit_learned_metric_fast_path_equals_the_general_path():
     untied[:, 1:] &= ~np.isclose(Ds[:, 1:], Ds[:, :-1], rtol=1e-5)
     untied[:, :-1] &= ~np.isclose(Ds[:, :-1], Ds[:, 1:], rtol=1e-5)
     np.testing.assert_array_equal(If[untied], Is[untied])
+
+
+@pytest.mark.parametrize("rerank", ["euclidean", "cosine", "metric"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_batched_rerank_does_not_depend_on_the_thread_count(split, rerank, sparse):
+    db, ids, queries = split
+    hasher = (
+        _metric_hasher(db.shape[1], seed=3, sparse=sparse)
+        if rerank == "metric"
+        else RandomHyperplaneLSH(N_BITS, random_state=0).fit(db)
+    )
+    s = Searcher(hasher, rerank=rerank, n_candidates=40)
+    s.add(sp.csr_matrix(db) if sparse else db, ids=ids)
+    q = sp.csr_matrix(queries) if sparse else queries
+    one = s.search(q, 5, n_threads=1)
+    for a, b in zip(one, s.search(q, 5, n_threads=3), strict=True):
+        np.testing.assert_array_equal(a, b)
