@@ -510,6 +510,7 @@ class BoostedSearchForest(BaseBucketer):
     # ------------------------------------------------------------------ fitting
 
     def _fit(self, X, y) -> None:
+        X = np.require(X, np.float64, ["C", "W"])  # one kernel specialisation (copies F/read-only)
         n = X.shape[0]
         self._check_params(n)
         rng = check_random_state(self.random_state)
