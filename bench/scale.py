@@ -1,25 +1,32 @@
-"""Scale: exact Hamming k-NN with FlatIndex and MultiIndexHashing vs faiss, 1M to 100M codes.
+"""Scale: exact Hamming k-NN at 1M-10M codes, MultiIndexHashing against FlatIndex and faiss.
 
-Contenders: hashlearn FlatIndex (exact linear scan), hashlearn MultiIndexHashing (exact,
-Norouzi et al. 2012), faiss.IndexBinaryFlat (exact) and faiss.IndexBinaryMultiHash
-(approximate: ``nhash`` tables of ``b / nhash`` bits, probing ``nflip`` flipped bits; its
-settings are swept and the fastest setting at its best recall is reported).
+Data (built from a seed each run, never stored):
 
-Data: LSH codes (RandomHyperplaneLSH) of Fashion-MNIST training images tiled with Gaussian
-noise (``hashlearn.datasets.tile_with_noise``-style, 5% of the pixel std) to n rows, queries
-from the test images; and uniformly random codes. For each (data, n, b, k): build time,
-memory (bytes of the index's arrays; faiss: resident-set growth during its build), queries
-per second with every core (median over interleaved repetitions), and recall (fraction of
-the k returned distances equal to the exact k-NN distances, so ties do not matter).
+* ``lsh`` / ``itq`` -- realistic codes: Fashion-MNIST training images (scaled to [0, 1])
+  are projected on their first 128 principal components, a Gaussian mixture (100
+  components, diagonal covariances) is fitted there, and ``n`` points are sampled from it in
+  chunks (never ``n`` float rows at once) and encoded by ``RandomHyperplaneLSH`` or
+  ``IterativeQuantization`` fitted on the projected images. Queries are fresh samples of
+  the same mixture (not database points).
+* ``random`` -- uniformly random codes and queries: the adversarial case for hashing.
+
+Contenders, one thread each, timed interleaved (CPU time of this process beside wall time;
+ratios are medians of per-repetition CPU-time ratios to FlatIndex): hashlearn ``FlatIndex``
+(exact scan), hashlearn ``MultiIndexHashing`` (exact), ``faiss.IndexBinaryHash`` (``b``-bit
+prefix table probed with ``nflip`` flipped bits) and ``faiss.IndexBinaryMultiHash``
+(``nhash`` tables), both approximate: each is shown at its best recall (the fastest of the
+swept settings reaching it). Recall = fraction of the k returned distances equal to the
+exact k-NN distances (ties do not matter). ``mih_scanned`` is the fraction of queries the
+MIH cost model sent to the scan.
 
 The on-disk part writes a 100M x 64-bit FlatIndex by appending 10M-code blocks in place
 (``FlatIndex.open(...).add``), then times ``FlatIndex.open`` and measures the anonymous
 memory a search adds on top of the mapped file; the files are deleted afterwards.
 
-    python bench/scale.py --quick --no-write             # 100k codes, a minute
-    python bench/scale.py                                 # 1M and 10M, all b and k (long)
-    python bench/scale.py --n 10000000 --bits 64 --k 10   # the headline comparison
-    python bench/scale.py --ondisk /path/with/2GB/free    # the 100M memory-mapped index
+    python bench/scale.py --quick                          # 200k codes, a few minutes
+    python bench/scale.py                                  # 10M x 64 bits, k=1/10/100, lsh/itq/random
+    python bench/scale.py --n 1000000 10000000 --bits 32 64 128   # the whole grid (long)
+    python bench/scale.py --ondisk /path/with/2GB/free     # the 100M memory-mapped index
 """
 
 from __future__ import annotations
@@ -35,9 +42,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
-from _common import interleaved_times, machine, markdown_table, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    interleaved_wall_and_cpu,
+    load_average,
+    machine,
+    markdown_table,
+    write_section,
+)
 from hashlearn.datasets import fashion_mnist_available, load_fashion_mnist  # noqa: E402
 from hashlearn.hashers.lsh import RandomHyperplaneLSH  # noqa: E402
+from hashlearn.hashers.pca import IterativeQuantization  # noqa: E402
 from hashlearn.index.flat import FlatIndex  # noqa: E402
 from hashlearn.index.mih import MultiIndexHashing  # noqa: E402
 
@@ -45,6 +59,10 @@ try:
     import faiss
 except ImportError:  # faiss is optional
     faiss = None
+
+PCA_DIMS = 128
+MIXTURE_COMPONENTS = 100
+CHUNK = 200_000  # sampled rows encoded at a time (100 MB of float32)
 
 
 def proc_status(field: str) -> int:
@@ -60,6 +78,7 @@ def proc_status(field: str) -> int:
 
 
 def random_codes(n, n_queries, n_bits, seed=0):
+    """Uniformly random ``(database, queries)`` packed codes."""
     rng = np.random.default_rng(seed)
     return (
         rng.integers(0, 256, (n, n_bits // 8), dtype=np.uint8),
@@ -67,25 +86,59 @@ def random_codes(n, n_queries, n_bits, seed=0):
     )
 
 
-def lsh_codes(n, n_queries, max_bits, fashion_dir=None, noise=0.05, seed=0, chunk=100_000):
-    """LSH codes of Fashion-MNIST tiled with noise; the first b bits are a b-bit LSH code."""
-    X_train, _ = load_fashion_mnist(fashion_dir, subset="train")
-    X_test, _ = load_fashion_mnist(fashion_dir, subset="test")
-    X_train /= 255.0
-    X_test /= 255.0
-    hasher = RandomHyperplaneLSH(max_bits, random_state=seed).fit(X_train[:10_000])
-    rng = np.random.default_rng(seed)
-    scale = noise * float(X_train.std())
-    codes = np.empty((n, max_bits // 8), np.uint8)
-    for start in range(0, n, chunk):
-        rows = np.arange(start, min(n, start + chunk)) % len(X_train)
-        block = (
-            X_train[rows]
-            + rng.standard_normal((len(rows), X_train.shape[1]), dtype=np.float32) * scale
-        )
-        codes[start : start + len(rows)] = hasher.encode(block)
-    queries = hasher.encode(X_test[rng.permutation(len(X_test))[:n_queries]])
-    return codes, queries
+class MixtureCodes:
+    """Codes of samples from a Gaussian mixture fitted to Fashion-MNIST in PCA space.
+
+    ``codes(family, n_bits, n, n_queries)`` returns ``(database, queries)``; the same seed
+    gives the same codes. The mixture and the hashers are fitted once per instance.
+    """
+
+    def __init__(self, fashion_dir=None, seed=0):
+        from sklearn.decomposition import PCA
+        from sklearn.mixture import GaussianMixture
+
+        X, _ = load_fashion_mnist(fashion_dir, subset="train")
+        X /= 255.0
+        pca = PCA(PCA_DIMS, random_state=seed).fit(X)
+        self.Z = pca.transform(X).astype(np.float32)
+        gmm = GaussianMixture(
+            MIXTURE_COMPONENTS,
+            covariance_type="diag",
+            max_iter=40,
+            reg_covar=1e-4,
+            random_state=seed,
+        ).fit(self.Z)
+        self.weights = gmm.weights_ / gmm.weights_.sum()
+        self.means = gmm.means_.astype(np.float32)
+        self.stds = np.sqrt(gmm.covariances_).astype(np.float32)
+        self.seed = seed
+        self._hashers = {}
+
+    def hasher(self, family: str, n_bits: int):
+        key = (family, n_bits)
+        if key not in self._hashers:
+            cls = RandomHyperplaneLSH if family == "lsh" else IterativeQuantization
+            self._hashers[key] = cls(n_bits, random_state=self.seed).fit(self.Z)
+        return self._hashers[key]
+
+    def sample(self, n: int, stream: int):
+        """``n`` mixture samples in chunks of float32 rows (``stream`` picks the seed)."""
+        rng = np.random.default_rng([self.seed, stream])
+        for start in range(0, n, CHUNK):
+            size = min(CHUNK, n - start)
+            comp = rng.choice(len(self.weights), size=size, p=self.weights)
+            noise = rng.standard_normal((size, PCA_DIMS), dtype=np.float32)
+            yield self.means[comp] + self.stds[comp] * noise
+
+    def codes(self, family: str, n_bits: int, n: int, n_queries: int):
+        hasher = self.hasher(family, n_bits)
+        db = np.empty((n, n_bits // 8), np.uint8)
+        start = 0
+        for block in self.sample(n, stream=0):
+            db[start : start + len(block)] = hasher.encode(block)
+            start += len(block)
+        queries = np.concatenate([hasher.encode(b) for b in self.sample(n_queries, stream=1)])
+        return db, queries
 
 
 def distance_recall(D, D_true):
@@ -93,101 +146,102 @@ def distance_recall(D, D_true):
     return float(np.mean(D == D_true))
 
 
-def build(kind, db, n_bits, **params):
-    gc.collect()
-    rss = proc_status("VmRSS")
-    start = time.perf_counter()
-    if kind == "FlatIndex":
-        index = FlatIndex(n_bits)
-        index.add(db)
-        memory = index._words.nbytes + index._ids.nbytes
-    elif kind == "MultiIndexHashing":
-        index = MultiIndexHashing(n_bits)
-        index.add(db)
-        index.build()
-        memory = (
-            index._flat._words.nbytes
-            + index._flat._ids.nbytes
-            + sum(a.nbytes for a in index._tables.values())
-        )
-    elif kind == "faiss.IndexBinaryFlat":
-        index = faiss.IndexBinaryFlat(n_bits)
-        index.add(db)
-        memory = db.nbytes
-    else:
-        index = faiss.IndexBinaryMultiHash(n_bits, params["nhash"], n_bits // params["nhash"])
-        index.add(db)
-        memory = None
-    seconds = time.perf_counter() - start
-    if memory is None:
-        memory = max(proc_status("VmRSS") - rss, db.nbytes)
-    return index, seconds, memory
+def faiss_settings(n_bits):
+    """``(name, build)`` of the faiss hash indexes swept (each build returns the index)."""
+    out = []
+    for b in (16, 20, 23, 26):
+        for nflip in (0, 1, 2, 3):
+            if b <= n_bits:
+                out.append((f"faiss.IndexBinaryHash(b={b}, nflip={nflip})", ("hash", b, nflip)))
+    for nhash in (2, 3, 4):
+        sub = n_bits // nhash
+        if 16 <= sub <= 32:
+            for nflip in (0, 1, 2):
+                out.append(
+                    (
+                        f"faiss.IndexBinaryMultiHash(nhash={nhash}, nflip={nflip})",
+                        ("multi", nhash, nflip),
+                    )
+                )
+    return out
 
 
-def run_config(data, n, n_bits, ks, db, queries, repeats, progress=None):
-    progress = progress or (lambda msg: print(msg, flush=True))
+def faiss_index(db, n_bits, spec, cache):
+    kind, a, nflip = spec
+    key = (kind, a)
+    if key not in cache:
+        cache.clear()  # one faiss table at a time (memory)
+        gc.collect()
+        if kind == "hash":
+            index = faiss.IndexBinaryHash(n_bits, a)
+        else:
+            index = faiss.IndexBinaryMultiHash(n_bits, a, n_bits // a)
+        index.add(db)
+        cache[key] = index
+    index = cache[key]
+    index.nflip = nflip
+    return index
+
+
+def best_faiss(db, queries, n_bits, k, D_true, scan_cpu, progress):
+    """Per faiss family, ``(name, spec, recall)`` of its fastest setting at its best recall,
+    swept on the first 100 queries (settings over 3x FlatIndex's CPU time skipped)."""
+    sweep_q, sweep_true = queries[:100], D_true[:100]
+    found, cache = {}, {}
+    for name, spec in faiss_settings(n_bits):
+        family = name.split("(")[0]
+        index = faiss_index(db, n_bits, spec, cache)
+        t = time.process_time()
+        D, _ = index.search(sweep_q, k)
+        cpu = (time.process_time() - t) / len(sweep_q)
+        rec = distance_recall(D, sweep_true)
+        if cpu > 3 * scan_cpu:
+            progress(f"    {name}: {cpu / scan_cpu:.1f}x FlatIndex's CPU time, skipped")
+            continue
+        key = (round(rec, 3), -cpu)
+        if family not in found or key > found[family][0]:
+            found[family] = (key, name, spec)
+    cache.clear()
+    return [(name, spec) for _, name, spec in found.values()]
+
+
+def run_config(data, n, n_bits, ks, db, queries, repeats, progress):
     rows = []
-    contenders = {}
-    for kind in ("FlatIndex", "MultiIndexHashing") + (("faiss.IndexBinaryFlat",) if faiss else ()):
-        index, seconds, memory = build(kind, db, n_bits)
-        contenders[kind] = (index, seconds, memory)
-        progress(f"  built {kind} in {seconds:.1f}s")
-    flat = contenders["FlatIndex"][0]
+    flat = FlatIndex(n_bits)
+    flat.add(db)
+    mih = MultiIndexHashing(n_bits)
+    mih.add(db)
+    start = time.process_time()
+    mih.build()
+    mih_build = time.process_time() - start
+    progress(f"  MIH: {mih.n_substrings_} tables, built in {mih_build:.1f} s CPU")
     for k in ks:
-        t = time.perf_counter()
-        D_true, _ = flat.search(queries, k)
-        flat_per_query = (time.perf_counter() - t) / len(queries)
+        start = time.process_time()
+        D_true, I_true = flat.search(queries, k, n_threads=1)
+        scan_cpu = (time.process_time() - start) / len(queries)
+        D, I, scanned = mih._search(mih.store.snapshot, mih._check_queries(queries), k, 1)
+        if not (np.array_equal(D, D_true) and np.array_equal(I, I_true)):
+            raise AssertionError(f"MultiIndexHashing differs from FlatIndex ({data}, k={k})")
         calls = {
-            kind: (lambda ix=ix, k=k: ix.search(queries, k))
-            for kind, (ix, _, _) in contenders.items()
+            "FlatIndex": lambda k=k: flat.search(queries, k, n_threads=1),
+            "MultiIndexHashing": lambda k=k: mih.search(queries, k, n_threads=1),
         }
-        # faiss multi-hash: sweep its settings, keep the fastest at its best recall
-        best = None
-        if faiss:
-            sweep_q = queries[:100]
-            sweep_true = D_true[:100]
-            for nhash in (2, 4, 8):
-                # substrings of 16..32 bits: shorter ones make buckets of n / 2**len codes
-                if n_bits % nhash or not 16 <= n_bits // nhash <= 32:
-                    continue
-                mh, seconds, memory = build("faiss.IndexBinaryMultiHash", db, n_bits, nhash=nhash)
-                for nflip in (0, 1, 2):
-                    mh.nflip = nflip
-                    t = time.perf_counter()
-                    mh.search(sweep_q[:5], k)
-                    if (time.perf_counter() - t) / 5 > 20 * flat_per_query:
-                        progress(
-                            f"  multihash nhash={nhash} nflip={nflip}: >20x slower than "
-                            "FlatIndex, skipped"
-                        )
-                        break  # more flips only cost more
-                    t = time.perf_counter()
-                    D, _ = mh.search(sweep_q, k)
-                    t = time.perf_counter() - t
-                    rec = distance_recall(D, sweep_true)
-                    key = (round(rec, 3), -t)
-                    if best is None or key > best[0]:
-                        best = (key, nhash, nflip, seconds, memory, rec)
-                del mh
-                gc.collect()
-        if best is not None:
-            _, nhash, nflip, mh_build, mh_mem, mh_rec = best
-            mh, _, _ = build("faiss.IndexBinaryMultiHash", db, n_bits, nhash=nhash)
-            mh.nflip = nflip
-            mh_rec = distance_recall(mh.search(queries, k)[0], D_true)
-            calls[f"faiss.IndexBinaryMultiHash(nhash={nhash}, nflip={nflip})"] = lambda mh=mh, k=k: (
-                mh.search(queries, k)
-            )
+        recalls = {"FlatIndex": 1.0, "MultiIndexHashing": 1.0}
+        cache = {}
+        if faiss is not None:
+            faiss.omp_set_num_threads(1)
+            for name, spec in best_faiss(db, queries, n_bits, k, D_true, scan_cpu, progress):
+                index = faiss_index(db, n_bits, spec, cache)
+                calls[name] = lambda index=index, nflip=spec[2], k=k: _faiss_search(
+                    index, nflip, queries, k
+                )
+                recalls[name] = distance_recall(calls[name]()[0], D_true)
         names = list(calls)
-        times = interleaved_times([calls[c] for c in names], repeats)
-        med = np.median(times, axis=0)
-        flat_per_rep = times[:, names.index("FlatIndex")]
+        load_before = load_average()
+        wall, cpu = interleaved_wall_and_cpu([calls[c] for c in names], repeats)
+        load_after = load_average()
+        flat_c, mih_c = names.index("FlatIndex"), names.index("MultiIndexHashing")
         for c, name in enumerate(names):
-            if name.startswith("faiss.IndexBinaryMultiHash"):
-                build_s, memory, rec = mh_build, mh_mem, mh_rec
-            else:
-                _, build_s, memory = contenders[name]
-                rec = distance_recall(calls[name]()[0], D_true)
             rows.append(
                 {
                     "data": data,
@@ -195,23 +249,29 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress=None):
                     "bits": n_bits,
                     "k": k,
                     "index": name,
-                    "build_s": round(build_s, 2),
-                    "memory_MB": round(memory / 2**20, 1),
-                    "QPS": round(len(queries) / med[c]),
-                    "ms_per_query": 1e3 * med[c] / len(queries),
-                    "recall": round(rec, 4),
-                    "speedup_vs_flat": round(float(np.median(flat_per_rep / times[:, c])), 2),
+                    "cpu_ms_per_query": 1e3 * float(np.median(cpu[:, c])) / len(queries),
+                    "wall_ms_per_query": 1e3 * float(np.median(wall[:, c])) / len(queries),
+                    "cpu_speedup_vs_flat": float(np.median(cpu[:, flat_c] / cpu[:, c])),
+                    "mih_cpu_speedup_vs_this": float(np.median(cpu[:, c] / cpu[:, mih_c])),
+                    "recall": recalls[name],
+                    "mih_scanned": float(scanned.mean()) if name == "MultiIndexHashing" else "",
+                    "load": f"{load_before} / {load_after}",
                 }
             )
         progress(
-            "  "
+            f"  k={k}: "
             + ", ".join(
-                f"{r['index']}: {r['QPS']} q/s x{r['speedup_vs_flat']}" for r in rows[-len(names) :]
+                f"{r['index']} x{r['cpu_speedup_vs_flat']:.2f} (recall {r['recall']:.3f})"
+                for r in rows[-len(names) :]
             )
         )
-        if best is not None:
-            del mh
+        cache.clear()
     return rows
+
+
+def _faiss_search(index, nflip, queries, k):
+    index.nflip = nflip
+    return index.search(queries, k)
 
 
 def ondisk(directory: Path, n: int, progress=print) -> dict:
@@ -236,7 +296,7 @@ def ondisk(directory: Path, n: int, progress=print) -> dict:
     index = FlatIndex.open(path)  # == FlatIndex.load(path, mmap=True, verify=False)
     open_s = time.perf_counter() - start
     start = time.perf_counter()
-    D, I = index.search(queries, 10)
+    index.search(queries, 10)
     search_s = time.perf_counter() - start
     anon = proc_status("RssAnon") - anon0
     file_mb = sum(f.stat().st_size for f in path.iterdir()) / 2**20
@@ -252,114 +312,92 @@ def ondisk(directory: Path, n: int, progress=print) -> dict:
     }
 
 
-def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from hashlearn.plots import atomic_path
-
-    sel = [r for r in rows if r["bits"] == 64 and r["k"] == 10]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, data in zip(axes, ("lsh", "random"), strict=True):
-        for name in sorted({r["index"].split("(")[0] for r in sel}):
-            pts = sorted(
-                (r["n"], r["ms_per_query"])
-                for r in sel
-                if r["data"] == data and r["index"].split("(")[0] == name
-            )
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("database size n")
-        ax.set_title(f"{data} codes, 64 bits, k=10")
-    axes[0].set_ylabel("ms per query (batched, all cores)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+COLUMNS = [
+    "data",
+    "n",
+    "bits",
+    "k",
+    "index",
+    "cpu_ms_per_query",
+    "wall_ms_per_query",
+    "cpu_speedup_vs_flat",
+    "mih_cpu_speedup_vs_this",
+    "recall",
+    "mih_scanned",
+    "load",
+]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="100k codes, 64 bits, k=10")
-    parser.add_argument("--n", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    parser.add_argument("--bits", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--quick", action="store_true", help="200k codes, 64 bits, k=10")
+    parser.add_argument("--n", type=int, nargs="+", default=[10_000_000])
+    parser.add_argument("--bits", type=int, nargs="+", default=[64])
     parser.add_argument("--k", type=int, nargs="+", default=[1, 10, 100])
-    parser.add_argument("--data", nargs="+", default=["lsh", "random"])
-    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--data", nargs="+", default=["lsh", "itq", "random"])
+    parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fashion-dir", default=None, help="directory of the IDX files")
     parser.add_argument("--ondisk", default=None, help="directory for the 100M on-disk test")
     parser.add_argument("--ondisk-n", type=int, default=100_000_000)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs"))
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--json", default=None, help="write the rows to this JSON file")
+    parser.add_argument("--write", action="store_true", help="update docs/results.md")
     args = parser.parse_args(argv)
     if args.quick:
-        args.n, args.bits, args.k, args.queries = [100_000], [64], [10], 300
-    rows, disk = [], None
+        args.n, args.bits, args.k, args.queries = [200_000], [64], [10], 200
+
+    def progress(msg):
+        print(msg, flush=True)
+
+    rows, disk, mixture = [], None, None
+    progress(f"load average {load_average()}")
     for data in args.data:
-        if data == "lsh" and not fashion_mnist_available(args.fashion_dir):
-            print("Fashion-MNIST not found: skipping LSH codes (pass --fashion-dir)")
-            continue
+        if data in ("lsh", "itq"):
+            if not fashion_mnist_available(args.fashion_dir):
+                progress(f"Fashion-MNIST not found: skipping {data} codes (pass --fashion-dir)")
+                continue
+            if mixture is None:
+                start = time.process_time()
+                mixture = MixtureCodes(args.fashion_dir, args.seed)
+                progress(f"mixture fitted in {time.process_time() - start:.0f} s CPU")
         for n in args.n:
-            max_bits = max(args.bits)
-            if data == "lsh":
-                db_all, q_all = lsh_codes(n, args.queries, max_bits, args.fashion_dir)
-            else:
-                db_all, q_all = random_codes(n, args.queries, max_bits)
             for n_bits in args.bits:
-                print(f"{data} n={n:,} b={n_bits}", flush=True)
-                db = np.ascontiguousarray(db_all[:, : n_bits // 8])
-                q = np.ascontiguousarray(q_all[:, : n_bits // 8])
-                rows += run_config(data, n, n_bits, args.k, db, q, args.repeats)
+                start = time.process_time()
+                if data == "random":
+                    db, q = random_codes(n, args.queries, n_bits, args.seed)
+                else:
+                    db, q = mixture.codes(data, n_bits, n, args.queries)
+                progress(
+                    f"{data} n={n:,} b={n_bits}: codes in {time.process_time() - start:.0f} s CPU"
+                )
+                rows += run_config(data, n, n_bits, args.k, db, q, args.repeats, progress)
                 del db
                 gc.collect()
-            del db_all
-            gc.collect()
     if args.ondisk:
-        disk = ondisk(Path(args.ondisk), args.ondisk_n)
-        print(disk)
-    cols = [
-        "data",
-        "n",
-        "bits",
-        "k",
-        "index",
-        "build_s",
-        "memory_MB",
-        "QPS",
-        "recall",
-        "speedup_vs_flat",
-    ]
-    table = markdown_table(cols, [[r[c] for c in cols] for r in rows]) if rows else ""
+        disk = ondisk(Path(args.ondisk), args.ondisk_n, progress)
+        progress(str(disk))
+    table = ""
+    if rows:
+        fmt = [[f"{r[c]:.3f}" if isinstance(r[c], float) else r[c] for c in COLUMNS] for r in rows]
+        table = markdown_table(COLUMNS, fmt)
     print(table)
-    if args.no_write:
-        return
-    out = Path(args.out)
-    suffix = "_quick" if args.quick else ""
-    (out / f"scale{suffix}.json").write_text(json.dumps({"rows": rows, "ondisk": disk}, indent=1))
-    if rows:
-        plot(rows, out / f"scale_query_time{suffix}.png")
-    md = [
-        f"Machine: {machine()} (shared with other jobs: timings are provisional).",
-        f"Command: `python bench/scale.py {' '.join(argv or sys.argv[1:])}`.",
-        "",
-        "Recall = fraction of returned distances equal to the exact k-NN distances; "
-        "speedup = median per-repetition ratio of FlatIndex's time to the contender's. "
-        "faiss.IndexBinaryMultiHash is approximate: the row shows its fastest setting "
-        "among those reaching its best recall.",
-        "",
-        table,
-    ]
-    if rows:
-        md += ["", f"![query time vs n](scale_query_time{suffix}.png)"]
-    if disk:
-        md += ["", "On-disk: " + ", ".join(f"{k}={v}" for k, v in disk.items())]
-    write_section("bench/scale.py" + (" --quick" if args.quick else ""), "\n".join(md))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "ondisk": disk}, indent=1))
+    if args.write:
+        md = [
+            f"Machine: {machine()}.",
+            f"Command: `python bench/scale.py {' '.join(argv or sys.argv[1:])}`.",
+            "",
+            "One thread per contender; CPU ms per query (median of interleaved repetitions); "
+            "speedups are medians of per-repetition CPU-time ratios; load average before / "
+            "after each table. faiss rows are approximate, at their best recall.",
+            "",
+            table,
+        ]
+        if disk:
+            md += ["", "On-disk: " + ", ".join(f"{k}={v}" for k, v in disk.items())]
+        write_section("bench/scale.py", "\n".join(md))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import brute_knn, brute_range, code_problems, random_bits
+from hashlearn.index import mih as mih_module
 from hashlearn.index.base import make_index
 from hashlearn.index.flat import FlatIndex
 from hashlearn.index.mih import MultiIndexHashing
@@ -52,26 +53,30 @@ def test_range_search_identical_to_brute_force(problem, frac):
     np.testing.assert_array_equal(I, eI)
 
 
-@pytest.mark.parametrize("n_bits", [16, 32, 64, 100, 128, 256])
+def clustered_codes(rng, n, n_bits, n_centres=20, flip=0.05):
+    """Codes near a few centres, like LSH codes of clustered data (crowded buckets)."""
+    centres = random_bits(rng, n_centres, n_bits, "uniform")
+    bits = centres[rng.integers(0, n_centres, n)] ^ (rng.random((n, n_bits)) < flip)
+    return np.packbits(bits.astype(bool), axis=1, bitorder="little")
+
+
+def uniform_codes(rng, n, n_bits):
+    return np.packbits(
+        random_bits(rng, n, n_bits, "uniform").astype(bool), axis=1, bitorder="little"
+    )
+
+
+@pytest.mark.parametrize("n_bits", [32, 64, 100, 128])
 @pytest.mark.parametrize("mode", ["uniform", "clustered"])
 def test_larger_databases_sub_linear_regime(n_bits, mode):
     """Thousands of codes, where the pruning (and dense tables) actually engage."""
     rng = np.random.default_rng(n_bits)
-    n = 20000
+    n = 6000
     if mode == "uniform":
-        bits = random_bits(rng, n, n_bits, "uniform")
-    else:  # codes near a few centres, like LSH codes of clustered data
-        centres = random_bits(rng, 20, n_bits, "uniform")
-        bits = centres[rng.integers(0, 20, n)] ^ (rng.random((n, n_bits)) < 0.05)
-    db = np.packbits(bits.astype(bool), axis=1, bitorder="little")
-    queries = np.concatenate(
-        [
-            db[:20],
-            np.packbits(
-                random_bits(rng, 20, n_bits, "uniform").astype(bool), axis=1, bitorder="little"
-            ),
-        ]
-    )
+        db = uniform_codes(rng, n, n_bits)
+    else:
+        db = clustered_codes(rng, n, n_bits)
+    queries = np.concatenate([db[:12] ^ 2, uniform_codes(rng, 12, n_bits)])
     ids = rng.permutation(n).astype(np.int64) * 3
     flat, mih = FlatIndex(n_bits), MultiIndexHashing(n_bits)
     flat.add(db, ids)
@@ -79,17 +84,62 @@ def test_larger_databases_sub_linear_regime(n_bits, mode):
     for k in (1, 10, 100):
         for got, want in zip(mih.search(queries, k), flat.search(queries, k), strict=True):
             np.testing.assert_array_equal(got, want)
-    for got, want in zip(
-        mih.range_search(queries, n_bits // 8), flat.range_search(queries, n_bits // 8), strict=True
-    ):
-        np.testing.assert_array_equal(got, want)
+    for radius in (n_bits // 8, n_bits // 3):
+        got = mih.range_search(queries, radius)
+        for a, b in zip(got, flat.range_search(queries, radius), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
-def test_auto_substrings_follow_the_paper():
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_cost_model_scans_random_codes_and_probes_clustered_ones(k):
+    """Uniform codes at this size cost more to probe than to scan (every query after the
+    pilot goes to the scan); the close neighbours of clustered codes are cheaper to probe.
+    Both routes give FlatIndex's results."""
+    rng = np.random.default_rng(k)
+    n = 20000
+    for mode in ("uniform", "clustered"):
+        if mode == "uniform":
+            db = uniform_codes(rng, n, 64)
+            queries = uniform_codes(rng, 40, 64)
+        else:  # small clusters: a query's neighbourhood is a small part of the codes
+            db = clustered_codes(rng, n, 64, n_centres=200, flip=0.02)
+            queries = db[rng.integers(0, n, 40)]
+            queries[:, 0] ^= 1
+        flat, mih = FlatIndex(64), MultiIndexHashing(64)
+        flat.add(db)
+        mih.add(db)
+        D, I, scanned = mih._search(mih.store.snapshot, queries, k, 1)
+        if mode == "uniform":
+            assert scanned[mih_module._PILOT_QUERIES :].all()
+        elif k < 100:  # the 100th neighbour lies outside a 100-code cluster
+            assert not scanned.any()
+        fD, fI = flat.search(queries, k)
+        np.testing.assert_array_equal(D, fD)
+        np.testing.assert_array_equal(I, fI)
+
+
+def test_probing_without_a_budget_is_exact(monkeypatch):
+    """With the scan made infinitely expensive every query probes to its stopping bound."""
+    monkeypatch.setattr(mih_module, "_SCAN_COST", 10**9)
+    rng = np.random.default_rng(11)
+    db = uniform_codes(rng, 5000, 64)
+    queries = np.concatenate([uniform_codes(rng, 10, 64), db[:10] ^ 3])
+    flat, mih = FlatIndex(64), MultiIndexHashing(64, 4)
+    flat.add(db, ids=np.arange(5000) * 2)
+    mih.add(db, ids=np.arange(5000) * 2)
+    for k in (1, 10, 100):
+        D, I, scanned = mih._search(mih.store.snapshot, queries, k, 1)
+        assert not scanned.any()
+        fD, fI = flat.search(queries, k)
+        np.testing.assert_array_equal(D, fD)
+        np.testing.assert_array_equal(I, fI)
+
+
+def test_auto_substrings_follow_the_database_size():
     mih = MultiIndexHashing(64)
     rng = np.random.default_rng(0)
     mih.add(rng.integers(0, 256, (1 << 16, 8), dtype=np.uint8))
-    assert mih.n_substrings_ == 4  # round(64 / log2(65536))
+    assert mih.n_substrings_ == 6  # round(64 / (log2(65536) - 5))
     assert MultiIndexHashing(128, 3).n_substrings_ == 3
     with pytest.raises(ValueError, match="n_substrings"):
         MultiIndexHashing(128, 1)  # a 128-bit substring cannot be a table key

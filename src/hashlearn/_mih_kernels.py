@@ -24,6 +24,7 @@ __all__ = ["substring_keys", "mih_knn", "mih_range", "mih_check_tables"]
 
 _U1 = np.uint64(1)
 _BATCH = 16  # probes whose bucket offsets (then first codes) are prefetched together
+_PREFETCH_LINES = 8  # cache lines of a bucket's codes prefetched before it is verified
 _BLOCK = 64  # codes of a bucket whose distances are computed before any is looked at
 
 
@@ -192,8 +193,8 @@ def _knn_core(
                             )
                             probe_lo[t] = b0
                             probe_hi[t] = b1
-                            if b1 > b0:
-                                prefetch(codes, b0 * n_words)
+                            for line in range(min(_PREFETCH_LINES, -(-(b1 - b0) * n_words // 8))):
+                                prefetch(codes, b0 * n_words + 8 * line)
                             work += probe_cost + (b1 - b0) * code_cost
                         for t in range(nb):
                             cnt = _verify(

@@ -54,10 +54,14 @@ _MAX_SUBSTRING_BITS = 63
 # The cost model, in units of one 64-bit word scanned by FlatIndex (~0.3 ns): a probed
 # bucket (a cache miss on its offsets, then one on its codes), and a verified code word
 # (a sequential read, but compared one code at a time). Measured on 1M-10M codes.
-_SCAN_COST = 4
-_PROBE_COST = 4 * 100
-_CODE_COST = 4 * 3
-_PILOT_QUERIES = 16  # queries probed first to decide whether a batch probes or scans
+_SCAN_COST = 1
+_PROBE_COST = 250
+_CODE_COST = 20
+_PILOT_QUERIES = 8
+# "auto" substrings are this many bits narrower than the paper's log2(n): a bucket holds
+# ~32 random codes instead of ~1, since a verified code (read in sequence) costs ~1/10 of a
+# probe (a cache miss)
+_NARROWER_BY = 5  # queries probed first to decide whether a batch probes or scans
 
 
 @persistable
@@ -114,7 +118,8 @@ class MultiIndexHashing(BinaryIndex):
         low = -(-self.n_bits // _MAX_SUBSTRING_BITS)
         if self.n_substrings != "auto":
             return int(self.n_substrings)
-        m = round(self.n_bits / math.log2(max(n, 2)))
+        width = max(math.log2(max(n, 2)) - _NARROWER_BY, 1.0)
+        m = round(self.n_bits / width)
         return int(min(self.n_bits, max(low, m, 1)))
 
     # -------------------------------------------------------------------------- building
@@ -214,10 +219,13 @@ class MultiIndexHashing(BinaryIndex):
                 costs, dist, pos, work,
             )  # fmt: skip
 
+        # the first queries, on half the budget, decide whether the batch probes or scans
         pilot = min(m_q, _PILOT_QUERIES)
-        probe(0, pilot)
-        # the pilot's mean cost, an abandoned query costing its budget and then a scan
-        pilot_cost = np.where(work[:pilot] < 0, 2 * scan_cost, work[:pilot]).mean()
+        _mih_kernels.mih_knn(
+            tables["codes"], n_words, q_words, 0, pilot, k, self.n_bits, table_args,
+            (_PROBE_COST, n_words * _CODE_COST, scan_cost // 2), dist, pos, work,
+        )  # fmt: skip
+        pilot_cost = np.where(work[:pilot] < 0, 3 * scan_cost // 2, work[:pilot]).mean()
         if pilot_cost < scan_cost:
             parallel_chunks(lambda a, b: probe(pilot + a, pilot + b), m_q - pilot, n_threads)
         scanned = work < 0
