@@ -109,7 +109,7 @@ def run(args) -> list[list[object]]:
                 lambda c=call, i=flat, q=sub: c(i, q),
             ]
             if fhash is not None and radius is not None:
-                contenders.append(lambda r=radius: faiss_range(fhash, queries, r))
+                contenders.append(lambda r=radius, f=fhash, q=queries: faiss_range(f, q, r))
             wall, cpu = interleaved_wall_and_cpu(contenders, args.repeats)
             per_query = np.array([len(queries), len(sub), len(queries)])[: wall.shape[1]]
             wall_us, cpu_us = wall / per_query * 1e6, cpu / per_query * 1e6
