@@ -67,10 +67,10 @@ def hashed_normal(seed, bit, coord):
 
 
 @numba.njit(cache=True, nogil=True)
-def _implicit_projection_csr(data, indices, indptr, n_bits, seed, support, weights, out):
-    """``out[row] = R x + W x`` over the non-zeros of CSR ``x``: the hashed hyperplanes plus
-    the learned term, whose non-zero columns ``support`` (sorted) are found by binary search
-    (``weights`` (n_bits, len(support)))."""
+def _projection_csr(data, indices, indptr, n_bits, seed, support, weights, out):
+    """``out[row] += R x + W x`` over the non-zeros of CSR ``x``: the hashed hyperplanes
+    plus the learned term, whose non-zero columns ``support`` (sorted; empty for none) are
+    found by binary search (``weights`` (n_bits, len(support)))."""
     for row in range(len(indptr) - 1):
         for p in range(indptr[row], indptr[row + 1]):
             col = indices[p]
@@ -83,28 +83,19 @@ def _implicit_projection_csr(data, indices, indptr, n_bits, seed, support, weigh
                     out[row, b] += v * weights[b, j]
 
 
-@numba.njit(cache=True, nogil=True)
-def _hashed_projection_csr(data, indices, indptr, n_bits, seed, out):
-    """``out[row, b] = sum_j X[row, j] r_b[j]`` over the non-zeros of CSR ``X``."""
-    for row in range(len(indptr) - 1):
-        for p in range(indptr[row], indptr[row + 1]):
-            col = indices[p]
-            v = data[p]
-            for b in range(n_bits):
-                out[row, b] += v * hashed_normal(seed, b, col)
-
-
-def hashed_projection(X, n_bits: int, seed: int) -> np.ndarray:
+def hashed_projection(X, n_bits: int, seed: int, support=None, weights=None) -> np.ndarray:
     """``X @ R.T`` for the hashed Gaussian hyperplanes ``R`` (n_bits, d), touching only the
-    non-zeros of X (dense or sparse)."""
+    non-zeros of X (dense or sparse); plus ``X[:, support] @ weights.T`` when given."""
     X = sp.csr_matrix(X)
     out = np.zeros((X.shape[0], n_bits))
-    _hashed_projection_csr(
-        X.data.astype(np.float64),
-        X.indices.astype(np.int64),
-        X.indptr.astype(np.int64),
+    _projection_csr(
+        X.data.astype(np.float64, copy=False),
+        X.indices.astype(np.int64, copy=False),
+        X.indptr.astype(np.int64, copy=False),
         n_bits,
         np.uint64(seed),
+        np.zeros(0, np.int64) if support is None else np.ascontiguousarray(support, np.int64),
+        np.zeros((n_bits, 0)) if weights is None else np.ascontiguousarray(weights, np.float64),
         out,
     )
     return out
@@ -135,6 +126,15 @@ class _LearnedMetricHasher(BaseHasher):
     ``gamma``), and saves without the fitted learner ``metric_`` (its arrays are saved)."""
 
     _renamed_params = {"gamma": "slack"}
+
+    def _learner_params(self, rng) -> dict:
+        """The parameters this hasher passes to its metric learner (ITML or KernelITML),
+        with a seed drawn from ``rng``."""
+        return {
+            "slack": renamed_param(self, "gamma", "slack"),
+            "num_constraints": self.num_constraints,
+            "random_state": rng.randint(2**31 - 1),
+        }
 
     def _check_candidates(self, queries, candidates) -> tuple[np.ndarray, np.ndarray]:
         """``metric_distances``' inputs as float arrays: queries (b, d), candidates (b, c, d)."""
@@ -289,11 +289,7 @@ class MetricLSH(_LearnedMetricHasher):
         d = X.shape[1]
         self.metric_ = None
         if self.metric == "itml":
-            self.metric_ = ITML(
-                slack=renamed_param(self, "gamma", "slack"),
-                num_constraints=self.num_constraints,
-                random_state=rng.randint(2**31 - 1),
-            )
+            self.metric_ = ITML(**self._learner_params(rng))
             self.metric_.fit(X, y, pairs=pairs, similar=similar)
             self.G_ = self.metric_.G_
         elif self.metric == "euclidean":
@@ -408,13 +404,7 @@ class KernelMetricLSH(_LearnedMetricHasher):
 
     def _fit(self, X, y, pairs, similar) -> None:
         rng = check_random_state(self.random_state)
-        kitml = KernelITML(
-            kernel="linear",
-            slack=renamed_param(self, "gamma", "slack"),
-            num_constraints=self.num_constraints,
-            max_iter=self.max_iter,
-            random_state=rng.randint(2**31 - 1),
-        )
+        kitml = KernelITML(kernel="linear", max_iter=self.max_iter, **self._learner_params(rng))
         kitml.fit(X, y, pairs=pairs, similar=similar)
         self.metric_ = kitml
         self.n_iter_ = kitml.n_iter_
@@ -438,19 +428,7 @@ class KernelMetricLSH(_LearnedMetricHasher):
         )
 
     def _project(self, X) -> np.ndarray:
-        X = sp.csr_matrix(X)
-        out = np.zeros((X.shape[0], self.n_bits))
-        _implicit_projection_csr(
-            X.data.astype(np.float64, copy=False),
-            X.indices.astype(np.int64, copy=False),
-            X.indptr.astype(np.int64, copy=False),
-            self.n_bits,
-            np.uint64(self.seed_),
-            np.ascontiguousarray(self.support_, dtype=np.int64),
-            np.ascontiguousarray(self.weights_, dtype=np.float64),
-            out,
-        )
-        return out
+        return hashed_projection(X, self.n_bits, self.seed_, self.support_, self.weights_)
 
     def hyperplanes(self) -> np.ndarray:
         """The hashed hyperplanes ``r`` (n_bits, n_features), materialised."""

@@ -222,6 +222,18 @@ def _cv_results(candidates, splits: np.ndarray, prior: np.ndarray) -> dict:
     return res
 
 
+def check_projection_params(est) -> None:
+    """Check the hyper-parameters ITML and KernelITML share: ``lower_percentile``,
+    ``upper_percentile``, ``num_constraints``, ``max_iter`` and ``tol``."""
+    owner = type(est).__name__
+    check_real(est.lower_percentile, "lower_percentile", owner, low=0.0, high=100.0)
+    check_real(est.upper_percentile, "upper_percentile", owner, low=0.0, high=100.0)
+    if est.num_constraints is not None:
+        check_int(est.num_constraints, "num_constraints", owner)
+    check_int(est.max_iter, "max_iter", owner)
+    check_real(est.tol, "tol", owner, low=0.0, low_open=True)
+
+
 def default_num_constraints(y: np.ndarray) -> int:
     """20 c^2 for c classes (the setting of Davis et al. and Jain et al.)."""
     return 20 * len(np.unique(y)) ** 2
@@ -385,12 +397,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
         owner = type(self).__name__
         if not (isinstance(slack, str) and slack == "auto"):
             check_real(slack, "slack", owner, low=0.0, low_open=True)
-        check_real(self.lower_percentile, "lower_percentile", owner, low=0.0, high=100.0)
-        check_real(self.upper_percentile, "upper_percentile", owner, low=0.0, high=100.0)
-        if self.num_constraints is not None:
-            check_int(self.num_constraints, "num_constraints", owner)
-        check_int(self.max_iter, "max_iter", owner)
-        check_real(self.tol, "tol", owner, low=0.0, low_open=True)
+        check_projection_params(self)
         check_int(self.n_neighbors, "n_neighbors", owner)
         check_int(self.validation_folds, "validation_folds", owner, low=2)
         check_int(self.grid_extensions, "grid_extensions", owner, low=0)

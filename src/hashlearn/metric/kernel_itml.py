@@ -57,7 +57,11 @@ from hashlearn.io import (
     require_array,
 )
 from hashlearn.kernels import log_message
-from hashlearn.metric.itml import default_num_constraints, itml_projections
+from hashlearn.metric.itml import (
+    check_projection_params,
+    default_num_constraints,
+    itml_projections,
+)
 from hashlearn.supervision import check_supervision, pairs_from_labels
 
 __all__ = ["KernelITML"]
@@ -295,12 +299,7 @@ class KernelITML(Persistable, BaseEstimator):
         check_real(slack, "slack", owner, low=0.0, low_open=True)
         if self.rbf_gamma is not None:
             check_real(self.rbf_gamma, "rbf_gamma", owner, low=0.0, low_open=True)
-        check_real(self.lower_percentile, "lower_percentile", owner, low=0.0, high=100.0)
-        check_real(self.upper_percentile, "upper_percentile", owner, low=0.0, high=100.0)
-        if self.num_constraints is not None:
-            check_int(self.num_constraints, "num_constraints", owner)
-        check_int(self.max_iter, "max_iter", owner)
-        check_real(self.tol, "tol", owner, low=0.0, low_open=True)
+        check_projection_params(self)
         if self.max_points is not None:
             check_int(self.max_points, "max_points", owner, low=2)
         check_real(self.rank_tol, "rank_tol", owner, low=0.0, high=1.0)
