@@ -255,3 +255,19 @@ def test_a_sum_that_overflows_is_not_mistaken_for_infinity(small_blocks):
     W[:, :2] = 0.0  # and the scores stay exact
     codes = LinearForm(W, shift=shift).encode(X.astype(np.float32), check_finite="LinearForm")
     np.testing.assert_array_equal(codes, reference_codes(X, W, None, shift))
+
+
+def test_sparse_encoding_keeps_one_transposed_copy_and_refreshes_it_on_refit():
+    rng = np.random.default_rng(3)
+    X = sp.random(60, 500, density=0.05, format="csr", random_state=3)
+    lsh = RandomHyperplaneLSH(16, random_state=0).fit(X)
+    first = lsh.encode(X)
+    cached = lsh._weights_t_cache[1]
+    assert cached.flags.c_contiguous and cached.shape == (500, 16)
+    np.testing.assert_array_equal(lsh.encode(X), first)
+    assert lsh._weights_t_cache[1] is cached  # reused, not copied again
+    np.testing.assert_array_equal(first, lsh.encode(X.toarray()))
+    lsh.fit(sp.csr_matrix(rng.standard_normal((60, 500))))  # new weights: new copy
+    np.testing.assert_array_equal(lsh.encode(X), lsh.encode(X.toarray()))
+    assert lsh._weights_t_cache[0] is lsh.components_
+    assert lsh._weights_t_cache[1] is not cached

@@ -20,6 +20,7 @@ their codes then have ``n_bits_`` bits.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -116,7 +117,19 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
             return pack_bits(self._bits(self._check_X(X, reset=False)))
         # NaN and infinity are looked for block by block, while each block is in cache
         X = self._check_X(X, reset=False, ensure_all_finite=False)
+        if sp.issparse(X):
+            form = replace(form, weights_t=self._transposed(form.weights, X.dtype))
         return form.encode(X, check_finite=type(self).__name__)
+
+    def _transposed(self, weights: np.ndarray, dtype) -> np.ndarray:
+        """``weights.T`` C-ordered in ``dtype``, kept while ``weights`` is the same array
+        (refitting replaces it): sparse encoding of one query at a time would otherwise copy
+        the whole matrix per call (74 -> 1.7 us a query at 65536 features x 64 bits)."""
+        cached = self.__dict__.get("_weights_t_cache")
+        if cached is None or cached[0] is not weights or cached[1].dtype != dtype:
+            cached = (weights, np.ascontiguousarray(weights.T, dtype=dtype))
+            self.__dict__["_weights_t_cache"] = cached
+        return cached[1]
 
     def transform(self, X) -> np.ndarray:
         """Same as :meth:`encode`, so hashers work as pipeline steps."""
