@@ -23,7 +23,7 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["popcount64", "trailing_zeros64", "code_distance"]
+__all__ = ["popcount64", "trailing_zeros64", "leading_zeros64", "code_distance"]
 
 _U0 = np.uint64(0)
 _U1 = np.uint64(1)
@@ -51,6 +51,22 @@ def trailing_zeros64(typingctx, x):
         i64 = ir.IntType(64)
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.cttz.i64"
+        )
+        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
+
+    return sig, codegen
+
+
+@intrinsic
+def leading_zeros64(typingctx, x):
+    """Number of zero bits above the highest set bit of a nonzero uint64 (LLVM's ``ctlz``:
+    one LZCNT/BSR)."""
+    sig = types.int64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.ctlz.i64"
         )
         return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
 
