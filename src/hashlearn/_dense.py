@@ -1,6 +1,7 @@
 """Dense linear-algebra loops shared by numba kernels (ITML's projections, MLH's training,
-the boosted search forest's Lanczos steps): one home for the matrix-vector product and the
-rank-one update.
+the boosted search forest's Lanczos steps): one home for the dot product, the
+matrix-vector product and the rank-one update. Written as loops: numba compiles array
+expressions (``a[:] = b``, ``np.sum(a * b)``) much more slowly.
 
 Both reorder their sums (``fastmath`` ``reassoc`` and ``contract``: vectorised, fused
 multiply-adds), so results agree with numpy to rounding, not to the last bit.
@@ -10,7 +11,16 @@ from __future__ import annotations
 
 import numba
 
-__all__ = ["matvec", "rank_one_update"]
+__all__ = ["dot", "matvec", "rank_one_update"]
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def dot(x, y):
+    """``x^T y`` for vectors of equal length."""
+    s = 0.0
+    for i in range(x.shape[0]):
+        s += x[i] * y[i]
+    return s
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})

@@ -74,7 +74,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
-from hashlearn._dense import matvec
+from hashlearn._dense import dot, matvec
 from hashlearn._validation import check_int, check_real
 from hashlearn.forest.base import BaseBucketer, TreeBuilder, _score, node_scores, tree_leaves
 from hashlearn.io import persistable
@@ -182,13 +182,12 @@ def _apply_node_matrix(pairs, Xc, a_loc, b_loc, pw, v, out, u, t):
     else ``A = Xc^T Xc`` (the scatter matrix)."""
     m, d = Xc.shape
     matvec(Xc, v, u)
+    for i in range(m):
+        t[i] = 0.0 if pairs else u[i]
     if pairs:
-        t[:] = 0.0
         for e in range(pw.shape[0]):
             t[a_loc[e]] += pw[e] * u[b_loc[e]]
             t[b_loc[e]] += pw[e] * u[a_loc[e]]
-    else:
-        t[:] = u
     out[:] = 0.0
     for i in range(m):
         ti = t[i]
@@ -212,23 +211,27 @@ def _lanczos(pairs, Xc, a_loc, b_loc, pw, n_steps):
     t = np.empty(m)
     for j in range(d):
         V[0, j] = 1.0 + j / d
-    V[0] /= np.sqrt(np.sum(V[0] * V[0]))
+    norm = np.sqrt(dot(V[0], V[0]))
+    for j in range(d):
+        V[0, j] /= norm
     steps = 0
     scale = 0.0
     for j in range(k):
         _apply_node_matrix(pairs, Xc, a_loc, b_loc, pw, V[j], w, u, t)
-        alpha[j] = np.sum(w * V[j])
+        alpha[j] = dot(w, V[j])
         scale = max(scale, abs(alpha[j]))
         for _rep in range(2):
             for i in range(j + 1):
-                c = np.sum(w * V[i])
-                w -= c * V[i]
-        b = np.sqrt(np.sum(w * w))
+                c = dot(w, V[i])
+                for q in range(d):
+                    w[q] -= c * V[i, q]
+        b = np.sqrt(dot(w, w))
         steps = j + 1
         if j + 1 == k or b <= 1e-10 * max(scale, 1e-300):
             break
         beta[j] = b
-        V[j + 1] = w / b
+        for q in range(d):
+            V[j + 1, q] = w[q] / b
     return V[:steps], alpha[:steps], beta[: steps - 1]
 
 

@@ -88,14 +88,20 @@ def hashed_projection(X, n_bits: int, seed: int, support=None, weights=None) -> 
     non-zeros of X (dense or sparse); plus ``X[:, support] @ weights.T`` when given."""
     X = sp.csr_matrix(X)
     out = np.zeros((X.shape[0], n_bits))
+    support = np.zeros(0, np.int64) if support is None else support
+    weights = np.zeros((n_bits, 0)) if weights is None else weights
+
+    def plain(a, dtype):  # C-ordered and writable: one kernel specialisation
+        return np.require(a, dtype, ["C", "W"])
+
     _projection_csr(
-        X.data.astype(np.float64, copy=False),
-        X.indices.astype(np.int64, copy=False),
-        X.indptr.astype(np.int64, copy=False),
+        plain(X.data, np.float64),
+        plain(X.indices, np.int64),
+        plain(X.indptr, np.int64),
         n_bits,
         np.uint64(seed),
-        np.zeros(0, np.int64) if support is None else np.ascontiguousarray(support, np.int64),
-        np.zeros((n_bits, 0)) if weights is None else np.ascontiguousarray(weights, np.float64),
+        plain(support, np.int64),
+        plain(weights, np.float64),
         out,
     )
     return out

@@ -46,7 +46,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
-from hashlearn._dense import matvec, rank_one_update
+from hashlearn._dense import dot, matvec, rank_one_update
 from hashlearn._validation import DEPRECATED, check_int, check_real, renamed_param
 from hashlearn._vote import majority_vote
 from hashlearn.io import (
@@ -121,13 +121,12 @@ def itml_projections(A, V, delta, bhat, lam, slack, max_iter, tol, C=None):
     cv = np.empty(d)
     lam_old = np.empty(m)
     for it in range(max_iter):
-        lam_old[:] = lam
+        for t in range(m):
+            lam_old[t] = lam[t]
         for t in range(m):
             v = V[t]
             matvec(A, v, w)
-            p = 0.0
-            for a in range(d):
-                p += w[a] * v[a]
+            p = dot(w, v)
             if C is not None:
                 matvec(C, v, cv)
             alpha, beta = _bregman_step(p, t, delta, lam, bhat, slack)
