@@ -147,62 +147,51 @@ def distance_recall(D, D_true):
 
 
 def faiss_settings(n_bits):
-    """``(name, build)`` of the faiss hash indexes swept (each build returns the index)."""
-    out = []
-    for b in (16, 20, 23, 26):
-        for nflip in (0, 1, 2, 3):
-            if b <= n_bits:
-                out.append((f"faiss.IndexBinaryHash(b={b}, nflip={nflip})", ("hash", b, nflip)))
-    for nhash in (2, 3, 4):
-        sub = n_bits // nhash
-        if 16 <= sub <= 32:
-            for nflip in (0, 1, 2):
-                out.append(
-                    (
-                        f"faiss.IndexBinaryMultiHash(nhash={nhash}, nflip={nflip})",
-                        ("multi", nhash, nflip),
-                    )
-                )
+    """``(kind, parameter, nflips)`` of the faiss hash indexes swept: ``IndexBinaryHash``
+    with a ``b``-bit prefix, ``IndexBinaryMultiHash`` with ``nhash`` tables of 16-32 bits."""
+    out = [("hash", b, (0, 1, 2, 3)) for b in (20, 23, 26) if b <= n_bits]
+    out += [("multi", h, (0, 1, 2)) for h in (2, 3, 4) if 16 <= n_bits // h <= 32]
     return out
 
 
-def faiss_index(db, n_bits, spec, cache):
-    kind, a, nflip = spec
-    key = (kind, a)
-    if key not in cache:
-        cache.clear()  # one faiss table at a time (memory)
-        gc.collect()
-        if kind == "hash":
-            index = faiss.IndexBinaryHash(n_bits, a)
-        else:
-            index = faiss.IndexBinaryMultiHash(n_bits, a, n_bits // a)
-        index.add(db)
-        cache[key] = index
-    index = cache[key]
-    index.nflip = nflip
+def faiss_build(db, n_bits, kind, param):
+    if kind == "hash":
+        index = faiss.IndexBinaryHash(n_bits, param)
+    else:
+        index = faiss.IndexBinaryMultiHash(n_bits, param, n_bits // param)
+    index.add(db)
     return index
 
 
-def best_faiss(db, queries, n_bits, k, D_true, scan_cpu, progress):
-    """Per faiss family, ``(name, spec, recall)`` of its fastest setting at its best recall,
-    swept on the first 100 queries (settings over 3x FlatIndex's CPU time skipped)."""
-    sweep_q, sweep_true = queries[:100], D_true[:100]
-    found, cache = {}, {}
-    for name, spec in faiss_settings(n_bits):
-        family = name.split("(")[0]
-        index = faiss_index(db, n_bits, spec, cache)
-        t = time.process_time()
-        D, _ = index.search(sweep_q, k)
-        cpu = (time.process_time() - t) / len(sweep_q)
-        rec = distance_recall(D, sweep_true)
-        if cpu > 3 * scan_cpu:
-            progress(f"    {name}: {cpu / scan_cpu:.1f}x FlatIndex's CPU time, skipped")
-            continue
-        key = (round(rec, 3), -cpu)
-        if family not in found or key > found[family][0]:
-            found[family] = (key, name, spec)
-    cache.clear()
-    return [(name, spec) for _, name, spec in found.values()]
+def best_faiss(db, queries, n_bits, ks, truth, scan_cpu, progress):
+    """``{(family, k): (name, index, nflip)}``: per faiss family and k its fastest setting
+    at its best recall, swept on the first 100 queries (settings over 3x FlatIndex's CPU
+    time skipped). Each table is built once for every k and nflip."""
+    sweep_q = queries[:100]
+    best = {}
+    for kind, param, flips in faiss_settings(n_bits):
+        index = faiss_build(db, n_bits, kind, param)
+        for k in ks:
+            for nflip in flips:
+                index.nflip = nflip
+                name = (
+                    f"faiss.IndexBinaryHash(b={param}, nflip={nflip})"
+                    if kind == "hash"
+                    else f"faiss.IndexBinaryMultiHash(nhash={param}, nflip={nflip})"
+                )
+                t = time.process_time()
+                D, _ = index.search(sweep_q, k)
+                cpu = (time.process_time() - t) / len(sweep_q)
+                if cpu > 3 * scan_cpu[k]:
+                    progress(f"    k={k} {name}: {cpu / scan_cpu[k]:.1f}x FlatIndex's CPU, skipped")
+                    break  # more flips only cost more
+                key = (round(distance_recall(D, truth[k][: len(sweep_q)]), 3), -cpu)
+                family = name.split("(")[0]
+                if (family, k) not in best or key > best[family, k][0]:
+                    best[family, k] = (key, name, index, nflip)
+        del index
+        gc.collect()
+    return {fk: value[1:] for fk, value in best.items()}
 
 
 def run_config(data, n, n_bits, ks, db, queries, repeats, progress):
@@ -215,27 +204,31 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress):
     mih.build()
     mih_build = time.process_time() - start
     progress(f"  MIH: {mih.n_substrings_} tables, built in {mih_build:.1f} s CPU")
+    truth, scan_cpu, scanned = {}, {}, {}
     for k in ks:
         start = time.process_time()
         D_true, I_true = flat.search(queries, k, n_threads=1)
-        scan_cpu = (time.process_time() - start) / len(queries)
-        D, I, scanned = mih._search(mih.store.snapshot, mih._check_queries(queries), k, 1)
+        scan_cpu[k] = (time.process_time() - start) / len(queries)
+        truth[k] = D_true
+        D, I, scanned[k] = mih._search(mih.store.snapshot, mih._check_queries(queries), k, 1)
         if not (np.array_equal(D, D_true) and np.array_equal(I, I_true)):
             raise AssertionError(f"MultiIndexHashing differs from FlatIndex ({data}, k={k})")
+    chosen = {}
+    if faiss is not None:
+        faiss.omp_set_num_threads(1)
+        chosen = best_faiss(db, queries, n_bits, ks, truth, scan_cpu, progress)
+    for k in ks:
         calls = {
             "FlatIndex": lambda k=k: flat.search(queries, k, n_threads=1),
             "MultiIndexHashing": lambda k=k: mih.search(queries, k, n_threads=1),
         }
         recalls = {"FlatIndex": 1.0, "MultiIndexHashing": 1.0}
-        cache = {}
-        if faiss is not None:
-            faiss.omp_set_num_threads(1)
-            for name, spec in best_faiss(db, queries, n_bits, k, D_true, scan_cpu, progress):
-                index = faiss_index(db, n_bits, spec, cache)
-                calls[name] = lambda index=index, nflip=spec[2], k=k: _faiss_search(
+        for (_, kk), (name, index, nflip) in chosen.items():
+            if kk == k:
+                calls[name] = lambda index=index, nflip=nflip, k=k: _faiss_search(
                     index, nflip, queries, k
                 )
-                recalls[name] = distance_recall(calls[name]()[0], D_true)
+                recalls[name] = distance_recall(calls[name]()[0], truth[k])
         names = list(calls)
         load_before = load_average()
         wall, cpu = interleaved_wall_and_cpu([calls[c] for c in names], repeats)
@@ -254,7 +247,7 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress):
                     "cpu_speedup_vs_flat": float(np.median(cpu[:, flat_c] / cpu[:, c])),
                     "mih_cpu_speedup_vs_this": float(np.median(cpu[:, c] / cpu[:, mih_c])),
                     "recall": recalls[name],
-                    "mih_scanned": float(scanned.mean()) if name == "MultiIndexHashing" else "",
+                    "mih_scanned": float(scanned[k].mean()) if name == "MultiIndexHashing" else "",
                     "load": f"{load_before} / {load_after}",
                 }
             )
@@ -265,7 +258,6 @@ def run_config(data, n, n_bits, ks, db, queries, repeats, progress):
                 for r in rows[-len(names) :]
             )
         )
-        cache.clear()
     return rows
 
 

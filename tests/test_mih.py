@@ -135,11 +135,11 @@ def test_probing_without_a_budget_is_exact(monkeypatch):
         np.testing.assert_array_equal(I, fI)
 
 
-def test_auto_substrings_follow_the_database_size():
+def test_auto_substrings_follow_the_paper():
     mih = MultiIndexHashing(64)
     rng = np.random.default_rng(0)
     mih.add(rng.integers(0, 256, (1 << 16, 8), dtype=np.uint8))
-    assert mih.n_substrings_ == 6  # round(64 / (log2(65536) - 5))
+    assert mih.n_substrings_ == 4  # round(64 / log2(65536))
     assert MultiIndexHashing(128, 3).n_substrings_ == 3
     with pytest.raises(ValueError, match="n_substrings"):
         MultiIndexHashing(128, 1)  # a 128-bit substring cannot be a table key

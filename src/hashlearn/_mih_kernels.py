@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from hashlearn._kernels import prefetch
-from hashlearn._popcount import popcount64
+from hashlearn._popcount import popcount64, trailing_zeros64
 from hashlearn._postings import find_in
 
 __all__ = ["substring_keys", "mih_knn", "mih_range", "mih_check_tables"]
@@ -121,9 +121,14 @@ def _verify(codes, postings, b0, b1, queries, qo, n_words, n_bits, k, best_d, be
         c = min(_BLOCK, b1 - j)
         for u in range(c):
             dist[u] = _distance(codes, (j + u) * n_words, queries, qo, n_words)
+        bound = best_d[k - 1] if cnt == k else n_bits
+        passing = np.uint64(0)  # bit u: code j + u within the bound (branch-free)
         for u in range(c):
-            if dist[u] <= (best_d[k - 1] if cnt == k else n_bits):
-                cnt = _insert_new(best_d, best_p, cnt, k, dist[u], postings[j + u])
+            passing |= np.uint64(dist[u] <= bound) << np.uint64(u)
+        while passing:
+            u = trailing_zeros64(passing)
+            cnt = _insert_new(best_d, best_p, cnt, k, dist[u], postings[j + u])
+            passing &= passing - _U1
         j += c
     return cnt
 
