@@ -1,6 +1,6 @@
-"""Exact rescoring of Hamming candidates: by inner product for
-:class:`hashlearn.embeddings.EmbeddingIndex` (``rescore_kernel``), by a distance for
-:class:`hashlearn.Searcher` (``distance_kernel``); both keep each query's top k as they score.
+"""Exact rescoring of Hamming candidates by a distance (``distance_kernel``), keeping each
+query's top k as it scores: :class:`hashlearn.Searcher`'s re-ranking, and
+:class:`hashlearn.embeddings.EmbeddingIndex`'s by inner product (``NEG_INNER``).
 
 A query's candidates are rows scattered over a float matrix that is usually far larger than
 the caches (120k x 384 float32 is 184 MB, often a memory map), so rescoring is bound by memory
@@ -18,7 +18,6 @@ from numba import njit
 from hashlearn._kernels import prefetch
 
 __all__ = [
-    "rescore_kernel",
     "distance_kernel",
     "keep_smallest",
     "SQEUCLIDEAN",
@@ -46,46 +45,6 @@ def _dot(Q, i, V, p):
     for t in range(Q.shape[1]):
         acc += np.float64(Q[i, t]) * np.float64(V[p, t])
     return acc
-
-
-# reassociation lets LLVM split the sum over SIMD lanes; no "no-NaN/no-inf" flags, so the
-# comparisons with the -inf padding stay exact
-@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop):  # pragma: no cover - compiled
-    """Exact inner products of queries ``start:stop`` with their candidates; keep the best
-    ``k`` by (score descending, id ascending) in ``out_s`` / ``out_i``.
-
-    ``V`` is C-contiguous; ``cand`` rows are row numbers of ``V``, -1 for none.
-    """
-    c = cand.shape[1]
-    for i in range(start, stop):
-        for j in range(min(_LOOKAHEAD, c)):
-            if cand[i, j] >= 0:
-                _prefetch_row(V, cand[i, j])
-        filled = 0
-        for j in range(c):
-            if j + _LOOKAHEAD < c and cand[i, j + _LOOKAHEAD] >= 0:
-                _prefetch_row(V, cand[i, j + _LOOKAHEAD])
-            p = cand[i, j]
-            if p < 0:
-                continue
-            s = _dot(Q, i, V, p)
-            if filled == k:
-                last_s = out_s[i, k - 1]
-                if s < last_s or (s == last_s and p > out_i[i, k - 1]):
-                    continue
-                pos = k - 1
-            else:
-                pos = filled
-                filled += 1
-            while pos > 0 and (
-                out_s[i, pos - 1] < s or (out_s[i, pos - 1] == s and out_i[i, pos - 1] > p)
-            ):
-                out_s[i, pos] = out_s[i, pos - 1]
-                out_i[i, pos] = out_i[i, pos - 1]
-                pos -= 1
-            out_s[i, pos] = s
-            out_i[i, pos] = p
 
 
 # ----------------------------------------------------------------------- distances, top-k
@@ -145,8 +104,9 @@ def distance_kernel(Q, V, cand, kind, k, out_d, out_i, start, stop):  # pragma: 
 
     ``kind``: ``SQEUCLIDEAN``, ``EUCLIDEAN``, ``NEG_INNER`` (``-q.x``) or ``COSINE``
     (``1 - cos``, 1 where a norm is 0). ``V`` is C-contiguous, float32 or float64, with the
-    columns of ``Q``; ``cand`` rows are row numbers of ``V``, -1 for none. Rows are
-    prefetched as in :func:`rescore_kernel`.
+    columns of ``Q``; ``cand`` rows are row numbers of ``V``, -1 for none. Each row is
+    prefetched ``_LOOKAHEAD`` candidates ahead. Reassociation lets LLVM split the sums over
+    SIMD lanes; there are no "no-NaN/no-inf" flags, so comparisons with the padding stay exact.
     """
     c = cand.shape[1]
     for i in range(start, stop):

@@ -37,7 +37,7 @@ import numpy as np
 
 from hashlearn import io as _io
 from hashlearn._parallel import parallel_chunks
-from hashlearn._rescore import rescore_kernel
+from hashlearn._rescore import NEG_INNER, distance_kernel
 from hashlearn._validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
@@ -123,18 +123,20 @@ def rescore(
     shared thread pool; each dot product is accumulated in float64.
     """
     m = queries.shape[0]
-    out_s = np.full((m, k), -np.inf, np.float64)
+    out_d = np.full((m, k), np.inf, np.float64)  # distances -q.x: the best score first
     out_i = np.full((m, k), -1, np.int64)
     if m and candidates.shape[1] and len(vectors):
         Q = np.ascontiguousarray(queries, dtype=np.float32)
         V = np.ascontiguousarray(vectors)  # a memmap's buffer as a plain ndarray: no copy
         cand = np.ascontiguousarray(candidates, dtype=np.int64)
         parallel_chunks(
-            lambda start, stop: rescore_kernel(Q, V, cand, k, out_s, out_i, start, stop),
+            lambda start, stop: distance_kernel(
+                Q, V, cand, NEG_INNER, k, out_d, out_i, start, stop
+            ),
             m,
             n_threads,
         )
-    return out_s.astype(np.float32), out_i
+    return (-out_d).astype(np.float32), out_i
 
 
 # ----------------------------------------------------------------------------------- index
