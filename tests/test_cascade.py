@@ -1,4 +1,5 @@
-"""Cascade (lambdarank-bit-vectors.txt, Sec. 6): stage-by-stage oracle on random codes."""
+"""Cascade (the LambdaRank bit-vector paper (WWW), Sec. 6): stage-by-stage oracle on random
+codes."""
 
 from __future__ import annotations
 

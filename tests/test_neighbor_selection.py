@@ -1,5 +1,5 @@
-"""Neighbour selection by absolute / relative Hamming thresholds (lambdarank-bit-vectors.txt,
-Sec. 3.5.2), in evaluate and Searcher, against brute-force oracles."""
+"""Neighbour selection by absolute / relative Hamming thresholds (the LambdaRank
+bit-vector paper (WWW), Sec. 3.5.2), in evaluate and Searcher, against brute-force oracles."""
 
 from __future__ import annotations
 

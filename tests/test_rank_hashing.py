@@ -1,4 +1,4 @@
-"""RankHashing (lambdarank-bit-vectors.txt): gradients vs finite differences, eq. 1-2,
+"""RankHashing (the LambdaRank bit-vector paper, WWW): gradients vs finite differences, eq. 1-2,
 persistence, bad input, and the paper's ordering on digits."""
 
 from __future__ import annotations

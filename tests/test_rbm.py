@@ -116,9 +116,11 @@ def test_beats_lsh_on_digits_label_retrieval():
     assert scores["rbm"] > scores["lsh"] + 0.05, scores
 
 
+@pytest.mark.slow  # the same claim on digits runs in the fast suite
 @pytest.mark.skipif(not fashion_mnist_available(FASHION_DIR), reason="Fashion-MNIST not installed")
 def test_beats_lsh_at_32_bits_fashion_mnist():
-    """Issue 7 / survey Fig. 11: RBM+NCA > LSH on label-based recall of 50 NN at M=500."""
+    """Issue 7 / survey Fig. 11: RBM+NCA > LSH on label-based recall of 50 NN at M=500.
+    Slow; ``test_beats_lsh_on_digits_label_retrieval`` checks the claim in the fast suite."""
     X, y = load_fashion_mnist(FASHION_DIR, subset="train")
     idx = np.random.RandomState(0).choice(len(X), 3200, replace=False)
     X, y = X[idx].astype(np.float64) / 255.0, y[idx]
