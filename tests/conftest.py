@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import strategies as st
 
 # Code lengths that sit on or next to word / byte boundaries of the kernels.
@@ -111,6 +112,15 @@ def brute_range(q_bits, db_bits, ids, radius):
 
 
 # ---------------------------------------------------------------------------- generators
+
+
+def sparse_rows(rng: np.random.Generator, n: int, d: int, per_row: int) -> sp.csr_matrix:
+    """``(n, d)`` CSR with ``per_row`` uniform [0, 1) values per row at random columns
+    (repeats summed): scipy.sparse.random draws its positions among all ``n * d`` cells,
+    which takes seconds when ``d`` is 10^5 or more."""
+    rows = np.repeat(np.arange(n), per_row)
+    cols = rng.integers(0, d, n * per_row)
+    return sp.csr_matrix((rng.random(n * per_row), (rows, cols)), shape=(n, d))
 
 
 def random_bits(

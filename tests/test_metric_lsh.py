@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from conftest import sparse_rows
 from hashlearn.codes import unpack_bits
 from hashlearn.hashers.metric_lsh import (
     KernelMetricLSH,
@@ -95,7 +96,7 @@ def test_metric_distances_and_searcher_rerank(data):
 
 def test_high_dimensional_sparse_input():
     rng = np.random.RandomState(0)
-    X = sp.random(300, 100_000, density=0.0005, format="csr", random_state=0)
+    X = sparse_rows(np.random.default_rng(0), 300, 100_000, 50)  # density 0.0005
     y = rng.randint(0, 4, 300)
     h = KernelMetricLSH(32, num_constraints=200, random_state=0).fit(X, y)
     codes = h.encode(X)
@@ -212,9 +213,8 @@ def test_searcher_sparse_metric_rerank_with_kernel_metric_lsh():
     h = KernelMetricLSH(16, num_constraints=100, random_state=0).fit(X, y)
     s = Searcher(h, FlatIndex(16), rerank="metric", n_candidates=80).add(X)
     D, I = s.search(X[:6], 4)
-    G = h.metric_factor()
-    dense = X.toarray()
-    full = np.array([np.sum(((dense - dense[i]) @ G.T) ** 2, axis=1) for i in range(6)])
+    Z = X.toarray() @ h.metric_factor().T  # G x for every row: |G (x - q)|^2 = |Gx - Gq|^2
+    full = np.array([np.sum((Z - Z[i]) ** 2, axis=1) for i in range(6)])
     np.testing.assert_allclose(D, np.take_along_axis(full, I, axis=1), rtol=1e-5, atol=1e-6)
     assert np.all(D[:, :-1] <= D[:, 1:] + 1e-9)
     np.testing.assert_allclose(D[:, 0], np.sort(full, axis=1)[:, 0], atol=1e-6)

@@ -382,7 +382,8 @@ class KernelMetricLSH(_LearnedMetricHasher):
     >>> from hashlearn.hashers import KernelMetricLSH
     >>> rng = np.random.RandomState(0)
     >>> y = rng.randint(0, 2, 40)
-    >>> X = sp.random(40, 10**6, density=1e-5, format="csr", random_state=0)
+    >>> rows, cols = np.repeat(np.arange(40), 10), rng.randint(0, 10**6, 400)  # 10 per row
+    >>> X = sp.csr_matrix((rng.rand(400), (rows, cols)), shape=(40, 10**6))
     >>> X = (X + sp.csr_matrix((np.ones(40), (np.arange(40), y)), shape=X.shape)).tocsr()
     >>> h = KernelMetricLSH(n_bits=16, num_constraints=60, random_state=0).fit(X, y)
     >>> h.encode(X[:3]).shape
