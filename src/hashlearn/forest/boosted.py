@@ -513,7 +513,8 @@ class BoostedSearchForest(BaseBucketer):
     # ------------------------------------------------------------------ fitting
 
     def _fit(self, X, y) -> None:
-        X = np.require(X, np.float64, ["C", "W"])  # one kernel specialisation (copies F/read-only)
+        # C-ordered and writable like the arrays made inside: one kernel specialisation
+        X = np.require(X, np.float64, ["C", "W"])
         n = X.shape[0]
         self._check_params(n)
         rng = check_random_state(self.random_state)

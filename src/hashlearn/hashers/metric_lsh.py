@@ -40,6 +40,7 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
+from hashlearn._kernel_args import frozen
 from hashlearn._kernels import GOLDEN_GAMMA, mix64, splitmix64
 from hashlearn._postings import find
 from hashlearn._validation import DEPRECATED, check_int, renamed_param
@@ -90,18 +91,14 @@ def hashed_projection(X, n_bits: int, seed: int, support=None, weights=None) -> 
     out = np.zeros((X.shape[0], n_bits))
     support = np.zeros(0, np.int64) if support is None else support
     weights = np.zeros((n_bits, 0)) if weights is None else weights
-
-    def plain(a, dtype):  # C-ordered and writable: one kernel specialisation
-        return np.require(a, dtype, ["C", "W"])
-
     _projection_csr(
-        plain(X.data, np.float64),
-        plain(X.indices, np.int64),
-        plain(X.indptr, np.int64),
+        frozen(X.data, np.float64),
+        frozen(X.indices, np.int64),
+        frozen(X.indptr, np.int64),
         n_bits,
         np.uint64(seed),
-        plain(support, np.int64),
-        plain(weights, np.float64),
+        frozen(support, np.int64),
+        frozen(weights, np.float64),
         out,
     )
     return out

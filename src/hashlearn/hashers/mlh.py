@@ -645,7 +645,8 @@ class MinimalLossHashing(BaseHasher):
         p = self._check_params()
         owner = type(self).__name__
         rng = check_random_state(self.random_state)
-        X = np.require(X, np.float64, ["C", "W"])  # one kernel specialisation (copies F/read-only)
+        # C-ordered and writable like the arrays made inside: one kernel specialisation
+        X = np.require(X, np.float64, ["C", "W"])
         n, d = X.shape
         if n < 2:
             raise ValueError(f"{owner} needs at least 2 training points; got n_samples={n}.")
