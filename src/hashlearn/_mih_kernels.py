@@ -116,14 +116,23 @@ def _verify(codes, postings, b0, b1, queries, qo, n_words, n_bits, k, best_d, be
     the codes within the current k-th distance are looked at; everything else is rejected by
     its distance alone, so no visited set is needed (:func:`_insert_new` drops repeats).
     """
+    wu = np.uint64(n_words)
+    qu = np.uint64(qo)
     j = b0
     while j < b1:
         c = min(_BLOCK, b1 - j)
-        for u in range(c):
-            dist[u] = _distance(codes, (j + u) * n_words, queries, qo, n_words)
+        # unsigned offsets: no wrap-around check per load, so LLVM vectorises over codes
+        first = np.uint64(j) * wu
+        for u in range(np.uint64(c)):
+            d = 0
+            for w in range(wu):
+                d += popcount64(codes[first + u * wu + w] ^ queries[qu + w])
+            dist[u] = d
+        for u in range(c, _BLOCK):  # a bucket's last block: the padding never passes
+            dist[u] = n_bits + 1
         bound = best_d[k - 1] if cnt == k else n_bits
         passing = np.uint64(0)  # bit u: code j + u within the bound (branch-free)
-        for u in range(c):
+        for u in range(_BLOCK):
             passing |= np.uint64(dist[u] <= bound) << np.uint64(u)
         while passing:
             u = trailing_zeros64(passing)

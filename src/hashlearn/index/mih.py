@@ -63,11 +63,13 @@ _MAX_SUBSTRING_BITS = 63
 # The cost model, in units of one code word scanned by FlatIndex (~0.3 ns): a probed bucket
 # (cache misses on its offsets and its first codes) and a verified code word (read in
 # sequence with its bucket). Fitted on single-query CPU times at 10M x 64-bit codes
-# (uniform and clustered): ~70 ns per probe, 2.5-4.4 ns per verified code.
+# (uniform and clustered): ~70-110 ns per probe, 1-2 ns per verified code (4 in buckets of
+# a few codes).
 _SCAN_COST = 1
-_PROBE_COST = 240
-_CODE_COST = 12
+_PROBE_COST = 320
+_CODE_COST = 6
 _PILOT_QUERIES = 8  # queries probed first to decide whether a batch probes or scans
+_QUERY_BUDGET = 1.0  # a probing query is abandoned (and scanned) past this many scans
 
 
 @persistable
@@ -216,7 +218,7 @@ class MultiIndexHashing(BinaryIndex):
         tables = self._tables_of(snap)
         q_words, n_words = as_words(queries), self._n_words
         scan_cost = n * n_words * _SCAN_COST
-        costs = (_PROBE_COST, n_words * _CODE_COST, scan_cost)
+        costs = (_PROBE_COST, n_words * _CODE_COST, int(_QUERY_BUDGET * scan_cost))
         table_args = tuple(tables[name] for name in _TABLE_NAMES)
 
         def probe(start: int, stop: int) -> None:
