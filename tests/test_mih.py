@@ -32,13 +32,16 @@ def test_knn_identical_to_brute_force_and_flat(problem, k, m, auto):
     if n_sub != "auto" and n_sub * 63 < problem.n_bits:
         n_sub = "auto"
     flat, mih = both(problem, n_sub)
-    D, I = mih.search(problem.queries, k)
     eD, eI = brute_knn(problem.q_bits, problem.db_bits, problem.ids, k)
-    np.testing.assert_array_equal(D, eD)
-    np.testing.assert_array_equal(I, eI)
     fD, fI = flat.search(problem.queries, k)
-    np.testing.assert_array_equal(D, fD)
-    np.testing.assert_array_equal(I, fI)
+    np.testing.assert_array_equal(fD, eD)
+    np.testing.assert_array_equal(fI, eI)
+    with pytest.MonkeyPatch.context() as patch:
+        for scan_cost in (1, 10**9):  # as the cost model routes; every query probing
+            patch.setattr(mih_module, "_SCAN_COST", scan_cost)
+            D, I = mih.search(problem.queries, k)
+            np.testing.assert_array_equal(D, eD)
+            np.testing.assert_array_equal(I, eI)
 
 
 @SETTINGS
