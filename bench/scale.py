@@ -37,6 +37,7 @@ import json
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,6 +96,7 @@ class MixtureCodes:
 
     def __init__(self, fashion_dir=None, seed=0):
         from sklearn.decomposition import PCA
+        from sklearn.exceptions import ConvergenceWarning
         from sklearn.mixture import GaussianMixture
 
         X, _ = load_fashion_mnist(fashion_dir, subset="train")
@@ -107,7 +109,10 @@ class MixtureCodes:
             max_iter=40,
             reg_covar=1e-4,
             random_state=seed,
-        ).fit(self.Z)
+        )
+        with warnings.catch_warnings():  # a data generator: 40 EM steps are enough
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gmm.fit(self.Z)
         self.weights = gmm.weights_ / gmm.weights_.sum()
         self.means = gmm.means_.astype(np.float32)
         self.stds = np.sqrt(gmm.covariances_).astype(np.float32)
