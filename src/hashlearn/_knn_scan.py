@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from hashlearn._kernel_args import frozen
 from hashlearn._popcount import code_distance, popcount64, trailing_zeros64
 
 __all__ = ["knn_scan"]
@@ -208,6 +209,9 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
     GIL-free: callers run chunks of queries on several threads.
     """
     block = _MINI_BLOCK * max(1, 32 // n_words)  # ~16 KiB of codes, whole mini-blocks
+    # read-only inputs for every caller: one compiled kernel per width, not one per mix of
+    # writable and read-only arrays (an index's codes are read-only)
+    db, queries = frozen(db, np.uint64), frozen(queries, np.uint64)
     width = _WIDTH_TAGS.get(n_words)
     if width is None:
         knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
