@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from hashlearn import io as _io
+from hashlearn._kernel_args import frozen
 from hashlearn._parallel import parallel_chunks
 from hashlearn._rescore import NEG_INNER, distance_kernel
 from hashlearn._validation import as_plain_array, check_int
@@ -126,9 +127,11 @@ def rescore(
     out_d = np.full((m, k), np.inf, np.float64)  # distances -q.x: the best score first
     out_i = np.full((m, k), -1, np.int64)
     if m and candidates.shape[1] and len(vectors):
-        Q = np.ascontiguousarray(queries, dtype=np.float32)
-        V = np.ascontiguousarray(vectors)  # a memmap's buffer as a plain ndarray: no copy
-        cand = np.ascontiguousarray(candidates, dtype=np.int64)
+        # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy): one
+        # compiled kernel whatever the arrays' flags
+        Q = frozen(queries, np.float32)
+        V = frozen(vectors, vectors.dtype)
+        cand = frozen(candidates, np.int64)
         parallel_chunks(
             lambda start, stop: distance_kernel(
                 Q, V, cand, NEG_INNER, k, out_d, out_i, start, stop

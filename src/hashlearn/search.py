@@ -42,6 +42,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from hashlearn import io as _io
+from hashlearn._kernel_args import frozen
 from hashlearn._kernels import prefetch
 from hashlearn._parallel import parallel_chunks
 from hashlearn._rescore import (
@@ -777,10 +778,12 @@ class Searcher:
                 def run(start, stop):
                     _rerank_csr_kernel(*args, pos, kind, k, out_d, out_row, start, stop)
             else:
-                Vd = np.ascontiguousarray(V)  # a memmap's buffer as a plain ndarray: no copy
+                # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy):
+                # one compiled kernel whatever the arrays' flags
+                Qd, Vd, pos_d = frozen(Q, Q.dtype), frozen(V, V.dtype), frozen(pos, np.int64)
 
                 def run(start, stop):
-                    distance_kernel(Q, Vd, pos, kind, k, out_d, out_row, start, stop)
+                    distance_kernel(Qd, Vd, pos_d, kind, k, out_d, out_row, start, stop)
 
             parallel_chunks(run, m, n_threads, min_chunk=1)
             ids = np.where(out_row >= 0, self._vector_ids[np.maximum(out_row, 0)], -1)
