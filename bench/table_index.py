@@ -19,6 +19,7 @@ targets of issue 14 item 5 (<= 30 s each).
 
     python bench/table_index.py                 # full run, writes docs/results.md
     python bench/table_index.py --quick --no-write
+    python bench/table_index.py --forest-only    # the forest's times alone (a few minutes)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
-from _common import machine, markdown_table, write_section  # noqa: E402
+from _common import load_average, machine, markdown_table, write_section  # noqa: E402
 from hashlearn.forest.boosted import BoostedSearchForest  # noqa: E402
 from hashlearn.index.flat import FlatIndex  # noqa: E402
 from hashlearn.index.table import TableIndex  # noqa: E402
@@ -117,11 +118,33 @@ def forest_times(n_index: int, quick: bool):
     return n_trees, n_train, fit_s, build_s, int(bsf.n_leaves_.mean())
 
 
+def forest_line(quick: bool) -> str:
+    """The forest's training and index build times, as one markdown paragraph."""
+    n_index = 100_000 if quick else 1_000_000
+    n_trees, n_train, fit_s, build_s, leaves = forest_times(n_index, quick)
+    return (
+        f"Boosted search forest: training {n_trees} trees (depth <= 12, mean {leaves} "
+        f"leaves) on {n_train:,} points with {'2e4' if quick else '1e5'} pairs per "
+        f"tree: {fit_s[0]:.1f} s wall, {fit_s[1]:.1f} s CPU (target <= 30 s). Building the "
+        f"{n_trees}-tree index over {n_index:,} items (keys + TableIndex.add): "
+        f"{build_s[0]:.1f} s wall, {build_s[1]:.1f} s CPU summed over threads (target <= 30 s)."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--forest-only", action="store_true", help="only the forest's times")
     args = parser.parse_args()
+    if args.forest_only:
+        load_before = load_average()
+        md = f"{machine()}; load average before {load_before}.\n\n" + forest_line(args.quick)
+        md += f"\n\nLoad average after: {load_average()}."
+        print(md)
+        if not args.no_write:
+            write_section("bench-forest-times", md)
+        return
     sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
     bits_list = [32, 64, 128, 256, 512]
     rows, fits = [], []
@@ -180,9 +203,6 @@ def main() -> None:
                 f"{cand_coef * 5000:.5f}",
             ]
         )
-    n_trees, n_train, fit_s, build_s, leaves = forest_times(
-        100_000 if args.quick else 1_000_000, args.quick
-    )
     md = "\n".join(
         [
             "## bench/table_index.py: inverted index vs exhaustive Hamming scan "
@@ -232,12 +252,7 @@ def main() -> None:
                 extra,
             ),
             "",
-            f"Boosted search forest: training {n_trees} trees (depth <= 12, mean {leaves} "
-            f"leaves) on {n_train:,} points with {'2e4' if args.quick else '1e5'} pairs per "
-            f"tree: {fit_s[0]:.1f} s wall, {fit_s[1]:.1f} s CPU (target <= 30 s). Building the "
-            f"{n_trees}-tree index over "
-            f"{100_000 if args.quick else 1_000_000:,} items (keys + TableIndex.add): "
-            f"{build_s[0]:.1f} s wall, {build_s[1]:.1f} s CPU summed over threads (target <= 30 s).",
+            forest_line(args.quick),
         ]
     )
     print(md)
