@@ -42,35 +42,31 @@ def popcount64(typingctx, x):
     return sig, codegen
 
 
-@intrinsic
-def trailing_zeros64(typingctx, x):
-    """Index of the lowest set bit of a nonzero uint64 (LLVM's ``cttz``: one TZCNT/BSF)."""
-    sig = types.int64(types.uint64)
+def _zero_count(llvm_name: str, doc: str):
+    """An intrinsic ``f(x: uint64) -> int64`` calling LLVM's ``llvm_name`` (``cttz`` or
+    ``ctlz``) with ``x`` known nonzero (one TZCNT/BSF or LZCNT/BSR)."""
 
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.cttz.i64"
-        )
-        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
+    @intrinsic
+    def zero_count(typingctx, x):
+        sig = types.int64(types.uint64)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), llvm_name
+            )
+            return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
+
+        return sig, codegen
+
+    zero_count.__doc__ = doc
+    return zero_count
 
 
-@intrinsic
-def leading_zeros64(typingctx, x):
-    """Number of zero bits above the highest set bit of a nonzero uint64 (LLVM's ``ctlz``:
-    one LZCNT/BSR)."""
-    sig = types.int64(types.uint64)
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.ctlz.i64"
-        )
-        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
-
-    return sig, codegen
+trailing_zeros64 = _zero_count("llvm.cttz.i64", "Index of the lowest set bit of a nonzero uint64.")
+leading_zeros64 = _zero_count(
+    "llvm.ctlz.i64", "Number of zero bits above the highest set bit of a nonzero uint64."
+)
 
 
 def _vector_xor_popcount(lanes: int):
