@@ -44,7 +44,6 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
-from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted
 
@@ -56,7 +55,7 @@ from hashlearn.io import (
     renamed_params,
     require_array,
 )
-from hashlearn.kernels import log_message
+from hashlearn.kernels import kernel_matrix, log_message
 from hashlearn.metric.itml import (
     check_projection_params,
     default_num_constraints,
@@ -249,14 +248,12 @@ class KernelITML(Persistable, BaseEstimator):
     # ------------------------------------------------------------------------ kernels
 
     def _kernel(self, X, Y) -> np.ndarray:
-        """Input kernel between rows of X and Y, shape-checked."""
-        if callable(self.kernel):
-            K = self.kernel(X, Y)
-        elif self.kernel == "linear":
-            K = X @ Y.T
-        else:  # rbf
+        """Input kernel between rows of X and Y, shape-checked. The named kernels are
+        :func:`hashlearn.kernels.kernel_matrix`'s; a callable here takes whole matrices."""
+        if not callable(self.kernel):
             width = self.rbf_gamma if self.rbf_gamma is not None else 1.0 / X.shape[1]
-            K = rbf_kernel(X, Y, gamma=width)
+            return kernel_matrix(X, Y, self.kernel, gamma=width, owner=type(self).__name__)
+        K = self.kernel(X, Y)
         K = K.toarray() if sp.issparse(K) else np.asarray(K, dtype=np.float64)
         if K.shape != (X.shape[0], Y.shape[0]):
             raise ValueError(
