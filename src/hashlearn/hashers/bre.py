@@ -43,7 +43,7 @@ from sklearn.utils import check_random_state
 from hashlearn._validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
-from hashlearn.kernels import log_message
+from hashlearn.kernels import kernel_matrix, log_message
 from hashlearn.supervision import other_rows, resolve_pairs, squared_distances
 
 __all__ = ["BinaryReconstructiveEmbedding"]
@@ -280,9 +280,9 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         self.random_state = random_state
 
     def _kernel(self, X, Z):
-        if getattr(self, "kernel_", self.kernel) == "linear":
-            return X @ Z.T
-        return np.exp(-self.gamma_ * np.maximum(squared_distances(X, Z), 0.0))
+        kernel = getattr(self, "kernel_", self.kernel)
+        gamma = self.gamma_ if kernel == "rbf" else None
+        return kernel_matrix(X, Z, kernel, gamma=gamma, owner=type(self).__name__)
 
     def _fit(self, X, y, pairs, similar) -> None:
         owner = type(self).__name__
