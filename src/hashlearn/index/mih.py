@@ -29,8 +29,8 @@ A cost model, in units of one code word scanned by FlatIndex, decides between pr
 scanning: a probed bucket and a verified code word each have a cost measured against the
 scan (see ``_PROBE_COST``, ``_CODE_COST``). The first 8 queries of a batch are probed with
 half a scan's budget; when their mean cost (an abandoned query counted as its budget plus a
-scan) exceeds a scan, the rest of the batch goes to FlatIndex's scan (uniform random codes
-do, at k >= 10 on 10M x 64 bits); otherwise every query probes with a scan's budget, and
+scan) exceeds half a scan, the rest of the batch goes to FlatIndex's scan (uniform random
+codes do, at k >= 10 on 10M x 64 bits); otherwise every query probes with a scan's budget, and
 the queries that exceed it are scanned together at the end. The worst case is thus about
 1.5 scans for the pilot queries and 2 for an abandoned one.
 
@@ -70,6 +70,10 @@ _PROBE_COST = 320
 _CODE_COST = 6
 _PILOT_QUERIES = 8  # queries probed first to decide whether a batch probes or scans
 _QUERY_BUDGET = 1.0  # a probing query is abandoned (and scanned) past this many scans
+# a batch probes only when its pilot costs under half a scan: the cost of a probe (a cache
+# miss) varied 1.5x with the machine's memory load, and uniform codes at 10M x 64 bits,
+# k = 10, modelled at 0.7 scans, ran at 0.77x-1.8x FlatIndex from one run to the next
+_PROBE_MARGIN = 0.5
 
 
 @persistable
@@ -234,7 +238,7 @@ class MultiIndexHashing(BinaryIndex):
             (_PROBE_COST, n_words * _CODE_COST, scan_cost // 2), dist, pos, work,
         )  # fmt: skip
         pilot_cost = np.where(work[:pilot] < 0, 3 * scan_cost // 2, work[:pilot]).mean()
-        if pilot_cost < scan_cost:
+        if pilot_cost < _PROBE_MARGIN * scan_cost:
             parallel_chunks(lambda a, b: probe(pilot + a, pilot + b), m_q - pilot, n_threads)
         scanned = work < 0
         pos[scanned] = -1  # rows the kernel left unfilled
