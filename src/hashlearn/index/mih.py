@@ -46,6 +46,7 @@ import math
 import numpy as np
 
 from hashlearn import _mih_kernels
+from hashlearn._kernel_args import frozen
 from hashlearn._parallel import parallel_chunks
 from hashlearn._postings import build_table
 from hashlearn._validation import check_int
@@ -220,21 +221,21 @@ class MultiIndexHashing(BinaryIndex):
         pos = np.empty((m_q, k), np.int64)
         work = np.full(m_q, -1, np.int64)
         tables = self._tables_of(snap)
-        q_words, n_words = as_words(queries), self._n_words
+        q_words, n_words = frozen(as_words(queries), np.uint64), self._n_words
         scan_cost = n * n_words * _SCAN_COST
         costs = (_PROBE_COST, n_words * _CODE_COST, int(_QUERY_BUDGET * scan_cost))
-        table_args = tuple(tables[name] for name in _TABLE_NAMES)
+        codes, table_args = _kernel_tables(tables)
 
         def probe(start: int, stop: int) -> None:
             _mih_kernels.mih_knn(
-                tables["codes"], n_words, q_words, start, stop, k, self.n_bits, table_args,
+                codes, n_words, q_words, start, stop, k, self.n_bits, table_args,
                 costs, dist, pos, work,
             )  # fmt: skip
 
         # the first queries, on half the budget, decide whether the batch probes or scans
         pilot = min(m_q, _PILOT_QUERIES)
         _mih_kernels.mih_knn(
-            tables["codes"], n_words, q_words, 0, pilot, k, self.n_bits, table_args,
+            codes, n_words, q_words, 0, pilot, k, self.n_bits, table_args,
             (_PROBE_COST, n_words * _CODE_COST, scan_cost // 2), dist, pos, work,
         )  # fmt: skip
         pilot_cost = np.where(work[:pilot] < 0, 3 * scan_cost // 2, work[:pilot]).mean()
@@ -262,9 +263,10 @@ class MultiIndexHashing(BinaryIndex):
         n, m_q = snap.n, queries.shape[0]
         if m_q == 0 or n == 0:
             return scan_range_search(snap, queries, radius, self.n_bits, n_threads)
-        db, q_words, n_words = snap.rows["words"].reshape(-1), as_words(queries), self._n_words
+        db, n_words = frozen(snap.rows["words"].reshape(-1), np.uint64), self._n_words
+        q_words = frozen(as_words(queries), np.uint64)
         tables = self._tables_of(snap)
-        table_args = tuple(tables[name] for name in _TABLE_NAMES)
+        codes, table_args = _kernel_tables(tables)
         counts = np.zeros(m_q, np.int64)
         no_lims = np.zeros(0, np.int64)
         no_d = np.zeros(0, np.int32)
@@ -272,7 +274,7 @@ class MultiIndexHashing(BinaryIndex):
 
         def run(start, stop, lims, dist, pos):
             _mih_kernels.mih_range(
-                tables["codes"], db, n, n_words, q_words, start, stop, radius, *table_args,
+                codes, db, n, n_words, q_words, start, stop, radius, *table_args,
                 lims, dist, pos, counts,
             )  # fmt: skip
 
@@ -303,6 +305,14 @@ class MultiIndexHashing(BinaryIndex):
         tables["codes"] = _bucket_codes(words, tables["postings"])
         index._store.restore(ids, {"words": words}, next_id, {"mih": tables})
         return index
+
+
+def _kernel_tables(tables: dict[str, np.ndarray]) -> tuple[np.ndarray | None, tuple]:
+    """The bucket-ordered codes and the table arrays as read-only views, so the kernels see
+    one array type whether the tables were built, loaded or memory-mapped (one compile)."""
+    codes = tables.get("codes")
+    codes = None if codes is None else frozen(codes, np.uint64)
+    return codes, tuple(frozen(tables[name], tables[name].dtype) for name in _TABLE_NAMES)
 
 
 def _bucket_codes(words: np.ndarray, postings: np.ndarray) -> np.ndarray:
@@ -364,7 +374,7 @@ def _check_tables(index: MultiIndexHashing, words: np.ndarray, arrays) -> dict[s
     ):
         raise ValueError(f"the substring layout does not tile the {index.n_bits}-bit codes")
     error = _mih_kernels.mih_check_tables(
-        words.reshape(-1), len(words), index._n_words, *(tables[name] for name in _TABLE_NAMES)
+        frozen(words.reshape(-1), np.uint64), len(words), index._n_words, *_kernel_tables(tables)[1]
     )
     if error:
         raise ValueError(
