@@ -1,7 +1,7 @@
 """Exhaustive Hamming k-NN over packed codes: the numba kernel behind ``FlatIndex``.
 
 Codes are C-contiguous ``uint64`` word arrays (code ``i`` occupies ``words[i*W:(i+1)*W]``,
-see :mod:`hashlearn._kernels`). The scan:
+see :mod:`hashlearn._primitives`). The scan:
 
 * walks the database in blocks of ~16 KiB that a chunk of queries reuses while they sit in
   L1 cache, two queries per pass over a block;

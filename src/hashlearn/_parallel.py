@@ -1,6 +1,6 @@
 """Run a GIL-free kernel over chunks of queries on several threads.
 
-Kernels in :mod:`hashlearn._kernels` are serial ``nogil`` functions over a query range; this
+Kernels (e.g. :mod:`hashlearn._range_scan`) are serial ``nogil`` functions over a query range; this
 module splits the queries into chunks and runs them on a shared thread pool. Threads rather
 than numba's ``prange`` keep every call thread-safe, let each call choose its own thread count,
 and keep the hot loops out of parfor bodies (which compile them worse).

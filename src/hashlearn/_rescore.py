@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._kernels import prefetch
+from hashlearn._primitives import prefetch
 
 __all__ = [
     "distance_kernel",

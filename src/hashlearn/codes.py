@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hashlearn import _kernels
+from hashlearn import _range_scan
 from hashlearn._parallel import parallel_chunks
 from hashlearn._validation import check_codes, check_int, n_bytes_for
 
@@ -119,7 +119,9 @@ def hamming_cdist(a: np.ndarray, b: np.ndarray, n_bits: int | None = None) -> np
         n_words = (n_bytes_for(n_bits) + 7) // 8
         a_words, b_words = as_words(a), as_words(b)
         parallel_chunks(
-            lambda start, stop: _kernels.hamming_cdist(a_words, b_words, n_words, out, start, stop),
+            lambda start, stop: _range_scan.hamming_cdist(
+                a_words, b_words, n_words, out, start, stop
+            ),
             out.shape[0],
             None,
         )

@@ -43,8 +43,8 @@ from sklearn.utils.validation import check_array, check_is_fitted
 
 from hashlearn import io as _io
 from hashlearn._kernel_args import frozen
-from hashlearn._kernels import prefetch
 from hashlearn._parallel import parallel_chunks
+from hashlearn._primitives import prefetch
 from hashlearn._rescore import (
     COSINE,
     EUCLIDEAN,

@@ -36,7 +36,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from hashlearn._kernels import splitmix64
+from hashlearn._primitives import splitmix64
 from hashlearn._validation import check_int
 from hashlearn.io import Persistable, persistable, require_array
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from hashlearn import _kernels
+from hashlearn import _primitives
 from hashlearn._validation import check_ids
 from hashlearn.io import require_array, require_state
 
@@ -346,7 +346,7 @@ def check_ids_array(arrays: Mapping[str, np.ndarray], name: str = "ids") -> np.n
     ids = require_array(arrays, name, np.int64, 1)
     if len(ids) and ids[0] < 0:
         raise ValueError(f"array {name!r} holds negative ids")
-    if not _kernels.strictly_increasing(ids):
+    if not _primitives.strictly_increasing(ids):
         raise ValueError(f"array {name!r} is not strictly ascending (ids sorted and distinct)")
     return ids
 
@@ -365,7 +365,7 @@ def check_words(words: np.ndarray, n_bits: int, name: str) -> None:
     spare = n_words * 64 - n_bits
     if spare and len(words):
         mask = np.uint64(((1 << spare) - 1) << (64 - spare))
-        if _kernels.any_bits(words[:, n_words - 1], mask):
+        if _primitives.any_bits(words[:, n_words - 1], mask):
             raise ValueError(
                 f"array {name!r} has non-zero padding bits above bit {n_bits} of its codes"
             )

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from hashlearn._kernels import grow_hits
 from hashlearn._popcount import popcount64
+from hashlearn._primitives import grow_hits
 from hashlearn._validation import check_codes, check_int, check_k
 from hashlearn.codes import as_words
 from hashlearn.index._storage import IdStore, check_ids_array, check_next_id, check_words

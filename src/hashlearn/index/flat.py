@@ -2,7 +2,7 @@
 
 Every query is compared with every database code by XOR + popcount over 64-bit words; the k
 nearest are selected by counting over the ``b + 1`` possible distances rather than sorting
-(see :mod:`hashlearn._kernels`). This is the exact reference every other index is tested
+(see :mod:`hashlearn._primitives`). This is the exact reference every other index is tested
 against, and the index to use up to a few million codes.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hashlearn import _kernels, io
+from hashlearn import _range_scan, io
 from hashlearn._knn_scan import knn_scan
 from hashlearn._parallel import parallel_chunks
 from hashlearn._validation import check_codes
@@ -225,7 +225,7 @@ def scan_range_search(
     db, n, n_words = words.reshape(-1), snap.n, words.shape[1]
     if n:
         parallel_chunks(
-            lambda start, stop: _kernels.range_count(
+            lambda start, stop: _range_scan.range_count(
                 db, n, q_words, n_words, radius, counts, start, stop
             ),
             m,
@@ -237,7 +237,7 @@ def scan_range_search(
     pos = np.empty(lims[-1], np.int64)
     if lims[-1]:
         parallel_chunks(
-            lambda start, stop: _kernels.range_fill(
+            lambda start, stop: _range_scan.range_fill(
                 db, n, q_words, n_words, radius, n_bits, lims, dist, pos, start, stop
             ),
             m,

@@ -43,10 +43,10 @@ import math
 import numba
 import numpy as np
 
-from hashlearn._kernels import grow_hits, prefetch, splitmix64
 from hashlearn._parallel import parallel_chunks
 from hashlearn._popcount import popcount64
 from hashlearn._postings import build_table, check_table, find_in
+from hashlearn._primitives import grow_hits, prefetch, splitmix64
 from hashlearn._validation import check_real
 from hashlearn.codes import as_words
 from hashlearn.index._storage import Snapshot, check_code_state
