@@ -143,30 +143,10 @@ def _verify(codes, postings, b0, b1, queries, qo, n_words, n_bits, k, best_d, be
 
 
 @njit(nogil=True, inline="always")
-def _knn_core(
-    codes,
-    n_words,
-    queries,
-    q_start,
-    q_end,
-    k,
-    n_bits,
-    sub_start,
-    sub_len,
-    dense,
-    key_lo,
-    key_hi,
-    keys,
-    off_lo,
-    offsets,
-    postings,
-    probe_cost,
-    code_cost,
-    budget,
-    out_d,
-    out_p,
-    work_out,
-):
+def _knn_core(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs, out):
+    sub_start, sub_len, dense, key_lo, key_hi, keys, off_lo, offsets, postings = tables
+    probe_cost, code_cost, budget = costs
+    out_d, out_p, work_out = out
     m = sub_start.shape[0]
     qkeys = np.empty(m, np.uint64)
     best_d = np.empty(k, np.int64)
@@ -245,28 +225,15 @@ def _knn_core(
                 out_p[qi, j] = -1
 
 
-@njit(nogil=True, inline="always")
-def _knn_tables(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs, out):
-    """:func:`_knn_core` with its table, cost and output tuples unpacked."""
-    sub_start, sub_len, dense, key_lo, key_hi, keys, off_lo, offsets, postings = tables
-    probe_cost, code_cost, budget = costs
-    out_d, out_p, work = out
-    _knn_core(
-        codes, n_words, queries, q_start, q_end, k, n_bits, sub_start, sub_len, dense, key_lo,
-        key_hi, keys, off_lo, offsets, postings, probe_cost, code_cost, budget, out_d, out_p,
-        work,
-    )  # fmt: skip
-
-
 # one kernel with the word count compiled in (64-bit codes), one with it at run time
 @njit(nogil=True, cache=True)
 def _mih_knn_w1(codes, queries, q_start, q_end, k, n_bits, tables, costs, out):
-    _knn_tables(codes, 1, queries, q_start, q_end, k, n_bits, tables, costs, out)
+    _knn_core(codes, 1, queries, q_start, q_end, k, n_bits, tables, costs, out)
 
 
 @njit(nogil=True, cache=True)
 def _mih_knn_any(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs, out):
-    _knn_tables(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs, out)
+    _knn_core(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs, out)
 
 
 def mih_knn(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs, out_d, out_p, work):
@@ -322,15 +289,7 @@ def mih_range(
     q_start,
     q_end,
     radius,
-    sub_start,
-    sub_len,
-    dense,
-    key_lo,
-    key_hi,
-    keys,
-    off_lo,
-    offsets,
-    postings,
+    tables,
     lims,
     out_d,
     out_p,
@@ -346,6 +305,7 @@ def mih_range(
     position). Scans ``db`` (the codes in position order) instead when the probes alone
     would outnumber the codes.
     """
+    sub_start, sub_len, dense, key_lo, key_hi, keys, off_lo, offsets, postings = tables
     m = sub_start.shape[0]
     counting = lims.shape[0] == 0
     r_max = radius // m

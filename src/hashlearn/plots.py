@@ -104,10 +104,10 @@ def _grid(n_panels: int) -> tuple[int, int]:
 def _panel_figure(
     panels: Panels,
     draw_line,
-    *,
     title: str,
     xlabel: str,
     ylabel: str,
+    *,
     styles: Mapping[str, dict] | None,
     reference: Panels | None = None,
     xlog: bool = False,
@@ -215,13 +215,7 @@ def plot_pr_panels(
     name get the next free styles. Writes a PNG to ``path`` and returns the Figure.
     """
     fig = _panel_figure(
-        panels,
-        _draw_pr,
-        title=title,
-        xlabel="recall",
-        ylabel="precision",
-        styles=styles,
-        xlim=(-0.02, 1.02),
+        panels, _draw_pr, title, "recall", "precision", styles=styles, xlim=(-0.02, 1.02)
     )
     _write(fig, path)
     return fig
@@ -303,9 +297,9 @@ def plot_lines(
     fig = _panel_figure(
         panels,
         _draw_recall,
-        title=title,
-        xlabel=xlabel,
-        ylabel=ylabel,
+        title,
+        xlabel,
+        ylabel,
         styles=styles,
         reference=reference,
         xlog=xlog,

@@ -274,7 +274,7 @@ class MultiIndexHashing(BinaryIndex):
 
         def run(start, stop, lims, dist, pos):
             _mih_kernels.mih_range(
-                codes, db, n, n_words, q_words, start, stop, radius, *table_args,
+                codes, db, n, n_words, q_words, start, stop, radius, table_args,
                 lims, dist, pos, counts,
             )  # fmt: skip
 
