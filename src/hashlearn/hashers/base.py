@@ -124,7 +124,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
     def _transposed(self, weights: np.ndarray, dtype) -> np.ndarray:
         """``weights.T`` C-ordered in ``dtype``, kept while ``weights`` is the same array
         (refitting replaces it): sparse encoding of one query at a time would otherwise copy
-        the whole matrix per call (74 -> 1.7 us a query at 65536 features x 64 bits)."""
+        the whole matrix per call (one query at 65536 features x 64 bits: 19 ms -> 0.25 ms)."""
         cached = self.__dict__.get("_weights_t_cache")
         if cached is None or cached[0] is not weights or cached[1].dtype != dtype:
             cached = (weights, np.ascontiguousarray(weights.T, dtype=dtype))

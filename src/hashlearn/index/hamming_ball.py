@@ -10,8 +10,8 @@ of distance, and looks each one up. A ball of radius ``r`` around a ``b``-bit co
 many lookups whatever the database size.
 
 Storage is :mod:`hashlearn._postings` (sorted int64 keys + CSR posting lists of positions),
-laid out for lookups: rows ``(key, first entry)`` side by side, the entries ``(position,
-code)`` in bucket order so a bucket's codes are verified by one sequential read, a
+laid out for lookups: rows ``(key, first entry)`` side by side, the entries ``(id, code)``
+in bucket order so a bucket's codes are verified by one sequential read, a
 *directory* over the top ``p`` bits of the keys (``2^p`` about a quarter of the number of
 distinct keys, so it stays in cache) that narrows a lookup to a few adjacent key rows, and an
 occupancy bitmap over the top ``p + 6`` bits (2 bytes per distinct code) that answers the
