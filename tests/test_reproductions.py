@@ -239,9 +239,50 @@ def test_reproduce_cli_reads_your_data(tmp_path):
     args = ["reproduce", "search-forest", "--quick", "--data", str(tmp_path / "mine.npz")]
     result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert "your data" in (tmp_path / "out" / "results.md").read_text()
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert "your data" in report
+    # the report says how and when it was made, under its heading
+    run_line = report.split("\n")[2]
+    assert run_line.startswith("Run: `hashlearn reproduce search-forest --seed 0 --quick --data ")
+    assert "UTC (" in run_line and "load average" in run_line
     assert (tmp_path / "out" / "claims.json").exists()
     args = ["reproduce", "rank-codes", "--quick", "--data", str(tmp_path / "mine.npz")]
     result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out2")])
     assert result.exit_code == 2
     assert result.stderr.strip().startswith("Error: rank-codes needs labels")
+
+
+def test_ablations_explain_the_claims_they_name(tmp_path, monkeypatch):
+    from hashlearn.experiments import ablations, learned_metric
+
+    def load_real(name, data_dir=None):
+        X, y = load_digits()
+        return X, y
+
+    monkeypatch.setattr(ablations, "load_real", load_real)
+    monkeypatch.setattr(ablations, "available_real", lambda data_dir=None: ["digits"])
+    report = ablations.run(tmp_path, quick=True, seed=0)
+    findings = json.loads((tmp_path / "ablations.json").read_text())["findings"]
+    # without Fashion-MNIST the sparse case's and the survey's ablations run on digits
+    assert [f[1] for f in findings] == ["digits bags of patches", "digits", "digits"]
+    for _, _, finding in findings[1:]:
+        assert finding.split(":")[0] in ("protocol", "noise", "method")
+    survey_claims = [f[0] for f in findings[1:]]
+    assert survey_claims == [
+        f"{m} above LSH at M = 500, 32 bits (label ground truth)"
+        for m in ablations.SURVEY_SUPERVISED
+    ]
+    claim, _, finding = findings[0]
+    assert claim.endswith("within 0.02 of the learned linear scan")
+    assert finding.split(":")[0] in ("protocol", "noise", "method")
+    # the claim text is the reproduction's own, so the overview can match it
+    texts = [c["claim"] for c in learned_metric._claims("x", _fake_records(), (32,), 1)]
+    assert claim in texts
+    assert "| claim | data | finding |" in report and "fraction searched" in report
+    with pytest.raises(ValueError, match="--data is not supported"):
+        ablations.run(tmp_path, quick=True, X=np.zeros((4, 2)))
+
+
+def _fake_records():
+    names = ["euclidean, linear scan", "euclidean, LSH", "learned, linear scan", "learned, LSH"]
+    return [{"method": m, "bits": 32, "seed": 0, "knn_accuracy": 0.5} for m in names]

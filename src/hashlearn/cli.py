@@ -20,6 +20,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -371,6 +372,28 @@ def info() -> None:
         click.echo(f"{key:<{width}}  {value}")
 
 
+def _with_provenance(
+    report: str, command: str, started: float, load_before: float, cpu_s: float
+) -> str:
+    """``report`` with a line under its first heading saying how and when it was made: the
+    command, the UTC start and end, wall and CPU minutes, and the 1-minute load average
+    before and after (a run beside other work shows a load above its own threads')."""
+    ended = time.time()
+
+    def utc(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+    line = (
+        f"Run: `{command}`, {utc(started)} to {utc(ended)[11:]} UTC "
+        f"({(ended - started) / 60:.1f} min wall, {cpu_s / 60:.1f} min CPU), load average "
+        f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after; {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, hashlearn {__version__}."
+    )
+    lines = report.split("\n")
+    at = next((i + 1 for i, text in enumerate(lines) if text.startswith("## ")), 0)
+    return "\n".join(lines[:at] + ["", line] + lines[at:])
+
+
 @main.command()
 @click.argument("name", type=click.Choice(sorted(EXPERIMENTS)))
 @_out_option(None, "Directory for tables and plots.  [default: reproduce-out/NAME]")
@@ -412,8 +435,14 @@ def reproduce(
     X, y = load_user_data(data_file) if data_file is not None else (None, None)
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = functools.partial(tqdm, file=sys.stderr, leave=False)
+    started, load_before, cpu_before = time.time(), os.getloadavg()[0], time.process_time()
     report = get_experiment(name).run(
         out_dir, quick=quick, seed=seed, data_dir=data_dir, progress=progress, X=X, y=y
+    )
+    command = f"hashlearn reproduce {name} --seed {seed}" + (" --quick" if quick else "")
+    command += f" --data {data_file.name}" if data_file is not None else ""
+    report = _with_provenance(
+        report, command, started, load_before, time.process_time() - cpu_before
     )
     (out_dir / "results.md").write_text(report.rstrip() + "\n")
     _print_report(report, out_dir, results_file, f"reproduce-{name}")

@@ -28,6 +28,7 @@ EXPERIMENTS: dict[str, str] = {
     "rank-codes": "hashlearn.experiments.rank_codes",
     "survey": "hashlearn.experiments.survey",
     "ann-bench": "hashlearn.experiments.ann_bench",
+    "ablations": "hashlearn.experiments.ablations",
 }
 
 

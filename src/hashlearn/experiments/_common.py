@@ -19,6 +19,7 @@ __all__ = [
     "load_user_data",
     "available_real",
     "write_section",
+    "claims_overview",
     "write_json",
     "markdown_table",
 ]
@@ -75,28 +76,97 @@ def load_user_data(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | No
     raise ValueError(f"--data must be a .npy, .npz, .h5 or .hdf5 file. Got {path.name!r}.")
 
 
+def _replace_section(text: str, name: str, markdown: str, *, first: bool = False) -> str:
+    """``text`` with section ``name`` (between HTML-comment markers) set to ``markdown``; a
+    new section goes at the end, or with ``first`` before the first existing section."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{markdown.rstrip()}\n{end}"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        return pattern.sub(lambda _: block, text)
+    marker = re.search(r"^<!-- [^\n]*:start -->", text, re.M) if first else None
+    if marker is None:
+        return text.rstrip() + "\n\n" + block + "\n"
+    return text[: marker.start()] + block + "\n\n" + text[marker.start() :]
+
+
 def write_section(path: str | os.PathLike, name: str, markdown: str) -> None:
-    """Replace (or append) section ``name`` of a markdown file between HTML-comment markers.
+    """Replace (or append) section ``name`` of a markdown file between HTML-comment markers,
+    then refresh the file's claims overview (:func:`claims_overview`) when any section
+    holds a claims table.
 
     Atomic (temporary file + rename) and serialised with a lock file, so concurrent runs
     writing different sections never lose each other's.
     """
     path = Path(path)
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{markdown.rstrip()}\n{end}"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         text = path.read_text() if path.exists() else "# Measured results\n"
-        pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-        text = (
-            pattern.sub(lambda _: block, text)
-            if pattern.search(text)
-            else (text.rstrip() + "\n\n" + block + "\n")
-        )
+        text = _replace_section(text, name, markdown)
+        overview = claims_overview(text)
+        if overview:
+            text = _replace_section(text, CLAIMS_SECTION, overview, first=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------ claims overview
+
+CLAIMS_SECTION = "claims"
+CLAIMS_HEADER = ("paper", "claim", "data", "result", "margin", "seeds")
+FINDINGS_HEADER = ("claim", "data", "finding")
+
+
+def _tables(text: str, header: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """Every row of every markdown table in ``text`` whose header is ``header``, with the
+    name of the marked section it sits in; the claims overview's own section is skipped."""
+    head = "| " + " | ".join(header) + " |"
+    rows, section, in_table = [], None, False
+    for line in text.splitlines():
+        marker = re.fullmatch(r"<!-- (.+):(start|end) -->", line.strip())
+        if marker:
+            section = marker.group(1) if marker.group(2) == "start" else None
+            in_table = False
+        elif line.strip() == head:
+            in_table = section not in (None, CLAIMS_SECTION)
+        elif in_table and line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            if len(cells) == len(header) and not set(line) <= set("|-: "):
+                rows.append((section, cells))
+        else:
+            in_table = False
+    return rows
+
+
+def claims_overview(text: str) -> str:
+    """The "Claims" table of a results file: every row of every section's claims table
+    (header :data:`CLAIMS_HEADER`, as :func:`~hashlearn.experiments.pipeline.write_claims`
+    writes it) with the section it comes from, and for a claim that does not hold the
+    finding of the ablation that explains it (rows of a table headed
+    :data:`FINDINGS_HEADER`, matched on claim and data). Empty when no section has claims."""
+    claims = _tables(text, CLAIMS_HEADER)
+    if not claims:
+        return ""
+    findings = {(c[0], c[1]): c[2] for _, c in _tables(text, FINDINGS_HEADER)}
+    held = sum(cells[3] == "holds" for _, cells in claims)
+    rows = [
+        [*cells, section, "" if cells[3] == "holds" else findings.get((cells[1], cells[2]), "")]
+        for section, cells in claims
+    ]
+    return "\n".join(
+        [
+            "## Claims",
+            "",
+            f"Every claim the reproductions check, gathered from their sections below "
+            f"({held} of {len(claims)} hold). A claim holds when its margin (the measured "
+            "advantage, in the claim's units) is positive; 'why not' gives the ablation's "
+            "finding for a claim that does not hold.",
+            "",
+            markdown_table([*CLAIMS_HEADER, "section", "why not (ablation)"], rows),
+        ]
+    )
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:

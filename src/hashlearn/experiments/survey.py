@@ -231,7 +231,7 @@ def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
             }
         png = out_dir / f"survey_fig11_{ds}_32bits.png"
         plot_recall_at_m_panels(panels, png, title=f"Survey Fig. 11a: {ds}, 32 bits")
-        lines += ["", f"Fig. 11a curves: `{png.name}`"]
+        lines += ["", f"Fig. 11a curves:\n\n![survey Fig. 11a, {ds}]({png.name})"]
         ns, cov = _fig16(split, opts.seed)
         res["fig16"] = {"N": ns, "coverage": cov.tolist()}
         lines += [
