@@ -22,7 +22,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
-from _common import interleaved_times, machine, markdown_table, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    interleaved_times,
+    load_average,
+    machine,
+    markdown_table,
+    write_section,
+)
 from hashlearn.hashers.mlh import MinimalLossHashing  # noqa: E402
 from hashlearn.supervision import neighbor_threshold, neighbors_within  # noqa: E402
 
@@ -34,6 +40,7 @@ def main(argv=None) -> str:
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    load_before = load_average()
     rng = np.random.default_rng(0)
     X = rng.standard_normal((1000, 40))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
@@ -88,9 +95,9 @@ def main(argv=None) -> str:
         [
             "## MLH training epoch (bench/mlh_epoch.py)",
             "",
-            f"Machine: {machine()} (shared with other jobs: medians of {args.repeats} "
-            "interleaved repetitions). One epoch = "
-            f"{args.pairs} pairs on 1000 x 40-D points, batch 100, single thread.",
+            f"Machine: {machine()}; medians of {args.repeats} interleaved repetitions. "
+            f"One epoch = {args.pairs} pairs on 1000 x 40-D points, batch 100, single thread. "
+            f"Load average before: {load_before}; after: {load_average()}.",
             "",
             markdown_table(
                 [
@@ -104,9 +111,6 @@ def main(argv=None) -> str:
                 ],
                 rows,
             ),
-            "",
-            "Wall times are inflated by the other jobs sharing the 2 cores; the CPU time of the "
-            "single-threaded kernel is the figure that does not depend on them.",
             "",
         ]
     )

@@ -20,7 +20,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
-from _common import interleaved_times, machine, markdown_table, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    interleaved_times,
+    load_average,
+    machine,
+    markdown_table,
+    write_section,
+)
 from hashlearn.datasets import load_digits, load_fashion_mnist, tile_with_noise  # noqa: E402
 from hashlearn.hashers.lsh import RandomHyperplaneLSH  # noqa: E402
 from hashlearn.index.flat import FlatIndex  # noqa: E402
@@ -48,6 +54,7 @@ def main(argv=None) -> None:
     parser.add_argument("--fashion", default=None, help="directory of Fashion-MNIST IDX files")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    load_before = load_average()
     if args.fashion:
         X, _ = load_fashion_mnist(args.fashion, subset="all")
         X = X.astype(np.float32)
@@ -81,10 +88,11 @@ def main(argv=None) -> None:
             rows.append([f"{n:,}", label, f"{t * 1e6:.2f}"])
         print(markdown_table(["items", "method", "us / query"], rows[-len(labels) :]), flush=True)
     md = (
+        "## Survey Fig. 2: linear scan vs Hamming-ball lookup (`bench/survey_timing.py`)\n\n"
         f"Fig. 2 of binary-codes-survey.txt: per-query time (median of {args.repeats} "
         f"interleaved repetitions, {args.queries} queries), LSH codes of {source} tiled with "
-        f"noise. Machine: {machine()} (shared with other jobs; ratios more reliable than "
-        "absolute times).\n\n" + markdown_table(["items", "method", "us / query"], rows)
+        f"noise. Machine: {machine()}. Load average before: {load_before}; after: "
+        f"{load_average()}.\n\n" + markdown_table(["items", "method", "us / query"], rows)
     )
     if HammingBallIndex is None:
         md += "\n\nHammingBallIndex was not available: the semantic-hashing row is missing.\n"

@@ -234,7 +234,7 @@ def search_budget(bag, y, cfg, opts: RunOptions, data: str):
             "",
             f"Learned-metric hashing (eq. 8) {lm.K_NN}-NN accuracy minus the learned linear "
             f"scan's, per partition (mean ± std over {runs} partitions; the reproduction "
-            f"used 3), {bits} bits, database {n_db} items:",
+            f"used {lm.FULL['sparse_runs']}), {bits} bits, database {n_db} items:",
             "",
             markdown_table(["budget", "fraction searched", "hashed - scan"], rows),
         ]

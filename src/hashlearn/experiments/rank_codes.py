@@ -351,7 +351,7 @@ def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
         "",
         write_claims(out_dir, claims),
         "",
-        "Plot: `rank_codes_error.png`.",
+        "![rank codes: k-NN error against bits](rank_codes_error.png)",
         "",
     ]
     report = "\n".join(header + md)
