@@ -20,6 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 
+from hashlearn._sysinfo import cpu_description  # noqa: E402
 from hashlearn.experiments._common import markdown_table  # noqa: E402, F401
 from hashlearn.experiments._common import write_section as _write_section  # noqa: E402
 
@@ -55,19 +56,9 @@ def load_average() -> str:
 
 
 def machine() -> str:
-    """One line: CPU model, cores available, Python and numpy versions, date."""
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    """One line: CPU (model, family, SIMD level, cores), Python and numpy versions, date."""
     return (
-        f"{cpu}, {cores} cores, Python {platform.python_version()}, numpy {np.__version__}, "
+        f"{cpu_description()}, Python {platform.python_version()}, numpy {np.__version__}, "
         f"{datetime.date.today().isoformat()}"
     )
 

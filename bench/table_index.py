@@ -145,6 +145,7 @@ def main() -> None:
         if not args.no_write:
             write_section("bench-forest-times", md)
         return
+    load_before = load_average()
     sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
     bits_list = [32, 64, 128, 256, 512]
     rows, fits = [], []
@@ -208,9 +209,9 @@ def main() -> None:
             "## bench/table_index.py: inverted index vs exhaustive Hamming scan "
             "(boosted-search-forest.txt, Table 1)",
             "",
-            f"{machine()}. Shared machine (6 engineers on 2 cores): absolute times are noisy; "
-            "one thread per contender, times are the calling thread's CPU time (time.thread_time; "
-            "wall-clock was inflated by preemption), medians of repetitions. Inverted index: "
+            f"{machine()}. Load average before: {load_before}; after: {load_average()}. "
+            "One thread per contender, times are the calling thread's CPU time "
+            "(time.thread_time), medians of repetitions. Inverted index: "
             "b/16 trees of 16 layers (65536 uniform leaves) over synthetic keys, 200 queries "
             "drawn from the database; scan: FlatIndex k=100 over random b-bit codes. At 10M "
             "items only up to 8 tables (128 bits) fit the 4 GB memory budget.",

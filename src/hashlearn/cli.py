@@ -27,6 +27,7 @@ import click
 
 from hashlearn import __version__
 from hashlearn._parallel import available_cores
+from hashlearn._sysinfo import cpu_description
 from hashlearn.datasets import FASHION_MNIST_DIR, FASHION_MNIST_INSTALL, fashion_mnist_available
 from hashlearn.demo import DATASETS, OUTPUT_FILES, DemoParameterError, format_table, run_demo
 from hashlearn.experiments import EXPERIMENTS, get_experiment
@@ -386,7 +387,7 @@ def _with_provenance(
     line = (
         f"Run: `{command}`, {utc(started)} to {utc(ended)[11:]} UTC "
         f"({(ended - started) / 60:.1f} min wall, {cpu_s / 60:.1f} min CPU), load average "
-        f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after; {os.cpu_count()} cores, "
+        f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after; {cpu_description()}, "
         f"Python {platform.python_version()}, hashlearn {__version__}."
     )
     lines = report.split("\n")
