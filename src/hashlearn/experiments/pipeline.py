@@ -620,7 +620,7 @@ def claim(
 
 def write_claims(out_dir: str | os.PathLike, claims: Sequence[Mapping[str, Any]]) -> str:
     """Write ``claims.json`` into ``out_dir``; return the claims as a markdown table."""
-    from hashlearn.experiments._common import markdown_table, write_json
+    from hashlearn.experiments._common import CLAIMS_HEADER, markdown_table, write_json
 
     write_json(Path(out_dir) / "claims.json", list(claims))
     rows = [
@@ -634,7 +634,7 @@ def write_claims(out_dir: str | os.PathLike, claims: Sequence[Mapping[str, Any]]
         ]
         for c in claims
     ]
-    return markdown_table(["paper", "claim", "data", "result", "margin", "seeds"], rows)
+    return markdown_table(CLAIMS_HEADER, rows)  # the header the claims overview looks for
 
 
 def mean_table(
