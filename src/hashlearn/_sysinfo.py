@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import platform
+
+from hashlearn._parallel import available_cores
 
 __all__ = ["cpu_description"]
 
@@ -37,5 +38,4 @@ def cpu_description() -> str:
         simd = "AVX2 without AVX-512"
     else:
         simd = "no AVX2" if flags else "SIMD level unknown"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name} (family {family} model {model}, {simd}), {cores} cores"
+    return f"{name} (family {family} model {model}, {simd}), {available_cores()} cores"
