@@ -215,3 +215,33 @@ def test_fits_are_shared_between_specs_differing_only_in_search(digits_split):
     assert models[("scan", 16, 0)] is models[("hashed", 16, 0)]
     assert models[("other seed", 16, 1)] is not models[("scan", 16, 0)]
     assert len(fits) == 2
+
+
+def test_worker_processes_give_the_sequential_records(digits_split):
+    specs = [
+        MethodSpec("LSH", "lsh"),
+        MethodSpec("SH", "spectral", deterministic=True),
+        MethodSpec(
+            "MLH",
+            "mlh",
+            {"time_budget": 0.2},
+            supervision="neighbors",
+            n_neighbors=20,
+            n_pairs=3000,
+        ),
+    ]
+    kw = dict(bits=[8, 16], seeds=[0, 1], measures=[precision_at_radius(2, "label")])
+    models_seq, models_par, fits = {}, {}, {}
+    seq = run_specs(specs, digits_split, models=models_seq, **kw)
+    par = run_specs(specs, digits_split, models=models_par, fits=fits, n_jobs=2, **kw)
+
+    def values(records):
+        return [{k: v for k, v in r.items() if not k.endswith("cpu_s")} for r in records]
+
+    assert values(par) == values(seq) and len(seq) == 10  # SH once per code length
+    assert models_par.keys() == models_seq.keys() and len(fits) == 10
+    for key, model in models_seq.items():
+        codes = model.encode(digits_split.X_q)
+        np.testing.assert_array_equal(models_par[key].encode(digits_split.X_q), codes)
+    with pytest.raises(ValueError, match="n_jobs"):
+        run_specs(specs, digits_split, n_jobs=0, **kw)

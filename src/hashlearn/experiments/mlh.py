@@ -177,7 +177,7 @@ def _chosen(records, bits) -> str:
     return "\nSettings chosen on held-out training rows (mean over models): " + "; ".join(parts)
 
 
-def _small(out_dir, cfg, seed, data_dir, progress, X=None):
+def _small(out_dir, cfg, seed, data_dir, progress, X=None, n_jobs=1):
     from hashlearn.plots import plot_lines, plot_pr_panels
 
     lines, claims, results = [], [], {}
@@ -194,6 +194,7 @@ def _small(out_dir, cfg, seed, data_dir, progress, X=None):
             progress=progress,
             desc=f"mlh §6.1 {name}",
             models=models,
+            n_jobs=n_jobs,
         )
         results[name] = records
         lines += [
@@ -252,7 +253,7 @@ def _small(out_dir, cfg, seed, data_dir, progress, X=None):
     return lines, claims
 
 
-def _large(out_dir, seed, data_dir, progress):
+def _large(out_dir, seed, data_dir, progress, n_jobs=1):
     """§6.2 on Fashion-MNIST: 20k training / 2k test points, 100 neighbours."""
     rng = np.random.RandomState(seed + 1)
     X = np.asarray(load_real("fashion-mnist", data_dir)[0], np.float64)
@@ -275,6 +276,7 @@ def _large(out_dir, seed, data_dir, progress):
         measures=_measures(),
         progress=progress,
         desc="mlh §6.2",
+        n_jobs=n_jobs,
     )
     half = run_specs(
         methods[:1],
@@ -323,9 +325,11 @@ def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     (``mlh.md``, ``mlh_small.json``, ``mlh_large.json``), ``claims.json`` and the plots into
     ``out_dir``; return the markdown report. ``X``: run §6.1's protocol on your own data
     (rows are items) instead of the real datasets."""
-    lines, claims = _small(out_dir, cfg, opts.seed, opts.data_dir, opts.progress, opts.X)
+    lines, claims = _small(
+        out_dir, cfg, opts.seed, opts.data_dir, opts.progress, opts.X, opts.n_jobs
+    )
     if cfg["large"] and opts.X is None and "fashion-mnist" in available_real(opts.data_dir):
-        more, more_claims = _large(out_dir, opts.seed, opts.data_dir, opts.progress)
+        more, more_claims = _large(out_dir, opts.seed, opts.data_dir, opts.progress, opts.n_jobs)
         lines += more
         claims += more_claims
     header = [

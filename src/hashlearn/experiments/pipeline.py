@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
+from hashlearn._validation import check_int
 from hashlearn.codes import hamming_cdist
 from hashlearn.evaluate import (
     exact_knn,
@@ -547,6 +548,7 @@ def run_specs(
     desc: str = "methods",
     models: dict | None = None,
     fits: dict | None = None,
+    n_jobs: int = 1,
 ) -> list[dict[str, Any]]:
     """Fit, encode (or search) and measure every spec at every code length and seed.
 
@@ -559,33 +561,114 @@ def run_specs(
     ``fits``: a dict kept across calls on the same split; a hasher spec whose hasher,
     parameters, supervision, code length and seed match an earlier fit reuses that model
     (its ``fit_cpu_s`` is the original fit's).
+
+    ``n_jobs``: worker processes (forked, one BLAS and one hashlearn thread each). Every
+    (seed, code length) is one task, so fits reused within it stay reused; the records come
+    back in the sequential order and, every fit being seeded, with the same values as
+    ``n_jobs=1`` except the CPU-time columns (each worker's own CPU time).
     """
     specs, bits, seeds, measures = list(specs), list(bits), list(seeds), list(measures)
-    jobs = [
-        (seed, n_bits, spec)
+    n_jobs = check_int(n_jobs, "n_jobs", "run_specs", low=1)
+    tasks = [
+        [
+            (seed, n_bits, spec)
+            for spec in specs
+            if spec.applies(n_bits, split) and not (spec.deterministic and i > 0)
+        ]
         for i, seed in enumerate(seeds)
         for n_bits in bits
-        for spec in specs
-        if spec.applies(n_bits, split) and not (spec.deterministic and i > 0)
     ]
-    bar = progress(total=len(jobs), desc=desc) if progress else None
-    records = []
+    tasks = [task for task in tasks if task]
+    bar = progress(total=sum(map(len, tasks)), desc=desc) if progress else None
+    fits = {} if fits is None else fits
+    records: list[dict[str, Any]] = []
     try:
-        for seed, n_bits, spec in jobs:
-            output, columns, model = spec.evaluate(split, n_bits, seed, fits)
-            record: dict[str, Any] = {"method": spec.name, "bits": n_bits, "seed": seed}
-            record.update(columns)
-            for measure in measures:
-                record.update(measure(output, split, n_bits))
-            records.append(record)
-            if models is not None:
-                models[(spec.name, n_bits, seed)] = model
-            if bar is not None:
-                bar.update(1)
+        if n_jobs == 1 or len(tasks) == 1:
+            step = bar.update if bar is not None else None
+            for task in tasks:
+                task_records, task_models, _ = _run_task(task, split, measures, fits, step)
+                _collect(task_records, task_models, records, models)
+        else:
+
+            def on_result(result) -> None:
+                task_records, task_models, new_fits = result
+                fits.update(new_fits)
+                _collect(task_records, task_models, records, models)
+                if bar is not None:
+                    bar.update(len(task_records))
+
+            _run_forked(tasks, split, measures, fits, n_jobs, on_result)
     finally:
         if bar is not None:
             bar.close()
     return records
+
+
+def _run_task(task, split: Split, measures, fits: dict, step=None):
+    """Run one (seed, code length)'s jobs, calling ``step(1)`` after each;
+    ``(records, models, fits added)``."""
+    before = set(fits)
+    records, models = [], []
+    for seed, n_bits, spec in task:
+        output, columns, model = spec.evaluate(split, n_bits, seed, fits)
+        record: dict[str, Any] = {"method": spec.name, "bits": n_bits, "seed": seed}
+        record.update(columns)
+        for measure in measures:
+            record.update(measure(output, split, n_bits))
+        records.append(record)
+        models.append(model)
+        if step is not None:
+            step(1)
+    return records, models, {k: fits[k] for k in fits.keys() - before}
+
+
+def _collect(task_records, task_models, records, models) -> None:
+    records += task_records
+    if models is not None:
+        for record, model in zip(task_records, task_models, strict=True):
+            models[(record["method"], record["bits"], record["seed"])] = model
+
+
+#: what a forked worker of :func:`_run_forked` reads: the tasks, the split, the measures
+_FORKED: dict[str, Any] = {}
+
+
+def _forked_init() -> None:
+    from threadpoolctl import threadpool_limits
+
+    from hashlearn._parallel import set_num_threads
+
+    threadpool_limits(1)  # the workers share the cores: one BLAS thread each
+    set_num_threads(1)
+
+
+def _forked_task(i: int):
+    return _run_task(_FORKED["tasks"][i], _FORKED["split"], _FORKED["measures"], _FORKED["fits"])
+
+
+def _run_forked(tasks, split: Split, measures, fits: dict, n_jobs: int, on_result) -> None:
+    """Run the tasks on ``n_jobs`` forked workers, handing each result to ``on_result`` in
+    task order.
+
+    The workers inherit the tasks, the split and the measures (closures, not picklable)
+    through ``fork``; only task numbers go to them and records and fitted models come back.
+    On an error (or Ctrl-C) the tasks not yet started are cancelled.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if _FORKED:
+        raise RuntimeError("run_specs(n_jobs > 1) cannot be nested.")
+    _FORKED.update(tasks=tasks, split=split, measures=measures, fits=fits)
+    context = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(n_jobs, mp_context=context, initializer=_forked_init)
+    try:
+        futures = [pool.submit(_forked_task, i) for i in range(len(tasks))]
+        for future in futures:
+            on_result(future.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _FORKED.clear()
 
 
 def summarize(
@@ -670,7 +753,8 @@ def mean_table(
 class RunOptions:
     """What ``hashlearn reproduce`` passes every reproduction: ``quick`` (small settings),
     ``seed``, ``data_dir`` (Fashion-MNIST's directory), ``progress`` (the tqdm-like factory
-    of :func:`run_specs`) and ``X`` / ``y`` (your own data instead of the real datasets)."""
+    of :func:`run_specs`), ``X`` / ``y`` (your own data instead of the real datasets) and
+    ``n_jobs`` (worker processes of :func:`run_specs`, for the reproductions that use them)."""
 
     quick: bool = False
     seed: int = 0
@@ -678,17 +762,26 @@ class RunOptions:
     progress: Callable[..., Any] | None = None
     X: Any = None
     y: Any = None
+    n_jobs: int = 1
 
 
 def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False):
     """Decorator giving a paper module's ``body(out_dir, cfg, opts) -> markdown`` the public
     signature ``run(out_dir, *, quick=False, seed=0, data_dir=None, progress=None, X=None,
-    y=None)``: ``out_dir`` is created, ``cfg = settings(quick)``, ``opts`` a
+    y=None, n_jobs=1)``: ``out_dir`` is created, ``cfg = settings(quick)``, ``opts`` a
     :class:`RunOptions`. ``needs_labels``: the protocol needs ``y`` with a user's ``X``."""
 
     def wrap(body: Callable[[Path, dict, RunOptions], str]):
         def run(
-            out_dir, *, quick=False, seed=0, data_dir=None, progress=None, X=None, y=None
+            out_dir,
+            *,
+            quick=False,
+            seed=0,
+            data_dir=None,
+            progress=None,
+            X=None,
+            y=None,
+            n_jobs=1,
         ) -> str:
             if X is not None and not sp.issparse(X):
                 X = np.asarray(X)
@@ -704,7 +797,8 @@ def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False
                 )
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
-            opts = RunOptions(quick, seed, data_dir, progress, X, y)
+            n_jobs = check_int(n_jobs, "n_jobs", "run", low=1)
+            opts = RunOptions(quick, seed, data_dir, progress, X, y, n_jobs)
             return body(out, settings(quick), opts)
 
         run.body, run.settings = body, settings  # for other settings: run.body(out, cfg, opts)
