@@ -147,6 +147,7 @@ def _panel_figure(
         if xlog:
             ax.set_xscale("log")
             ax.grid(True, which="minor", alpha=0.12)
+            _plain_log_ticks(ax, [np.asarray(x, float) for x, _ in curves.values()])
         if xlim is not None:
             ax.set_xlim(*xlim)
         if ylim is not None:
@@ -276,6 +277,19 @@ def plot_recall_at_m(
         reference=None if reference is None else {"": reference},
         styles=styles,
     )
+
+
+def _plain_log_ticks(ax, xs) -> None:
+    """On a log x axis, plain numbers: ticks at the data's x values when there are few of
+    them (code lengths, 8..128), no minor labels (which overlap as "3x10^1 4x10^1")."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    values = np.unique(np.concatenate(xs)) if xs else np.zeros(0)
+    values = values[np.isfinite(values) & (values > 0)]
+    if 0 < len(values) <= 10:
+        ax.xaxis.set_major_locator(FixedLocator(values))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_lines(

@@ -45,7 +45,7 @@ from hashlearn.experiments.pipeline import (
     write_claims,
 )
 
-__all__ = ["run", "prepare", "specs", "settings"]
+__all__ = ["run", "prepare", "specs", "settings", "plot_precision"]
 
 PAPER = "Norouzi & Fleet 2011 (MLH)"
 RADIUS = 3
@@ -177,12 +177,36 @@ def _chosen(records, bits) -> str:
     return "\nSettings chosen on held-out training rows (mean over models): " + "; ".join(parts)
 
 
+def plot_precision(results: dict, bits, out_dir: Path) -> None:
+    """``mlh_precision_r3.png``: §6.1's Fig. 2, pooled precision at ``R <= 3`` against the
+    code length, one panel per dataset (``results``: dataset -> records, as in
+    ``mlh_small.json``)."""
+    from hashlearn.plots import plot_lines
+
+    value = f"precision@r{RADIUS}_pooled"
+    panels = {
+        name: {
+            m: (list(bits), [_mean(records, m, b, value) for b in bits])
+            for m in dict.fromkeys(r["method"] for r in records)
+        }
+        for name, records in results.items()
+    }
+    plot_lines(
+        panels,
+        Path(out_dir) / "mlh_precision_r3.png",
+        f"MLH §6.1: pooled precision at Hamming radius <= {RADIUS} (mean over models)",
+        xlabel="code length (bits)",
+        ylabel=f"precision, R <= {RADIUS}",
+        xlog=True,
+    )
+
+
 def _small(out_dir, cfg, seed, data_dir, progress, X=None, n_jobs=1):
     from hashlearn.plots import plot_lines, plot_pr_panels
 
     lines, claims, results = [], [], {}
     seeds = [seed * 1000 + r for r in range(cfg["seeds"])]
-    pr_panels, precision_panels, training = {}, {}, {}
+    pr_panels, training = {}, {}
     for name, split in _splits(cfg, seed, data_dir, X):
         models: dict = {}
         records = run_specs(
@@ -211,13 +235,6 @@ def _small(out_dir, cfg, seed, data_dir, progress, X=None, n_jobs=1):
             _chosen(records, cfg["bits"]),
         ]
         claims += _claims(name, records, cfg["bits"], len(seeds))
-        precision_panels[name] = {
-            m: (
-                list(cfg["bits"]),
-                [_mean(records, m, b, f"precision@r{RADIUS}_pooled") for b in cfg["bits"]],
-            )
-            for m in dict.fromkeys(r["method"] for r in records)
-        }
         b_pr = 32 if 32 in cfg["bits"] else cfg["bits"][-1]
         pr_panels[f"{name}, {b_pr} bits"] = {
             r["method"]: (r["precision_curve"], r["recall_curve_pr"])
@@ -229,14 +246,7 @@ def _small(out_dir, cfg, seed, data_dir, progress, X=None, n_jobs=1):
             "upper bound (eq. 11)": (np.arange(len(model.bound_history_)), model.bound_history_),
             "empirical loss (eq. 3)": (np.arange(len(model.loss_history_)), model.loss_history_),
         }
-    plot_lines(
-        precision_panels,
-        out_dir / "mlh_precision_r3.png",
-        f"MLH §6.1: pooled precision at Hamming radius <= {RADIUS} (mean over models)",
-        xlabel="code length (bits)",
-        ylabel=f"precision, R <= {RADIUS}",
-        xlog=True,
-    )
+    plot_precision(results, cfg["bits"], out_dir)
     plot_pr_panels(
         pr_panels, out_dir / "mlh_pr.png", "MLH §6.1: precision-recall over R = 0..q (first model)"
     )
