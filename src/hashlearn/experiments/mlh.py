@@ -45,7 +45,18 @@ from hashlearn.experiments.pipeline import (
     write_claims,
 )
 
-__all__ = ["run", "prepare", "specs", "settings", "plot_precision"]
+__all__ = [
+    "run",
+    "prepare",
+    "specs",
+    "settings",
+    "plot_precision",
+    "large_split",
+    "large_specs",
+    "large_claim",
+    "competitors",
+    "AGGREGATIONS",
+]
 
 PAPER = "Norouzi & Fleet 2011 (MLH)"
 RADIUS = 3
@@ -94,16 +105,15 @@ def specs(budget: float, bre: dict, *, n_neighbors: int = 50, bre_train: int | N
     ]
 
 
-def _splits(cfg, seed, data_dir, X=None):
+def _splits(cfg, seed, data_dir, X=None, names=None):
     """§6.1 splits: ``n_train`` (1000) training points, ``n_test`` queries, 50-neighbour
-    relevance."""
+    relevance; ``names``: only these real datasets (default: every one installed)."""
     rng = np.random.RandomState(seed)
+    real = [n for n in available_real(data_dir) if names is None or n in names]
     sources = (
         [("your data", np.asarray(X, np.float64))]
         if X is not None
-        else [
-            (n, np.asarray(load_real(n, data_dir)[0], np.float64)) for n in available_real(data_dir)
-        ]
+        else [(n, np.asarray(load_real(n, data_dir)[0], np.float64)) for n in real]
     )
     out = []
     for name, data in sources:
@@ -132,34 +142,32 @@ def _mean(records, method, bits, value):
     return stats[(method, bits)][0] if (method, bits) in stats else float("nan")
 
 
+#: the two aggregations of precision at R <= 3 the claims check: column of each
+AGGREGATIONS = {"pooled": f"precision@r{RADIUS}_pooled", "per-query": f"precision@r{RADIUS}"}
+
+
+def competitors(records, n_bits: int, aggregation: str) -> dict[str, str]:
+    """``{claim text: competitor}`` of §6.1's claims at ``n_bits`` for one aggregation
+    (``"pooled"`` or ``"per-query"``): MLH against BRE and against the best unsupervised
+    method in ``records`` by that precision."""
+    value = AGGREGATIONS[aggregation]
+    unsup = {m: _mean(records, m, n_bits, value) for m in UNSUPERVISED}
+    best = max((m for m in unsup if not np.isnan(unsup[m])), key=unsup.get)
+    where = f"precision R<={RADIUS} ({aggregation}), {n_bits} bits"
+    return {
+        f"MLH above BRE, {where}": "BRE",
+        f"MLH above the best unsupervised ({best}), {where}": best,
+    }
+
+
 def _claims(name, records, bits, n_seeds):
     rows = []
     for b in [b for b in bits if b >= 32] or [max(bits)]:
-        for value, label in (
-            (f"precision@r{RADIUS}_pooled", "pooled"),
-            (f"precision@r{RADIUS}", "per-query"),
-        ):
-            mlh, bre = _mean(records, "MLH", b, value), _mean(records, "BRE", b, value)
-            unsup = {m: _mean(records, m, b, value) for m in UNSUPERVISED}
-            best = max((m for m in unsup if not np.isnan(unsup[m])), key=unsup.get)
-            rows.append(
-                claim(
-                    PAPER,
-                    f"MLH above BRE, precision R<=3 ({label}), {b} bits",
-                    name,
-                    mlh - bre,
-                    n_seeds,
-                )
-            )
-            rows.append(
-                claim(
-                    PAPER,
-                    f"MLH above the best unsupervised ({best}), precision R<=3 ({label}), {b} bits",
-                    name,
-                    mlh - unsup[best],
-                    n_seeds,
-                )
-            )
+        for aggregation, value in AGGREGATIONS.items():
+            mlh = _mean(records, "MLH", b, value)
+            for text, other in competitors(records, b, aggregation).items():
+                margin = mlh - _mean(records, other, b, value)
+                rows.append(claim(PAPER, text, name, margin, n_seeds))
     return rows
 
 
@@ -263,20 +271,36 @@ def _small(out_dir, cfg, seed, data_dir, progress, X=None, n_jobs=1):
     return lines, claims
 
 
-def _large(out_dir, seed, data_dir, progress, n_jobs=1):
-    """§6.2 on Fashion-MNIST: 20k training / 2k test points, 100 neighbours."""
+LARGE_DATA = "fashion-mnist 20k/2k"
+
+
+def large_split(seed: int, data_dir, n_train: int = 20000, n_test: int = 2000) -> Split:
+    """§6.2's split of Fashion-MNIST: ``n_train`` training / ``n_test`` test points,
+    prepared as §6.1, 100-neighbour relevance."""
     rng = np.random.RandomState(seed + 1)
     X = np.asarray(load_real("fashion-mnist", data_dir)[0], np.float64)
     perm = rng.permutation(len(X))
-    A, B = prepare(X[perm[:20000]], X[perm[20000:22000]], normalise=True, n_pca=40)
-    split = Split(A, B).with_threshold_relevance(100)
-    methods = [
+    train, test = perm[:n_train], perm[n_train : n_train + n_test]
+    A, B = prepare(X[train], X[test], normalise=True, n_pca=40)
+    return Split(A, B).with_threshold_relevance(100)
+
+
+def large_specs(budget: float = 60.0) -> list[MethodSpec]:
+    """§6.2's methods: MLH on 200 000 neighbour-labelled pairs (half joining neighbours)
+    within ``budget`` CPU s, BRE on 3000 points, SH, SIKH, ITQ, LSH."""
+    return [
         s
         if s.supervision == "none"
         else MethodSpec(s.name, s.hasher, s.params, "neighbors", 100, 200_000, fitted=CHOSEN)
-        for s in specs(60.0, settings(False)["bre"], n_neighbors=100, bre_train=3000)
+        for s in specs(budget, settings(False)["bre"], n_neighbors=100, bre_train=3000)
         if s.name not in ("PCAH", "BRE2")
     ]
+
+
+def _large(out_dir, seed, data_dir, progress, n_jobs=1):
+    """§6.2 on Fashion-MNIST: 20k training / 2k test points, 100 neighbours."""
+    split = large_split(seed, data_dir)
+    methods = large_specs()
     bits = [16, 32, 64, 128]
     records = run_specs(
         methods,
@@ -304,8 +328,8 @@ def _large(out_dir, seed, data_dir, progress, n_jobs=1):
     claims = [
         claim(
             PAPER,
-            f"§6.2 MLH PR-AUC above every other method at {b} bits",
-            "fashion-mnist 20k/2k",
+            large_claim(b),
+            LARGE_DATA,
             _mean(records, "MLH", b, "pr_auc")
             - max(
                 _mean(records, m, b, "pr_auc")
@@ -327,6 +351,11 @@ def _large(out_dir, seed, data_dir, progress, n_jobs=1):
         "60 CPU s per model.",
     ]
     return lines, claims
+
+
+def large_claim(n_bits: int) -> str:
+    """The text of §6.2's claim at ``n_bits``."""
+    return f"§6.2 MLH PR-AUC above every other method at {n_bits} bits"
 
 
 @reproduction(settings)

@@ -79,6 +79,7 @@ __all__ = [
     "run_specs",
     "summarize",
     "precision_at_radius",
+    "answered_at_radius",
     "recall_at_m_curve",
     "pr_curve_auc",
     "knn_error",
@@ -118,7 +119,9 @@ class MethodSpec:
     ``supervision``: ``"none"`` fits on the training rows alone; ``"labels"`` passes their
     labels; ``"neighbors"`` passes ``n_pairs`` pairs labelled by the Euclidean threshold that
     gives each point ``n_neighbors`` neighbours on average (Norouzi & Fleet, *Minimal Loss
-    Hashing for Compact Binary Codes*, ICML 2011, Sec. 6.1); ``"all-pairs"`` passes every
+    Hashing for Compact Binary Codes*, ICML 2011, Sec. 6.1), ``similar_fraction`` of them
+    joining a point to one of its neighbours and the rest uniform (``0``: all uniform, so
+    similar pairs come at their base rate); ``"all-pairs"`` passes every
     pair of training rows labelled by that threshold (their Sec. 6.1 with 1000 points).
     The training rows are the split's ``train_rows`` (default: the whole database), of which
     a random ``n_train`` when given. ``params`` may hold callables of the code length, e.g.
@@ -138,6 +141,7 @@ class MethodSpec:
     deterministic: bool = False
     max_bits_dim: bool = False
     fitted: tuple[str, ...] = ()
+    similar_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         if self.supervision not in SUPERVISION:
@@ -175,7 +179,14 @@ class MethodSpec:
             if split.y_db is None:
                 raise ValueError(f"method {self.name!r} trains on labels; the split has none.")
             return hasher.fit(X, split.y_db[rows])
-        key = (self.supervision, self.n_train, self.n_neighbors, self.n_pairs, seed)
+        key = (
+            self.supervision,
+            self.n_train,
+            self.n_neighbors,
+            self.n_pairs,
+            self.similar_fraction,
+            seed,
+        )
         if key not in split.memo:  # the same pairs for every code length and method
             if self.supervision == "all-pairs":
                 within = neighbors_within(X, X, neighbor_threshold(X, self.n_neighbors))
@@ -183,7 +194,11 @@ class MethodSpec:
                 split.memo[key] = np.stack(upper, axis=1).astype(np.int64), within[upper]
             else:
                 split.memo[key] = pairs_from_neighbors(
-                    X, self.n_neighbors, self.n_pairs, random_state=seed
+                    X,
+                    self.n_neighbors,
+                    self.n_pairs,
+                    similar_fraction=self.similar_fraction,
+                    random_state=seed,
                 )
         pairs, similar = split.memo[key]
         return hasher.fit(X, pairs=pairs, similar=similar)
@@ -207,6 +222,7 @@ class MethodSpec:
             self.supervision,
             self.n_neighbors,
             self.n_pairs,
+            self.similar_fraction,
             self.n_train,
             n_bits,
             seed,
@@ -420,6 +436,16 @@ def precision_at_radius(radius: int, truth: str, aggregate: str = "per_query") -
     def measure(d: np.ndarray, split: Split, n_bits: int) -> dict[str, float]:
         p, r = precision_recall_at_radius(d, split.relevant(truth), radius, aggregate=aggregate)
         return {f"precision{tag}": p, f"recall{tag}": r}
+
+    return measure
+
+
+def answered_at_radius(radius: int) -> Measure:
+    """Fraction of the queries that retrieve at least one item within Hamming ``radius``
+    (what a pooled precision averages over: the others retrieve nothing)."""
+
+    def measure(d: np.ndarray, split: Split, n_bits: int) -> dict[str, float]:
+        return {f"answered@r{radius}": float(np.mean((np.asarray(d) <= radius).any(axis=1)))}
 
     return measure
 
