@@ -426,7 +426,7 @@ def _cpu_seconds() -> float:
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
-    help="Worker processes fitting models side by side (mlh); the tables are the same.",
+    help="Worker processes fitting models side by side (mlh, the MLH ablations); the tables are the same.",
 )
 def reproduce(
     name: str,

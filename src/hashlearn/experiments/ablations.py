@@ -461,6 +461,8 @@ def mlh_pooled(cfg, opts: RunOptions):
                     *(
                         f"{mean(m, b, pooled):.3f} / {mean(m, b, per_query):.3f} / "
                         f"{_pct(mean(m, b, answered))}"
+                        if not np.isnan(mean(m, b, pooled))
+                        else "n/a"
                         for m in ("MLH", longer, "BRE", *mlh.UNSUPERVISED)
                     ),
                 ]
@@ -529,7 +531,9 @@ def mlh_large_pairs(cfg, opts: RunOptions):
         else:
             cause = "method: MLH stays below with uniform pairs and with a longer training"
         findings.append([mlh.large_claim(b), mlh.LARGE_DATA, f"{cause} ({facts})"])
-        rows.append([b] + [f"{auc[(s.name, b)]:.3f}" for s in specs if (s.name, b) in auc])
+        rows.append(
+            [b] + [f"{auc[(s.name, b)]:.3f}" if (s.name, b) in auc else "n/a" for s in specs]
+        )
     md = "\n".join(
         [
             "### MLH §6.2: PR-AUC, against the training pairs and the budget",
