@@ -145,6 +145,43 @@ def run(args) -> list[list[object]]:
     return rows
 
 
+def per_result_rows(args) -> list[list[object]]:
+    """The cost of one more result, the probes held fixed: clustered codes each stored
+    ``t`` times (``t = 1, 4``), so the same buckets are hit and each holds ``t`` times the
+    items; the slope of CPU time against results per query, range search at radius 2."""
+    base, queries = make_codes("clustered", args.n // 4, args.queries)
+    indexes = {}
+    for t in (1, 4):
+        db = np.repeat(base, t, axis=0)
+        ball = HammingBallIndex(32)
+        ball.add(db)
+        indexes[t] = (ball, faiss_hash(db))
+    contenders = [lambda b=indexes[t][0]: b.range_search(queries, 2, n_threads=1) for t in (1, 4)]
+    has_faiss = indexes[1][1] is not None
+    if has_faiss:
+        contenders += [lambda f=indexes[t][1]: faiss_range(f, queries, 2) for t in (1, 4)]
+    _, cpu = interleaved_wall_and_cpu(contenders, 3 * args.repeats)
+    cpu_us = cpu / len(queries) * 1e6  # (repetitions, contenders)
+    results = [float(np.diff(indexes[t][0].range_search(queries, 2)[0]).mean()) for t in (1, 4)]
+    extra = (results[1] - results[0]) or 1.0
+    rows = []
+    names = ["HammingBallIndex"] + (["faiss IndexBinaryHash"] if has_faiss else [])
+    for j, name in enumerate(names):
+        one, four = cpu_us[:, 2 * j], cpu_us[:, 2 * j + 1]
+        per_result = (four - one) / extra * 1e3  # ns, per repetition
+        rows.append(
+            [
+                name,
+                f"{np.median(one):.1f}",
+                f"{np.median(four):.1f}",
+                f"{results[0]:.1f} / {results[1]:.1f}",
+                f"{np.median(per_result):.1f} ({np.min(per_result):.1f}-{np.max(per_result):.1f})",
+            ]
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -170,6 +207,7 @@ def main() -> None:
         "results/query",
         "identical",
     ]
+    per_result = per_result_rows(args)
     md = "\n".join(
         [
             f"32-bit codes, single thread, median of {args.repeats} interleaved repetitions "
@@ -180,6 +218,24 @@ def main() -> None:
             f"{load_average()}. {machine()}",
             "",
             markdown_table(header, rows),
+            "",
+            "**Cost of one more result** (range search, radius 2, CPU): the clustered codes "
+            f"of {args.n // 4:,} items, then each stored 4 times ({args.n:,} items): the same "
+            "buckets are probed and hit, each holding 4 times the items, so the difference "
+            "per extra result is what a result costs (reading, checking, sorting and returning "
+            f"it); {3 * args.repeats} interleaved repetitions, median of the per-repetition "
+            "slopes.",
+            "",
+            markdown_table(
+                [
+                    "index",
+                    "µs/query, each code once",
+                    "µs/query, each code 4 times",
+                    "results/query",
+                    "ns per extra result (median, min-max)",
+                ],
+                per_result,
+            ),
         ]
     )
     print(md)

@@ -219,3 +219,21 @@ def test_cost_model_sends_hopeless_queries_to_the_scan_and_stays_exact(monkeypat
     # level 1 for every query, then the full ball only for the ones that found something
     assert levels[0] == (1, 40)
     assert len(levels) == 2 and levels[1][0] == index._max_level() and levels[1][1] <= 21
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 24, 25, 64, 300, 2000])
+def test_sort_ids_equals_np_sort(n):
+    """The ball's per-level sort: insertion, byte-wise radix (odd and even pass counts) and
+    the comparison fallback for negative or large ids."""
+    from hashlearn._primitives import sort_ids
+
+    rng = np.random.default_rng(n)
+    tmp, counts = np.empty(max(n, 1), np.int64), np.empty(256, np.int64)
+    for high in (2, 255, 70_000, 2**20, 2**40):
+        for low in (0, -5):
+            ids = rng.integers(low, high, n + 6)
+            got = ids.copy()
+            sort_ids(got, 3, 3 + n, tmp, counts)
+            want = ids.copy()
+            want[3 : 3 + n].sort()
+            np.testing.assert_array_equal(got, want)

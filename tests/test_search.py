@@ -631,6 +631,26 @@ def test_distance_kernel_keeps_the_k_nearest_by_distance_then_row(kind, dtype):
         np.testing.assert_allclose(got[valid], out_d[valid], rtol=1e-12)
 
 
+@pytest.mark.parametrize("n_rows", [50, 5000, 3_000_000])
+def test_pairs_by_row_sorts_by_row_then_query(n_rows):
+    """The rescoring order: every (row, query) pair once, -1 skipped, by row then query
+    (one, two and three radix passes)."""
+    from hashlearn._rescore import pairs_by_row
+
+    rng = np.random.default_rng(n_rows)
+    cand = rng.integers(-1, n_rows, (40, 30))
+    cand[5] = -1  # a query without candidates
+    cand[6, :3] = cand[7, :3]  # rows shared by queries
+    rows, queries = pairs_by_row(cand, 2, 37)
+    q_all, j_all = np.nonzero(cand[2:37] >= 0)
+    want_rows, want_queries = cand[2:37][q_all, j_all], q_all + 2
+    order = np.lexsort((want_queries, want_rows))
+    np.testing.assert_array_equal(rows, want_rows[order])
+    np.testing.assert_array_equal(queries, want_queries[order])
+    empty = pairs_by_row(np.full((3, 4), -1), 0, 3)
+    assert empty[0].shape == (0,) and empty[1].shape == (0,)
+
+
 @pytest.mark.parametrize("name", ["sqeuclidean", "inner_product", "cosine"])
 def test_sparse_batched_kernel_equals_brute_force_on_random_floats(name):
     """CSR vectors (float32) and queries, every item a candidate: distances agree to

@@ -115,12 +115,18 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 
 def parallel_chunks(
-    kernel: Callable[[int, int], None], m: int, n_threads: int | None, *, min_chunk: int = 4
+    kernel: Callable[[int, int], None],
+    m: int,
+    n_threads: int | None,
+    *,
+    min_chunk: int = 4,
+    max_chunk: int = _MAX_CHUNK,
 ) -> None:
     """Call ``kernel(start, stop)`` over ``[0, m)`` in chunks, on ``n_threads`` threads.
 
     ``n_threads=None`` uses :func:`get_num_threads`. Each thread takes consecutive chunks of at
-    most 256 queries (bounding per-chunk buffers), so the work is split evenly.
+    most ``max_chunk`` queries (default 256, bounding per-chunk buffers), so the work is split
+    evenly.
     """
     threads = (
         get_num_threads()
@@ -130,10 +136,11 @@ def parallel_chunks(
     threads = max(1, min(threads, m // min_chunk))
     if m == 0:
         return
-    if threads == 1 and m <= _MAX_CHUNK:
+    max_chunk = max(1, max_chunk)
+    if threads == 1 and m <= max_chunk:
         kernel(0, m)
         return
-    n_chunks = max(threads, -(-m // _MAX_CHUNK))
+    n_chunks = max(threads, -(-m // max_chunk))
     bounds = [m * c // n_chunks for c in range(n_chunks + 1)]
 
     def run(worker: int) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 from hashlearn import io as _io
 from hashlearn._kernel_args import frozen
 from hashlearn._parallel import parallel_chunks
-from hashlearn._rescore import NEG_INNER, distance_kernel
+from hashlearn._rescore import NEG_INNER, distance_kernel, queries_per_call
 from hashlearn._validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
@@ -138,6 +138,7 @@ def rescore(
             ),
             m,
             n_threads,
+            max_chunk=queries_per_call(cand.shape[1]),
         )
     return (-out_d).astype(np.float32), out_i
 

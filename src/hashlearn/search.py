@@ -52,6 +52,7 @@ from hashlearn._rescore import (
     SQEUCLIDEAN,
     distance_kernel,
     keep_smallest,
+    queries_per_call,
 )
 from hashlearn._validation import check_int
 from hashlearn.hashers.base import BaseHasher
@@ -163,16 +164,34 @@ def _rerank_csr_kernel(
     out_i,
     start,
     stop,
+    dense_q,
+    stamp_of,
 ):  # pragma: no cover - compiled
-    """``distance_kernel`` for CSR queries and vectors (canonical: sorted column indices):
-    each pair's sorted non-zeros merged, O(nnz(q) + nnz(x)); the rows of the candidates
-    ``_LOOKAHEAD`` ahead are prefetched. With side features (``f_w`` non-empty; kind
-    ``SQEUCLIDEAN`` only) the distance is ``|x - q|^2 + sum_t f_w[t] (f_v[x, t] -
-    f_q[q, t])^2``, the implicit learned metric."""
+    """``distance_kernel`` for CSR queries and vectors (canonical: sorted, distinct column
+    indices); ``dense_q`` (float64) and ``stamp_of`` (int64) are zeroed scratch arrays with
+    one entry per column (``np.zeros`` maps untouched pages lazily, so their size costs only
+    the columns the queries and candidates use).
+
+    Each query is scattered once into a dense vector, so a candidate ``x`` costs
+    O(nnz(x) + nnz(q)) branch-free steps instead of a merge of two index lists:
+    ``|x - q|^2 = sum_{j in x} (x_j - q_j)^2 + sum_{j in q, j not in x} q_j^2``, the second
+    sum over the query's non-zeros that the candidate does not stamp (every term is a
+    square: no cancellation). The rows of the candidates ``_LOOKAHEAD`` ahead are
+    prefetched. With side features (``f_w`` non-empty; kind ``SQEUCLIDEAN`` only) the
+    distance is ``|x - q|^2 + sum_t f_w[t] (f_v[x, t] - f_q[q, t])^2``, the implicit learned
+    metric."""
     c = cand.shape[1]
+    # dense_q: the current query, zero outside its non-zeros (reset after each query);
+    # stamp_of[j]: the last candidate (numbered from 1) with a non-zero in column j
+    stamp = 0
     for i in range(start, stop):
         q0 = q_ptr[i]
         q1 = q_ptr[i + 1]
+        qq = 0.0
+        for a in range(q0, q1):
+            qa = np.float64(q_data[a])
+            dense_q[q_ind[a]] = qa
+            qq += qa * qa
         filled = 0
         for j in range(min(_LOOKAHEAD, c)):
             _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j])
@@ -182,39 +201,29 @@ def _rerank_csr_kernel(
             p = cand[i, j]
             if p < 0:
                 continue
-            a = q0
-            b = v_ptr[p]
-            b1 = v_ptr[p + 1]
+            stamp += 1
             sq = 0.0
             dot = 0.0
-            qq = 0.0
             xx = 0.0
-            while a < q1 or b < b1:  # merge of the two sorted index lists
-                if b >= b1 or (a < q1 and q_ind[a] < v_ind[b]):
-                    qa = np.float64(q_data[a])
-                    sq += qa * qa
-                    qq += qa * qa
-                    a += 1
-                elif a >= q1 or v_ind[b] < q_ind[a]:
-                    xb = np.float64(v_data[b])
-                    sq += xb * xb
-                    xx += xb * xb
-                    b += 1
-                else:
-                    qa = np.float64(q_data[a])
-                    xb = np.float64(v_data[b])
-                    diff = qa - xb
-                    sq += diff * diff
-                    dot += qa * xb
-                    qq += qa * qa
-                    xx += xb * xb
-                    a += 1
-                    b += 1
+            for b in range(v_ptr[p], v_ptr[p + 1]):
+                col = v_ind[b]
+                xb = np.float64(v_data[b])
+                qa = dense_q[col]
+                diff = xb - qa
+                sq += diff * diff
+                dot += qa * xb
+                xx += xb * xb
+                stamp_of[col] = stamp
+            for a in range(q0, q1):  # the query's non-zeros outside the candidate
+                qa = np.float64(q_data[a])
+                sq += qa * qa * np.float64(stamp_of[q_ind[a]] != stamp)
             for t in range(f_w.shape[0]):
                 diff = f_q[i, t] - f_v[p, t]
                 sq += f_w[t] * (diff * diff)
             dist = _finish(kind, sq, dot, qq, xx)
             filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
+        for a in range(q0, q1):
+            dense_q[q_ind[a]] = 0.0
 
 
 def _code_bits(hasher) -> int | None:
@@ -775,8 +784,11 @@ class Searcher:
                     *side,
                 )
 
+                n_cols = V.shape[1]
+
                 def run(start, stop):
-                    _rerank_csr_kernel(*args, pos, kind, k, out_d, out_row, start, stop)
+                    scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
+                    _rerank_csr_kernel(*args, pos, kind, k, out_d, out_row, start, stop, *scratch)
             else:
                 # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy):
                 # one compiled kernel whatever the arrays' flags
@@ -785,7 +797,8 @@ class Searcher:
                 def run(start, stop):
                     distance_kernel(Qd, Vd, pos_d, kind, k, out_d, out_row, start, stop)
 
-            parallel_chunks(run, m, n_threads, min_chunk=1)
+            per_call = queries_per_call(pos.shape[1]) if not sp.issparse(V) else 256
+            parallel_chunks(run, m, n_threads, min_chunk=1, max_chunk=per_call)
             ids = np.where(out_row >= 0, self._vector_ids[np.maximum(out_row, 0)], -1)
             return out_d.astype(np.float32), ids
         return self._rerank_general(X, cand_pos, cand, k)

@@ -46,7 +46,7 @@ import numpy as np
 from hashlearn._parallel import parallel_chunks
 from hashlearn._popcount import popcount64
 from hashlearn._postings import build_table, check_table, find_in
-from hashlearn._primitives import grow_hits, prefetch, splitmix64
+from hashlearn._primitives import grow_hits, prefetch, sort_ids, splitmix64
 from hashlearn._validation import check_real
 from hashlearn.codes import as_words
 from hashlearn.index._storage import Snapshot, check_code_state
@@ -171,6 +171,8 @@ def _ball_chunk(
     batch = np.empty(_PROBE_BATCH, np.int64)
     lows = np.empty(_PROBE_BATCH, np.int64)
     highs = np.empty(_PROBE_BATCH, np.int64)
+    scratch = np.empty(1024, np.int64)  # for sorting a level's ids
+    digit_counts = np.empty(256, np.int64)
     for qi in range(m):
         qo = (q_start + qi) * n_words
         found = 0
@@ -190,18 +192,25 @@ def _ball_chunk(
                     prefetch(bitmap, (key >> bitmap_shift) >> 6)
                     n_batch += 1
                     more = _next_combination(comb, level, n_bits)
-                # then, in stages that each prefetch what the next one reads: the key
-                # rows of the probes that pass the bitmap, the buckets of those found
-                n_rows = 0
+                # then, in stages that each prefetch what the next one reads: the
+                # directory slots of the probes that pass the bitmap, their key rows, the
+                # buckets of those found
+                n_pass = 0
                 for b in range(n_batch):
                     key = batch[b]
                     if _may_hold(bitmap, bitmap_shift, key):
-                        slot = key >> shift
-                        lo, hi = directory[slot], directory[slot + 1]
-                        if lo < hi:
-                            prefetch(kv, 2 * lo)
-                            batch[n_rows], lows[n_rows], highs[n_rows] = key, lo, hi
-                            n_rows += 1
+                        prefetch(directory, key >> shift)
+                        batch[n_pass] = key
+                        n_pass += 1
+                n_rows = 0
+                for b in range(n_pass):
+                    key = batch[b]
+                    slot = key >> shift
+                    lo, hi = directory[slot], directory[slot + 1]
+                    if lo < hi:
+                        prefetch(kv, 2 * lo)
+                        batch[n_rows], lows[n_rows], highs[n_rows] = key, lo, hi
+                        n_rows += 1
                 n_found = 0
                 for b in range(n_rows):
                     row = _find_row(kv, lows[b], highs[b], batch[b])
@@ -223,7 +232,9 @@ def _ball_chunk(
                             dist[total] = level
                             total += 1
             if n_buckets > 1:  # one bucket's ids are sorted already
-                hit_ids[level_start:total].sort()
+                if scratch.shape[0] < total - level_start:
+                    scratch = np.empty(2 * (total - level_start), np.int64)
+                sort_ids(hit_ids, level_start, total, scratch, digit_counts)
             found += total - level_start
             if k > 0 and found >= k:
                 break
