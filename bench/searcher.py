@@ -54,7 +54,13 @@ import numpy as np  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 
 import hashlearn  # noqa: E402
-from _common import interleaved_wall_and_cpu, load_average, machine, markdown_table  # noqa: E402
+from _common import (  # noqa: E402
+    interleaved_wall_and_cpu,
+    load_average,
+    machine,
+    markdown_table,
+    write_section,
+)
 from hashlearn._vote import majority_vote  # noqa: E402
 from hashlearn.datasets import load_fashion_mnist  # noqa: E402
 from hashlearn.experiments.learned_metric import bag_of_patches  # noqa: E402
@@ -250,6 +256,7 @@ def main() -> None:
         default=[60_000, 1_000_000],
         help="database sizes of the dense end-to-end rows (beyond 60k: noisy copies)",
     )
+    parser.add_argument("--no-write", action="store_true", help="leave docs/results.md alone")
     args = parser.parse_args()
     hashlearn.set_num_threads(1)
     X_db, y_db = load_fashion_mnist(args.data, subset="train")
@@ -335,6 +342,12 @@ def main() -> None:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "searcher.md").write_text(md + "\n")
+    if not args.no_write:
+        title = (
+            "## Searcher end to end and learned-metric hashed search (`bench/searcher.py`, "
+            "issue 14 item 6)"
+        )
+        write_section("bench-searcher", f"{title}\n\n`python bench/searcher.py`. {md}")
     (args.out / "searcher.json").write_text(
         json.dumps({"end_to_end": rows1, "learned_metric": rows2, "load": loads}, indent=1)
     )
