@@ -244,7 +244,11 @@ def main() -> None:
     )
     print(md)
     if not args.no_write:
-        write_section("bench-hamming-ball", md)
+        title = (
+            "## Hamming-ball lookup vs FlatIndex and faiss IndexBinaryHash "
+            "(`bench/hamming_ball.py`, issue 14 item 3)"
+        )
+        write_section("bench-hamming-ball", f"{title}\n\n{md}")
 
 
 if __name__ == "__main__":

@@ -143,7 +143,11 @@ def main() -> None:
         md += f"\n\nLoad average after: {load_average()}."
         print(md)
         if not args.no_write:
-            write_section("bench-forest-times", md)
+            title = (
+                "## Boosted search forest: training and index build times "
+                "(`bench/table_index.py --forest-only`, issue 14 item 5)"
+            )
+            write_section("bench-forest-times", f"{title}\n\n{md}")
         return
     load_before = load_average()
     sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
