@@ -169,6 +169,7 @@ def _knn_core(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs,
         while not done and r <= max_len:
             for s in range(m):
                 length = sub_len[s]
+                complete = True  # table s probed at radius r to the end
                 if r <= length:
                     limit = _U1 << np.uint64(length)
                     mask = (_U1 << np.uint64(r)) - _U1
@@ -206,8 +207,11 @@ def _knn_core(codes, n_words, queries, q_start, q_end, k, n_bits, tables, costs,
                                 cnt,
                                 dist,
                             )
+                        if work > budget:  # checked per batch: a radius can hold 10^3 probes
+                            complete = mask >= limit
+                            break
                 # every code not yet verified is at distance >= r * m + s + 1
-                if cnt == k and best_d[k - 1] <= r * m + s:
+                if complete and cnt == k and best_d[k - 1] <= r * m + s:
                     done = True
                     break
                 if work > budget:  # abandoned: the caller scans this query

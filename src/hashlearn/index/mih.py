@@ -27,8 +27,9 @@ dropped against the k results, so no visited set is kept (:mod:`hashlearn._mih_k
 
 A cost model, in units of one code word scanned by FlatIndex, decides between probing and
 scanning: a probed bucket and a verified code word each have a cost measured against the
-scan (see ``_PROBE_COST``, ``_CODE_COST``). The first 8 queries of a batch are probed with
-half a scan's budget; when their mean cost (an abandoned query counted as its budget plus a
+scan (see ``_PROBE_COST``, ``_CODE_COST``). The first 8 queries of a batch (one in 32 of a
+smaller batch, at least 2) are probed with half a scan's budget, checked after every batch
+of probes; when their mean cost (an abandoned query counted as its budget plus a
 scan) exceeds half a scan, the rest of the batch goes to FlatIndex's scan (uniform random
 codes do, at k >= 10 on 10M x 64 bits); otherwise every query probes with a scan's budget, and
 the queries that exceed it are scanned together at the end. The worst case is thus about
@@ -69,7 +70,9 @@ _MAX_SUBSTRING_BITS = 63
 _SCAN_COST = 1
 _PROBE_COST = 320
 _CODE_COST = 6
-_PILOT_QUERIES = 8  # queries probed first to decide whether a batch probes or scans
+# queries probed first to decide whether a batch probes or scans: 8, or one in 32 of a
+# smaller batch (at least 2), so a hopeless pilot wastes at most ~1/64 of the batch's scans
+_PILOT_QUERIES = 8
 _QUERY_BUDGET = 1.0  # a probing query is abandoned (and scanned) past this many scans
 # a batch probes only when its pilot costs under half a scan: the cost of a probe (a cache
 # miss) varied 1.5x with the machine's memory load, and uniform codes at 10M x 64 bits,
@@ -233,7 +236,7 @@ class MultiIndexHashing(BinaryIndex):
             )  # fmt: skip
 
         # the first queries, on half the budget, decide whether the batch probes or scans
-        pilot = min(m_q, _PILOT_QUERIES)
+        pilot = min(m_q, _PILOT_QUERIES, max(2, m_q // 32))
         _mih_kernels.mih_knn(
             codes, n_words, q_words, 0, pilot, k, self.n_bits, table_args,
             (_PROBE_COST, n_words * _CODE_COST, scan_cost // 2), dist, pos, work,
