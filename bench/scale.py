@@ -383,6 +383,9 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps({"rows": rows, "ondisk": disk}, indent=1))
     if args.write:
         md = [
+            "## Multi-index hashing at 10M codes vs FlatIndex and faiss hash indexes "
+            "(`bench/scale.py`, issue 14 items 1-2)",
+            "",
             f"Machine: {machine()}.",
             f"Command: `python bench/scale.py {' '.join(argv or sys.argv[1:])}`.",
             "",
