@@ -773,6 +773,7 @@ class Searcher:
             pos = np.ascontiguousarray(cand_pos, np.int64)
             out_d = np.full((m, k), np.inf, np.float64)
             out_row = np.full((m, k), -1, np.int64)
+            chunk = {}  # the thread pool's default chunks of queries
             if sp.issparse(V):
                 if side is None:  # no side features: zero-width arrays
                     side = (np.zeros((m, 0)), np.zeros((len(self._vector_ids), 0)), np.zeros(0))
@@ -797,8 +798,9 @@ class Searcher:
                 def run(start, stop):
                     distance_kernel(Qd, Vd, pos_d, kind, k, out_d, out_row, start, stop)
 
-            per_call = queries_per_call(pos.shape[1]) if not sp.issparse(V) else 256
-            parallel_chunks(run, m, n_threads, min_chunk=1, max_chunk=per_call)
+                chunk = {"max_chunk": queries_per_call(pos.shape[1])}
+
+            parallel_chunks(run, m, n_threads, min_chunk=1, **chunk)
             ids = np.where(out_row >= 0, self._vector_ids[np.maximum(out_row, 0)], -1)
             return out_d.astype(np.float32), ids
         return self._rerank_general(X, cand_pos, cand, k)

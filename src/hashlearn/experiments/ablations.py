@@ -398,7 +398,7 @@ def mlh_pooled(cfg, opts: RunOptions):
     claim's wording, are the reproduction's). Returns ``(finding rows, markdown)``."""
     m_cfg = mlh.settings(opts.quick)
     budget = m_cfg["budget"]
-    bits = [b for b in m_cfg["bits"] if b >= 32] or [max(m_cfg["bits"])]
+    bits = mlh.claim_bits(m_cfg["bits"])
     all_seeds = [opts.seed * 1000 + r for r in range(m_cfg["seeds"])]
     seeds = all_seeds[: cfg["mlh_seeds"]]
     by_name = {s.name: s for s in mlh.specs(budget, m_cfg["bre"])}
@@ -490,7 +490,7 @@ def mlh_large_pairs(cfg, opts: RunOptions):
     ``(finding rows, markdown)``."""
     n_train, n_test = cfg["large_rows"]
     split = mlh.large_split(opts.seed, opts.data_dir, n_train, n_test)
-    budget = 60.0 if not opts.quick else 0.25
+    budget = mlh.LARGE_BUDGET if not opts.quick else 0.25
     by_name = {s.name: s for s in mlh.large_specs(budget)}
     base = by_name["MLH"]
     longer = f"MLH, {cfg['large_budget']}x budget"

@@ -591,7 +591,8 @@ def run_specs(
     ``n_jobs``: worker processes (forked, one BLAS and one hashlearn thread each). Every
     (seed, code length) is one task, so fits reused within it stay reused; the records come
     back in the sequential order and, every fit being seeded, with the same values as
-    ``n_jobs=1`` except the CPU-time columns (each worker's own CPU time).
+    ``n_jobs=1`` run with one BLAS thread, except the CPU-time columns (each worker's own
+    CPU time).
     """
     specs, bits, seeds, measures = list(specs), list(bits), list(seeds), list(measures)
     n_jobs = check_int(n_jobs, "n_jobs", "run_specs", low=1)
