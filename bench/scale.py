@@ -382,9 +382,12 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "ondisk": disk}, indent=1))
     if args.write:
+        # the 10M run of items 1-2 has its section; other sizes (small batches) their own
+        default = args.n == [10_000_000]
+        sizes = ", ".join(f"{n:,}" for n in args.n)
         md = [
-            "## Multi-index hashing at 10M codes vs FlatIndex and faiss hash indexes "
-            "(`bench/scale.py`, issue 14 items 1-2)",
+            f"## Multi-index hashing at {'10M' if default else sizes} codes vs FlatIndex and "
+            f"faiss hash indexes (`bench/scale.py`, issue 14 item{'s 1-2' if default else ' 2'})",
             "",
             f"Machine: {machine()}.",
             f"Command: `python bench/scale.py {' '.join(argv or sys.argv[1:])}`.",
@@ -397,7 +400,8 @@ def main(argv=None):
         ]
         if disk:
             md += ["", "On-disk: " + ", ".join(f"{k}={v}" for k, v in disk.items())]
-        write_section("bench/scale.py", "\n".join(md))
+        section = "bench/scale.py" if default else f"bench/scale.py n={sizes}"
+        write_section(section, "\n".join(md))
 
 
 if __name__ == "__main__":
