@@ -631,6 +631,74 @@ def test_distance_kernel_keeps_the_k_nearest_by_distance_then_row(kind, dtype):
         np.testing.assert_allclose(got[valid], out_d[valid], rtol=1e-12)
 
 
+def _screened_and_exact(Q, V, cand, kind, k):
+    from hashlearn._rescore import distance_kernel, rescore_runner, screened_distance_kernel
+
+    m = Q.shape[0]
+    want = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+    distance_kernel(Q, V, cand, kind, k, *want, 0, m)
+    got = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+    rescore_runner(Q, V, cand, kind, k, *got)(0, m)
+    return want, got, screened_distance_kernel
+
+
+@pytest.mark.parametrize("kind", ["sqeuclidean", "euclidean", "inner_product", "cosine"])
+@pytest.mark.parametrize(
+    "case", ["gaussian", "one-ulp neighbours", "huge", "tiny", "float64 queries", "nan row"]
+)
+def test_float32_screening_returns_the_float64_kernels_rows_and_distances(kind, case):
+    """The screened kernel (float32 bounds, float64 for the pairs that can still win) keeps
+    exactly the rows and distances of the float64 kernel: near-ties a float32 score cannot
+    tell apart (neighbours 1 ulp apart, duplicates), float32 overflow (|x| ~ 1e25) and
+    underflow (|x| ~ 1e-30), queries not exact in float32, a row of NaN."""
+    from hashlearn.search import _EXACT_KIND
+
+    rng = np.random.default_rng(11)
+    n, d, m, c, k = 300, 40, 30, 60, 7
+    V = rng.standard_normal((n, d)).astype(np.float32)
+    if case == "one-ulp neighbours":
+        V[100:200] = np.nextafter(V[:100], np.float32(np.inf))
+        V[200:] = V[:100]
+    elif case == "huge":
+        V *= np.float32(1e25)
+    elif case == "tiny":
+        V *= np.float32(1e-30)
+    elif case == "nan row":
+        V[5] = np.nan
+    Q = V[rng.integers(0, n, m)].astype(np.float64)
+    if case == "float64 queries":
+        Q += rng.standard_normal(Q.shape) * 1e-4
+    elif case != "nan row":
+        Q = Q.astype(np.float32)
+    cand = np.stack([rng.permutation(n)[:c] for _ in range(m)])
+    cand[:, ::5] = -1
+    cand[4, 3:] = -1  # fewer than k candidates
+    cand[0, :10] = 5  # a row listed for several queries... and twice for one
+    cand[1, :10] = 5
+    want, got, _ = _screened_and_exact(Q, V, cand, _EXACT_KIND[kind], k)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_float32_screening_runs_and_prunes():
+    """On Gaussian data the screen leaves about k pairs per query for float64 (called
+    directly, so the test fails if the runner stops choosing it)."""
+    from hashlearn._rescore import SQEUCLIDEAN, screened_distance_kernel
+
+    rng = np.random.default_rng(2)
+    V = rng.standard_normal((2000, 64)).astype(np.float32)
+    Q = rng.standard_normal((50, 64)).astype(np.float32)
+    cand = np.stack([rng.permutation(2000)[:200] for _ in range(50)])
+    k = 10
+    want, got, kernel = _screened_and_exact(Q, V, cand, SQEUCLIDEAN, k)
+    direct = np.full((50, k), np.inf), np.full((50, k), -1, np.int64)
+    scored = kernel(Q, Q, np.zeros(50), V, cand, SQEUCLIDEAN, k, *direct, 0, 50)
+    assert 50 * k <= scored <= 50 * 2 * k  # of 50 * 200 pairs
+    for out in (got, direct):
+        np.testing.assert_array_equal(out[1], want[1])
+        np.testing.assert_array_equal(out[0], want[0])
+
+
 @pytest.mark.parametrize("n_rows", [50, 5000, 3_000_000])
 def test_pairs_by_row_sorts_by_row_then_query(n_rows):
     """The rescoring order: every (row, query) pair once, -1 skipped, by row then query

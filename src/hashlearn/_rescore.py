@@ -16,6 +16,10 @@ then visited in ascending order (a forward sweep that the hardware prefetcher fo
 row shared by several queries is fetched once, not once per query. The top k of a query
 does not depend on the order its candidates are scored in (ties go to the smaller row), so
 the result is the same as scoring query by query.
+
+Over float32 vectors :func:`rescore_runner` usually picks :func:`screened_distance_kernel`:
+a float32 pass bounds every distance, and only the pairs that can still reach a top k are
+scored in float64 -- the same rows and distances as :func:`distance_kernel`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from hashlearn._primitives import prefetch
 
 __all__ = [
     "distance_kernel",
+    "screened_distance_kernel",
+    "rescore_runner",
     "pairs_by_row",
     "queries_per_call",
     "keep_smallest",
@@ -104,6 +110,20 @@ def keep_smallest(out_d, out_i, i, k, filled, dist, p):
     out_d[i, pos] = dist
     out_i[i, pos] = p
     return filled
+
+
+@njit(nogil=True, inline="always")
+def _exact(Q, i, V, p, kind, qq, xx):
+    """The distance ``distance_kernel`` ranks by, in float64."""
+    if kind == SQEUCLIDEAN:
+        return _sqdist(Q, i, V, p)
+    if kind == EUCLIDEAN:
+        return np.sqrt(_sqdist(Q, i, V, p))
+    if kind == NEG_INNER:
+        return -_dot(Q, i, V, p)
+    if qq == 0.0 or xx == 0.0:
+        return 1.0
+    return 1.0 - _dot(Q, i, V, p) / (np.sqrt(qq) * np.sqrt(xx))
 
 
 _RADIX_BITS = 11  # digits of the row sort: 2048 buckets, two passes up to 4M rows
@@ -201,14 +221,227 @@ def distance_kernel(Q, V, cand, kind, k, out_d, out_i, start, stop):  # pragma: 
         xx = _sqnorm(V, p) if kind == COSINE else 0.0
         for t in range(first[g], first[g + 1]):
             i = queries[t]
-            if kind == SQEUCLIDEAN:
-                dist = _sqdist(Q, i, V, p)
-            elif kind == EUCLIDEAN:
-                dist = np.sqrt(_sqdist(Q, i, V, p))
-            elif kind == NEG_INNER:
-                dist = -_dot(Q, i, V, p)
-            elif qq[i - start] == 0.0 or xx == 0.0:
-                dist = 1.0
-            else:
-                dist = 1.0 - _dot(Q, i, V, p) / (np.sqrt(qq[i - start]) * np.sqrt(xx))
+            dist = _exact(Q, i, V, p, kind, qq[i - start], xx)
             filled[i - start] = keep_smallest(out_d, out_i, i, k, filled[i - start], dist, p)
+
+
+# ------------------------------------------------------------- float32 screening, exact top-k
+
+_U32 = 2.0**-24  # unit roundoff of float32
+_U64 = 2.0**-53  # unit roundoff of float64
+_TINY32 = 2.0**-150  # the largest error of one float32 rounding that underflows
+#: the screen's relative error bound must stay below this to prune anything
+_MAX_SCREEN_ERROR = 0.01
+
+
+@njit(nogil=True, inline="always")
+def _sqdist32(Q32, i, V, p):
+    """``|Q32[i] - V[p]|^2`` in float32 (approximate; see ``screened_distance_kernel``)."""
+    acc = np.float32(0.0)
+    for t in range(Q32.shape[1]):
+        diff = Q32[i, t] - V[p, t]
+        acc += diff * diff
+    return acc
+
+
+@njit(nogil=True, inline="always")
+def _dot32(Q32, i, V, p):
+    """``(Q32[i] . V[p], sum_t |Q32[i, t] V[p, t]|)`` in float32."""
+    acc = np.float32(0.0)
+    mag = np.float32(0.0)
+    for t in range(Q32.shape[1]):
+        prod = Q32[i, t] * V[p, t]
+        acc += prod
+        mag += abs(prod)
+    return acc, mag
+
+
+@njit(nogil=True, inline="always")
+def _sqnorm32(V, p):
+    acc = np.float32(0.0)
+    for t in range(V.shape[1]):
+        acc += V[p, t] * V[p, t]
+    return acc
+
+
+@njit(nogil=True, inline="always")
+def _keep_bound(bound, i, k, filled, hi):
+    """Insert ``hi`` into row ``i`` of the ascending ``k`` smallest upper bounds."""
+    if filled == k:
+        if hi >= bound[i, k - 1]:
+            return filled
+        pos = k - 1
+    else:
+        pos = filled
+        filled += 1
+    while pos > 0 and bound[i, pos - 1] > hi:
+        bound[i, pos] = bound[i, pos - 1]
+        pos -= 1
+    bound[i, pos] = hi
+    return filled
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def screened_distance_kernel(
+    Q, Q32, q_err, V, cand, kind, k, out_d, out_i, start, stop
+):  # pragma: no cover
+    """:func:`distance_kernel`'s result -- the same rows, the same float64 distances --
+    computed in two passes over float32 vectors ``V``.
+
+    Pass 1 scores every pair in float32 (twice the SIMD lanes of float64, half the bytes per
+    query) and turns each score into an interval certain to hold the float64 distance:
+    Higham's bound on a floating-point sum of ``n`` terms in any order ("Accuracy and
+    Stability of Numerical Algorithms", 2002, eq. 3.5), ``|err| <= gamma_n sum_t |term_t|``
+    with ``gamma_n = n u / (1 - n u)``, doubled here to cover the float64 side too, plus
+    ``3 n 2^-150`` for gradual underflow; a pair whose score overflows gets ``(-inf, inf)``.
+    ``Q32`` is ``Q`` rounded to float32 and ``q_err[i] = |Q[i] - Q32[i]|`` (float64); for
+    the Euclidean kinds the triangle inequality widens the interval by it, the inner-product
+    kinds need ``q_err == 0``. Per query, ``T`` is the k-th smallest upper bound: a pair
+    whose lower bound exceeds ``T`` has k pairs strictly nearer and cannot be kept.
+    Pass 2 computes the float64 distance of the other pairs, exactly as
+    :func:`distance_kernel` does, and keeps the top k by (distance, row). Both passes go
+    row by row (:func:`pairs_by_row`). Returns the number of pairs scored in float64.
+
+    Where it pays: the float32 pass reads half the query bytes and runs twice the SIMD
+    lanes, so it gains where the arithmetic shows, when each row serves several queries
+    (Fashion-MNIST 60k, 1000 candidates per query: 121 vs 165 ns per pair); when every
+    pair is a row fetched from memory (100 candidates) both kernels wait on the same
+    loads (see ``docs/results.md``, issue 14 item 6).
+    """
+    rows, queries = pairs_by_row(cand, start, stop)
+    n = rows.shape[0]
+    m = stop - start
+    d = V.shape[1]
+    first = np.empty(n + 1, np.int64)
+    n_rows = 0
+    for t in range(n):
+        if t == 0 or rows[t] != rows[t - 1]:
+            first[n_rows] = t
+            n_rows += 1
+    first[n_rows] = n
+    rel = 2.0 * (d + 4) * _U32 / (1.0 - (d + 4) * _U32)  # relative bound of a float32 sum
+    tiny = 3.0 * (d + 1) * _TINY32
+    out_rel = 2.0 * (d + 8) * _U64  # float64 rounding of the exact side
+    qq = np.zeros(m)
+    if kind == COSINE:
+        for i in range(start, stop):
+            qq[i - start] = _sqnorm(Q, i)
+    # pass 1: float32 scores -> (lower, upper) bounds; the k smallest upper bounds per query
+    lower = np.empty(n)
+    bound = np.full((m, k), np.inf)
+    n_bound = np.zeros(m, np.int64)
+    for g in range(min(_LOOKAHEAD, n_rows)):
+        _prefetch_row(V, rows[first[g]])
+    for g in range(n_rows):
+        if g + _LOOKAHEAD < n_rows:
+            _prefetch_row(V, rows[first[g + _LOOKAHEAD]])
+        p = rows[first[g]]
+        xx_lo = xx_hi = 0.0
+        if kind == COSINE:
+            xx32 = np.float64(_sqnorm32(V, p))
+            xx_lo = xx32 * (1.0 - rel) - tiny
+            xx_hi = xx32 * (1.0 + rel) + tiny
+        for t in range(first[g], first[g + 1]):
+            i = queries[t]
+            j = i - start
+            lo = -np.inf
+            hi = np.inf
+            if kind == SQEUCLIDEAN or kind == EUCLIDEAN:
+                a = np.float64(_sqdist32(Q32, i, V, p))
+                if a < np.inf:
+                    r_lo = np.sqrt(max(0.0, a * (1.0 - rel) - tiny)) - q_err[i]
+                    r_hi = np.sqrt(a * (1.0 + rel) + tiny) + q_err[i]
+                    r_lo = max(0.0, r_lo)
+                    lo = r_lo * r_lo * (1.0 - out_rel)
+                    hi = r_hi * r_hi * (1.0 + out_rel)
+                    if kind == EUCLIDEAN:
+                        lo, hi = np.sqrt(lo), np.sqrt(hi)
+            else:
+                a32, mag32 = _dot32(Q32, i, V, p)
+                a = np.float64(a32)
+                err = np.float64(mag32) * rel + tiny
+                if a < np.inf and a > -np.inf and err < np.inf:
+                    dot_lo = a - err
+                    dot_hi = a + err
+                    if kind == NEG_INNER:
+                        lo = -dot_hi - out_rel * np.float64(mag32)
+                        hi = -dot_lo + out_rel * np.float64(mag32)
+                    elif qq[j] > 0.0 and xx_lo > 0.0 and xx_hi < np.inf:
+                        nq = np.sqrt(qq[j])
+                        nx_lo, nx_hi = np.sqrt(xx_lo), np.sqrt(xx_hi)
+                        cos_hi = dot_hi / (nq * (nx_lo if dot_hi >= 0.0 else nx_hi))
+                        cos_lo = dot_lo / (nq * (nx_hi if dot_lo >= 0.0 else nx_lo))
+                        lo = 1.0 - cos_hi - out_rel * 4.0
+                        hi = 1.0 - cos_lo + out_rel * 4.0
+            lower[t] = lo
+            n_bound[j] = _keep_bound(bound, j, k, n_bound[j], hi)
+    # pass 2: float64 distances of the pairs that can still be among the k nearest, their
+    # rows prefetched ``_LOOKAHEAD`` survivors ahead
+    kept = np.empty(n, np.int64)
+    n_kept = 0
+    for t in range(n):
+        if lower[t] <= bound[queries[t] - start, k - 1]:
+            kept[n_kept] = t
+            n_kept += 1
+    for s in range(min(_LOOKAHEAD, n_kept)):
+        _prefetch_row(V, rows[kept[s]])
+    filled = np.zeros(m, np.int64)
+    xx = 0.0
+    for s in range(n_kept):
+        if s + _LOOKAHEAD < n_kept:
+            _prefetch_row(V, rows[kept[s + _LOOKAHEAD]])
+        t = kept[s]
+        p = rows[t]
+        i = queries[t]
+        if kind == COSINE and (s == 0 or rows[kept[s - 1]] != p):
+            xx = _sqnorm(V, p)
+        dist = _exact(Q, i, V, p, kind, qq[i - start], xx)
+        filled[i - start] = keep_smallest(out_d, out_i, i, k, filled[i - start], dist, p)
+    return n_kept
+
+
+@njit(nogil=True, cache=True)
+def _rounded_queries(Q):  # pragma: no cover
+    """``(Q32, q_err)``: float64 queries rounded to float32 and each row's rounding error
+    ``|Q[i] - Q32[i]|``, slightly enlarged (``inf`` where a value is not finite in float32)."""
+    Q32 = np.empty(Q.shape, np.float32)
+    q_err = np.zeros(Q.shape[0])
+    for i in range(Q.shape[0]):
+        acc = 0.0
+        for t in range(Q.shape[1]):
+            r = np.float32(Q[i, t])
+            Q32[i, t] = r
+            diff = Q[i, t] - np.float64(r)
+            acc += diff * diff
+            if not np.isfinite(r):
+                acc = np.inf
+        q_err[i] = np.sqrt(acc) * (1.0 + 1e-9)
+    return Q32, q_err
+
+
+def rescore_runner(Q, V, cand, kind, k, out_d, out_i):
+    """``run(start, stop)`` scoring queries ``start:stop`` of ``Q`` against their candidate
+    rows ``cand`` of ``V`` into ``out_d`` / ``out_i`` (see :func:`distance_kernel`): the
+    float32-screened kernel where it applies -- ``V`` float32, at least 2k candidates per
+    query, a screen tight enough to prune (``d`` below ~20k columns), finite float32 queries,
+    and for the inner-product kinds queries exact in float32 -- else the float64 kernel.
+    Same rows and distances either way."""
+    d = V.shape[1]
+    screened = (
+        V.dtype == np.float32
+        and cand.shape[1] >= 2 * k
+        and 2.0 * (d + 4) * _U32 < _MAX_SCREEN_ERROR
+    )
+    if screened:
+        if Q.dtype == np.float32:
+            Q32, q_err = Q, np.zeros(Q.shape[0])
+            screened = bool(np.isfinite(Q).all())
+        else:
+            Q32, q_err = _rounded_queries(Q)
+            screened = bool(np.isfinite(q_err).all())
+            screened = screened and (kind in (SQEUCLIDEAN, EUCLIDEAN) or not q_err.any())
+    if not screened:
+        return lambda start, stop: distance_kernel(Q, V, cand, kind, k, out_d, out_i, start, stop)
+    return lambda start, stop: screened_distance_kernel(
+        Q, Q32, q_err, V, cand, kind, k, out_d, out_i, start, stop
+    )

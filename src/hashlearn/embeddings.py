@@ -38,7 +38,7 @@ import numpy as np
 from hashlearn import io as _io
 from hashlearn._kernel_args import frozen
 from hashlearn._parallel import parallel_chunks
-from hashlearn._rescore import NEG_INNER, distance_kernel, queries_per_call
+from hashlearn._rescore import NEG_INNER, queries_per_call, rescore_runner
 from hashlearn._validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
@@ -133,9 +133,7 @@ def rescore(
         V = frozen(vectors, vectors.dtype)
         cand = frozen(candidates, np.int64)
         parallel_chunks(
-            lambda start, stop: distance_kernel(
-                Q, V, cand, NEG_INNER, k, out_d, out_i, start, stop
-            ),
+            rescore_runner(Q, V, cand, NEG_INNER, k, out_d, out_i),
             m,
             n_threads,
             max_chunk=queries_per_call(cand.shape[1]),

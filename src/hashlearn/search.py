@@ -50,7 +50,7 @@ from hashlearn._rescore import (
     EUCLIDEAN,
     NEG_INNER,
     SQEUCLIDEAN,
-    distance_kernel,
+    rescore_runner,
     keep_smallest,
     queries_per_call,
 )
@@ -745,7 +745,9 @@ class Searcher:
         V = self._vectors
         kind = self._exact_kind()
         if kind is not None:
-            return _checked_queries(X, sp.issparse(V), V.shape[1]), V, kind, None
+            sparse = sp.issparse(V)
+            Q = _checked_queries(X, sparse, V.shape[1], not sparse and V.dtype == np.float32)
+            return Q, V, kind, None
         G = self._metric_factor()
         if G is not None:
             mapped = self._metric_vectors(G)
@@ -795,8 +797,7 @@ class Searcher:
                 # one compiled kernel whatever the arrays' flags
                 Qd, Vd, pos_d = frozen(Q, Q.dtype), frozen(V, V.dtype), frozen(pos, np.int64)
 
-                def run(start, stop):
-                    distance_kernel(Qd, Vd, pos_d, kind, k, out_d, out_row, start, stop)
+                run = rescore_runner(Qd, Vd, pos_d, kind, k, out_d, out_row)
 
                 chunk = {"max_chunk": queries_per_call(pos.shape[1])}
 
@@ -875,13 +876,14 @@ def _top_k(dist: np.ndarray, ids: np.ndarray, k: int, out_d: np.ndarray, out_i: 
     out_i[:, :width] = ids[rows, order]
 
 
-def _checked_queries(X, sparse: bool, n_features: int):
+def _checked_queries(X, sparse: bool, n_features: int, keep_float32: bool = False):
     """Queries for the batched kernels: canonical float64 CSR (``sparse``) or a dense float64
-    C array, with ``n_features`` columns."""
+    C array (float32 kept as it is with ``keep_float32``), with ``n_features`` columns."""
     if sparse:
         Q = _canonical_csr(sp.csr_matrix(check_array(X, accept_sparse="csr", dtype=np.float64)))
     else:
-        Q = np.ascontiguousarray(_dense(X), np.float64)
+        Q = _dense(X)
+        Q = np.ascontiguousarray(Q, np.float32 if keep_float32 and Q.dtype == np.float32 else np.float64)
     if Q.shape[1] != n_features:
         raise ValueError(f"X has {Q.shape[1]} features but the database vectors have {n_features}.")
     return Q
