@@ -683,7 +683,7 @@ def test_float32_screening_returns_the_float64_kernels_rows_and_distances(kind, 
 def test_float32_screening_runs_and_prunes():
     """On Gaussian data the screen leaves about k pairs per query for float64 (called
     directly, so the test fails if the runner stops choosing it)."""
-    from hashlearn._rescore import SQEUCLIDEAN, screened_distance_kernel
+    from hashlearn._rescore import SQEUCLIDEAN
 
     rng = np.random.default_rng(2)
     V = rng.standard_normal((2000, 64)).astype(np.float32)

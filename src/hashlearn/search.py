@@ -50,9 +50,9 @@ from hashlearn._rescore import (
     EUCLIDEAN,
     NEG_INNER,
     SQEUCLIDEAN,
-    rescore_runner,
     keep_smallest,
     queries_per_call,
+    rescore_runner,
 )
 from hashlearn._validation import check_int
 from hashlearn.hashers.base import BaseHasher
@@ -883,7 +883,9 @@ def _checked_queries(X, sparse: bool, n_features: int, keep_float32: bool = Fals
         Q = _canonical_csr(sp.csr_matrix(check_array(X, accept_sparse="csr", dtype=np.float64)))
     else:
         Q = _dense(X)
-        Q = np.ascontiguousarray(Q, np.float32 if keep_float32 and Q.dtype == np.float32 else np.float64)
+        Q = np.ascontiguousarray(
+            Q, np.float32 if keep_float32 and Q.dtype == np.float32 else np.float64
+        )
     if Q.shape[1] != n_features:
         raise ValueError(f"X has {Q.shape[1]} features but the database vectors have {n_features}.")
     return Q
