@@ -217,6 +217,48 @@ def test_best_threshold_matches_brute_force():
             assert 2 * 0.3 * lt.sum() * (~lt).sum() - w[lt[a] != lt[b]].sum() <= gain + 1e-9
 
 
+def _threshold_oracle(v, va, vb, w, cost, min_leaf, n_thresholds):
+    """Every candidate's gain by a direct pass over the pairs (the kernel sweeps once)."""
+    s = np.sort(v)
+    m = len(v)
+    best, seen = (np.nan, -np.inf), set()
+    for t in range(1, n_thresholds + 1):
+        q = s[(t * (m - 1)) // (n_thresholds + 1)]
+        if q in seen:
+            continue
+        seen.add(q)
+        larger = s[s > q]
+        if not len(larger):
+            break
+        mid = q / 2.0 + larger[0] / 2.0
+        mid = mid if q < mid < larger[0] else q
+        if np.isnan(best[0]):
+            best = (mid, -np.inf)
+        m_left = int((v > q).sum())
+        if min(m_left, m - m_left) < min_leaf:
+            continue
+        cut = w[(np.minimum(va, vb) <= q) & (np.maximum(va, vb) > q)].sum()
+        gain = 2.0 * cost * m_left * (m - m_left) - cut
+        if gain > best[1]:
+            best = (mid, gain)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_best_threshold_sweep_equals_a_pass_per_candidate(seed):
+    """Tied values, repeated quantiles, pairs with equal ends, integer weights (exact in
+    any summation order): the sweep's threshold and gain are the direct computation's."""
+    rng = np.random.default_rng(seed)
+    m, n_pairs = int(rng.integers(2, 120)), int(rng.integers(0, 300))
+    v = rng.integers(0, 6, m).astype(float) if seed % 2 else rng.standard_normal(m)
+    a, b = rng.integers(0, m, n_pairs), rng.integers(0, m, n_pairs)
+    w = rng.integers(1, 5, n_pairs).astype(float)
+    args = (v, v[a], v[b], w, float(rng.random() * 0.05), int(rng.integers(1, 4)), 16)
+    want = _threshold_oracle(*args)
+    got = _best_threshold(*args)
+    np.testing.assert_equal(got, want)
+
+
 def test_lsh_tables_keys_are_sign_bits():
     X = np.random.default_rng(6).standard_normal((50, 5))
     lsh = LSHTables(2, 4, random_state=3).fit(X)

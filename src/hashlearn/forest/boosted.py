@@ -46,8 +46,10 @@ Implementation choices (documented deviations, all within the paper's framework)
 * Trees grow best-first (largest gain first) up to ``max_leaves`` leaves / ``max_depth``.
 * The eigenvectors of eq. 18 (and the fallback principal direction) are computed exactly
   in a reduced form for small nodes and approximated by 16 Lanczos steps when the reduced
-  problem is larger than 16 (see ``_candidate_directions``); the split search itself runs
-  in numba.
+  problem is larger than 16 (see ``_candidate_directions``). The direction finding and the
+  split search run in numba; the threshold search is one sweep over the node's pairs (each
+  pair's interval placed among the sorted candidates by binary search, then prefix sums),
+  ``O(pairs log n_thresholds)`` instead of a pass over the pairs per candidate.
 * Split thresholds lie midway between consecutive distinct training scores, and one kernel
   (:func:`hashlearn.forest.base.node_scores` / ``tree_leaves``) routes points at fit and at
   query time, so a training point's leaf while boosting is its leaf in the index.
@@ -102,18 +104,17 @@ class _Node:
 def _best_threshold_kernel(v_rows, v_a, v_b, weight, cost, min_leaf, n_thresholds):
     m = v_rows.shape[0]
     s = np.sort(v_rows)
-    best_theta = np.nan
-    best_gain = -np.inf
-    first = True
-    prev_q = 0.0
+    # the candidates: distinct quantiles q (ascending), each with its threshold and sides
+    q_cand = np.empty(n_thresholds)
+    mid_cand = np.empty(n_thresholds)
+    left_cand = np.empty(n_thresholds, np.int64)
+    n_cand = 0
     r = 0
     for t in range(1, n_thresholds + 1):
         p = (t * (m - 1)) // (n_thresholds + 1)
         q = s[p]
-        if not first and q == prev_q:
+        if n_cand and q == q_cand[n_cand - 1]:
             continue  # the same candidate again
-        first = False
-        prev_q = q
         r = max(r, p + 1)
         while r < m and s[r] <= q:
             r += 1
@@ -123,22 +124,35 @@ def _best_threshold_kernel(v_rows, v_a, v_b, weight, cost, min_leaf, n_threshold
         mid = q / 2.0 + upper / 2.0
         if not (mid > q and mid < upper):
             mid = q  # adjacent floats: v > q is the same split
-        m_left = m - r
-        m_right = r
-        if best_theta != best_theta:  # nan: the first valid candidate
-            best_theta = mid
+        q_cand[n_cand] = q
+        mid_cand[n_cand] = mid
+        left_cand[n_cand] = m - r
+        n_cand += 1
+    # a pair is cut by candidate t iff lo <= q_t < hi: it starts being cut at the first
+    # q_t >= lo and stops at the first q_t >= hi (one sweep over the pairs, O(log n_cand) each)
+    starts = np.zeros(n_cand + 1)
+    stops = np.zeros(n_cand + 1)
+    qs = q_cand[:n_cand]
+    for k in range(weight.shape[0]):
+        lo = min(v_a[k], v_b[k])
+        hi = max(v_a[k], v_b[k])
+        starts[np.searchsorted(qs, lo)] += weight[k]
+        stops[np.searchsorted(qs, hi)] += weight[k]
+    best_theta = mid_cand[0] if n_cand else np.nan
+    best_gain = -np.inf
+    started = 0.0
+    stopped = 0.0
+    for t in range(n_cand):
+        started += starts[t]
+        stopped += stops[t]
+        m_left = left_cand[t]
+        m_right = m - m_left
         if m_left < min_leaf or m_right < min_leaf:
             continue
-        cut = 0.0
-        for k in range(weight.shape[0]):
-            lo = min(v_a[k], v_b[k])
-            hi = max(v_a[k], v_b[k])
-            if lo <= q and hi > q:
-                cut += weight[k]
-        gain = 2.0 * cost * float(m_left) * float(m_right) - cut
+        gain = 2.0 * cost * float(m_left) * float(m_right) - (started - stopped)
         if gain > best_gain:
             best_gain = gain
-            best_theta = mid
+            best_theta = mid_cand[t]
     return best_theta, best_gain
 
 
@@ -158,7 +172,8 @@ def _best_threshold(
     midway between the quantile and the next larger distinct value (as scikit-learn's tree
     splitter does), never on a training value, so no training point lies on a split plane.
     Returns ``(nan, -inf)`` when every value is equal (numba kernel; the first best
-    candidate wins ties).
+    candidate wins ties). The cut weights of all candidates come from one sweep: a pair
+    ``(lo, hi)`` is cut by ``q`` iff ``lo <= q < hi``.
     """
     theta, gain = _best_threshold_kernel(
         np.ascontiguousarray(v_rows, dtype=np.float64),
@@ -235,13 +250,21 @@ def _lanczos(pairs, Xc, a_loc, b_loc, pw, n_steps):
     return V[:steps], alpha[:steps], beta[: steps - 1]
 
 
-def _lanczos_top(pairs, Xc, a_loc, b_loc, pw, n_steps, n_vec) -> np.ndarray:
+@numba.njit(cache=True, nogil=True)
+def _lanczos_top(pairs, Xc, a_loc, b_loc, pw, n_steps, n_vec):
     """Top ``n_vec`` Ritz vectors (columns ``(d, n_vec)``, largest eigenvalue last) of ``A``
     from :func:`_lanczos`; with fewer Ritz vectors than asked the top one is repeated."""
     V, alpha, beta = _lanczos(pairs, Xc, a_loc, b_loc, pw, n_steps)
-    _, vecs = np.linalg.eigh(np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1))
-    ritz = V.T @ vecs[:, -n_vec:]
-    return np.concatenate([np.repeat(ritz[:, -1:], n_vec - ritz.shape[1], axis=1), ritz], axis=1)
+    k = alpha.shape[0]
+    T = np.diag(alpha)
+    for j in range(k - 1):
+        T[j, j + 1] = T[j + 1, j] = beta[j]
+    vecs = np.linalg.eigh(T)[1]
+    ritz = np.ascontiguousarray(V.T) @ np.ascontiguousarray(vecs[:, max(0, k - n_vec) :])
+    out = np.empty((V.shape[1], n_vec))
+    for c in range(n_vec):
+        out[:, c] = ritz[:, max(0, ritz.shape[1] - n_vec + c)]
+    return out
 
 
 @numba.njit(cache=True, nogil=True)
@@ -260,10 +283,10 @@ def _pair_rows(a_loc, b_loc, m):
     return rows[:r], slot
 
 
-_NO_ROWS = np.zeros(0, np.int64)
 
 
-def _candidate_directions(Xc, sub, a_loc, b_loc, pw) -> np.ndarray:
+@numba.njit(cache=True, nogil=True)
+def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
     """Candidate split directions of a node, rows of a ``(k, d)`` array: the top two
     eigenvectors of ``A = X~^T (S + S^T) X~`` (eq. 18, ``S_ab = w_ab z_ab``; only when the
     node holds similar pairs) and the top principal direction of ``sub`` (the centred node
@@ -277,7 +300,7 @@ def _candidate_directions(Xc, sub, a_loc, b_loc, pw) -> np.ndarray:
     comes from the ``m x m`` Gram matrix when ``m < d``. When that reduced problem is larger
     than ``_LANCZOS_STEPS`` (16), the top eigenvectors are approximated by 16 Lanczos steps
     with full re-orthogonalisation, applying ``A`` implicitly (``O(m d + pairs)`` per step).
-    (The eigen-solvers run in numpy; only the Lanczos loop is a numba kernel.)
+    (A numba kernel: the eigen-solvers are LAPACK's, called without Python in between.)
     """
     d = Xc.shape[1]
     n_pairs = a_loc.shape[0]
@@ -285,33 +308,47 @@ def _candidate_directions(Xc, sub, a_loc, b_loc, pw) -> np.ndarray:
     k = 0
     if n_pairs:
         rows, slot = _pair_rows(a_loc, b_loc, Xc.shape[0])
-        r = len(rows)
+        r = rows.shape[0]
         if min(r, d) > _LANCZOS_STEPS:
             vecs = _lanczos_top(True, Xc, a_loc, b_loc, pw, _LANCZOS_STEPS, 2)
         elif r < d:
-            cell = slot[a_loc] * r + slot[b_loc]
-            S = np.bincount(cell, weights=pw, minlength=r * r).reshape(r, r)
-            Q, R = np.linalg.qr(Xc[rows].T)
-            B = R @ (S + S.T) @ R.T
-            vecs = Q @ np.linalg.eigh(0.5 * (B + B.T))[1]
+            S2 = np.zeros((r, r))  # S + S^T
+            for e in range(n_pairs):
+                S2[slot[a_loc[e]], slot[b_loc[e]]] += pw[e]
+                S2[slot[b_loc[e]], slot[a_loc[e]]] += pw[e]
+            Y = np.empty((d, r))
+            for j in range(r):
+                Y[:, j] = Xc[rows[j]]
+            Q, R = np.linalg.qr(Y)
+            R = np.ascontiguousarray(R)
+            B = R @ S2 @ np.ascontiguousarray(R.T)
+            vecs = np.ascontiguousarray(Q) @ np.ascontiguousarray(np.linalg.eigh(0.5 * (B + B.T))[1])
         else:
-            A = (Xc[a_loc] * pw[:, None]).T @ Xc[b_loc]
+            A = np.zeros((d, d))
+            for e in range(n_pairs):
+                for i in range(d):
+                    ai = pw[e] * Xc[a_loc[e], i]
+                    for j in range(d):
+                        A[i, j] += ai * Xc[b_loc[e], j]
             vecs = np.linalg.eigh(A + A.T)[1]
         out[0] = vecs[:, -1]
         out[1] = vecs[:, -2] if vecs.shape[1] > 1 else vecs[:, -1]
         k = 2
     m_sub = sub.shape[0]
     if min(m_sub, d) > _LANCZOS_STEPS:
-        out[k] = _lanczos_top(False, sub, _NO_ROWS, _NO_ROWS, np.zeros(0), _LANCZOS_STEPS, 1)[:, 0]
+        no_rows = np.zeros(0, np.int64)
+        out[k] = _lanczos_top(False, sub, no_rows, no_rows, np.zeros(0), _LANCZOS_STEPS, 1)[:, 0]
     elif m_sub < d:
-        v = sub.T @ np.linalg.eigh(sub @ sub.T)[1][:, -1]
+        v = np.ascontiguousarray(sub.T) @ np.ascontiguousarray(
+            np.linalg.eigh(sub @ np.ascontiguousarray(sub.T))[1][:, -1]
+        )
         norm = np.sqrt(np.sum(v * v))
         if norm > 0:
             out[k] = v / norm
         else:
             out[k, 0] = 1.0
     else:
-        out[k] = np.linalg.eigh(sub.T @ sub)[1][:, -1]
+        out[k] = np.linalg.eigh(np.ascontiguousarray(sub.T) @ sub)[1][:, -1]
     return out
 
 
