@@ -283,8 +283,6 @@ def _pair_rows(a_loc, b_loc, m):
     return rows[:r], slot
 
 
-
-
 @numba.njit(cache=True, nogil=True)
 def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
     """Candidate split directions of a node, rows of a ``(k, d)`` array: the top two
@@ -322,7 +320,9 @@ def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
             Q, R = np.linalg.qr(Y)
             R = np.ascontiguousarray(R)
             B = R @ S2 @ np.ascontiguousarray(R.T)
-            vecs = np.ascontiguousarray(Q) @ np.ascontiguousarray(np.linalg.eigh(0.5 * (B + B.T))[1])
+            vecs = np.ascontiguousarray(Q) @ np.ascontiguousarray(
+                np.linalg.eigh(0.5 * (B + B.T))[1]
+            )
         else:
             A = np.zeros((d, d))
             for e in range(n_pairs):
