@@ -45,6 +45,29 @@ def interleaved_wall_and_cpu(
     return wall, cpu
 
 
+def block_interleaved_wall_and_cpu(
+    contenders: Sequence[Callable[[int, int], object]], n_items: int, block: int, repeats: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`interleaved_wall_and_cpu` with each repetition cut into blocks of items: every
+    contender runs items ``start:stop`` (``fn(start, stop)``) before any runs the next
+    block, so a burst of outside load (this VM's timings swing by 10-30 % for seconds at a
+    time) falls on all contenders alike instead of on whichever ran during it. The
+    per-call times of a repetition are summed."""
+    for fn in contenders:
+        fn(0, min(block, n_items))
+    wall = np.zeros((repeats, len(contenders)))
+    cpu = np.zeros((repeats, len(contenders)))
+    for r in range(repeats):
+        for start in range(0, n_items, block):
+            stop = min(n_items, start + block)
+            for c, fn in enumerate(contenders):
+                t0, c0 = time.perf_counter(), time.process_time()
+                fn(start, stop)
+                wall[r, c] += time.perf_counter() - t0
+                cpu[r, c] += time.process_time() - c0
+    return wall, cpu
+
+
 def interleaved_times(contenders: Sequence[Callable[[], object]], repeats: int) -> np.ndarray:
     """Wall seconds per call, shape ``(repeats, len(contenders))`` (see above)."""
     return interleaved_wall_and_cpu(contenders, repeats)[0]

@@ -221,6 +221,43 @@ def test_cost_model_sends_hopeless_queries_to_the_scan_and_stays_exact(monkeypat
     assert len(levels) == 2 and levels[1][0] == index._max_level() and levels[1][1] <= 21
 
 
+@pytest.mark.parametrize("pilot_finds", [False, True])
+def test_pilot_sends_a_hopeless_batch_straight_to_the_scan(monkeypatch, pilot_finds):
+    """A batch of 96 queries over 20k random codes: its pilot (queries 0, 32, 64) probes
+    levels 0-1 first. When the pilot finds nothing the whole batch is scanned without
+    probing -- even queries that would have found a near duplicate, still exactly --;
+    when it finds something every query probes as before."""
+    rng = np.random.default_rng(8)
+    n, k, m = 20_000, 10, 96
+    db = rng.integers(0, 256, (n, 4), dtype=np.uint8)
+    queries = rng.integers(0, 256, (m, 4), dtype=np.uint8)
+    queries[1:32] = db[:31]  # near duplicates (distance 0-1) outside the pilot
+    queries[1:32:2, 0] ^= 1
+    if pilot_finds:
+        queries[32] = db[100]
+    index = HammingBallIndex(32)
+    index.add(db)
+    levels = []
+    run_ball = HammingBallIndex._run_ball
+
+    def spy(self, snap, q, max_level, k_, n_threads):
+        levels.append((max_level, len(q)))
+        return run_ball(self, snap, q, max_level, k_, n_threads)
+
+    monkeypatch.setattr(HammingBallIndex, "_run_ball", spy)
+    D, I = index.search(queries, k)
+    flat = FlatIndex(32)
+    flat.add(db)
+    D_ref, I_ref = flat.search(queries, k)
+    np.testing.assert_array_equal(D, D_ref)
+    np.testing.assert_array_equal(I, I_ref)
+    assert levels[0] == (1, 3)  # the pilot
+    if pilot_finds:
+        assert levels[1] == (1, m) and levels[2][0] == index._max_level()
+    else:
+        assert len(levels) == 1
+
+
 @pytest.mark.parametrize("n", [0, 1, 5, 24, 25, 64, 300, 2000])
 def test_sort_ids_equals_np_sort(n):
     """The ball's per-level sort: insertion, byte-wise radix (odd and even pass counts) and

@@ -33,7 +33,9 @@ it is bigger than ``len(index) / probe_cost``, a probe being a random memory acc
 scan step a streamed popcount -- so ``range_search`` scans
 (:func:`~hashlearn.index.flat.scan_range_search` over the same codes) for that radius, and ``search(q, k)`` enumerates levels only
 while the ball stays smaller than the database and scans the queries that have not found ``k``
-items by then. Results are identical either way.
+items by then (when a uniformly spread database would leave that ball nearly empty, a batch
+whose pilot -- one query in 32 -- finds nothing within distance 1 is scanned without probing).
+Results are identical either way.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def _find_row(kv, lo, hi, key):
 
 _LINEAR_ROWS = 16  # directory slots hold ~4 keys; longer ones are binary searched
 _PROBE_BATCH = 64  # probe keys computed before they are looked up
+_PILOT_EVERY = 32  # the pilot of a k-NN batch: one query in 32 (see HammingBallIndex.search)
 
 
 @numba.njit(nogil=True, inline="always")
@@ -444,7 +447,9 @@ class HammingBallIndex(BinaryIndex):
         The ball grows level by level until ``k`` items are found; queries that would need a
         ball bigger than the database, or that found nothing within distance 1 where a ball
         of the largest affordable radius is not expected to hold ``k`` codes, are answered by
-        a scan. Sorted by (distance, id), padded with -1.
+        a scan (a batch of 64 or more such queries first tries a pilot, one query in 32, and
+        is scanned whole when the pilot finds nothing). Sorted by (distance, id), padded
+        with -1.
         """
         snap = self._store.snapshot
         queries = self._check_queries(queries)
@@ -477,13 +482,23 @@ class HammingBallIndex(BinaryIndex):
             # would hold fewer than k codes of a uniformly spread database of this size, is
             # hopeless: it goes straight to the scan instead of paying for the rest of the
             # ball first (random codes: 529 probes at b = 32, r = 2, about a tenth of a scan).
+            # A batch first sends a pilot (one query in 32) through levels 0 and 1: when none
+            # of it finds anything there, the whole batch goes to the scan (random codes: the
+            # probes would add ~1 % to the scan; the pilot adds ~0.03 %).
             first = min(1, max_level)
+            expected = n * ball_size(self.n_bits, max_level) / 2.0**self.n_bits
+            hopeless_when_empty = max_level > first and expected < k_eff
             rows = np.arange(m)
-            found = ball(rows, first)
+            if hopeless_when_empty and m >= 2 * _PILOT_EVERY:
+                pilot = rows[::_PILOT_EVERY]
+                if not (ball(pilot, first) > 0).any():
+                    rows = rows[:0]
+            found = np.zeros(m, np.int64)
+            if rows.size:
+                found[rows] = ball(rows, first)
             if max_level > first:
-                rows = rows[short]
-                expected = n * ball_size(self.n_bits, max_level) / 2.0**self.n_bits
-                if expected < k_eff:
+                rows = rows[short[rows]]
+                if hopeless_when_empty:
                     rows = rows[found[rows] > 0]
                 if rows.size:
                     ball(rows, max_level)
