@@ -397,3 +397,34 @@ def test_codes_property_returns_the_stored_codes():
     stored = index.codes
     assert stored.dtype == np.uint8 and stored.shape == (9, 10)
     np.testing.assert_array_equal(unpack_le(stored, 77), bits[np.argsort(ids)])
+
+
+def test_large_row_buffers_are_private_zeroed_memory():
+    """Row buffers of 4 MiB and more come from their own mapping (advised to use huge
+    pages): zero-filled, writable, the asked shape and dtype; after a fork the child's
+    writes stay in the child (a private mapping), and an index built on them is exact."""
+    import os
+
+    from hashlearn.index._storage import _zeroed_rows
+
+    for shape, dtype in [((10,), np.int64), ((600_000,), np.int64), ((300_000, 2), np.uint64)]:
+        a = _zeroed_rows(shape, dtype)
+        assert a.shape == shape and a.dtype == dtype and a.flags.writeable
+        assert not a.any()
+        a[-1] = 7
+    big = _zeroed_rows((600_000,), np.int64)
+    if hasattr(os, "fork"):
+        pid = os.fork()
+        if pid == 0:  # child: write and leave at once
+            big[:] = 1
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert not big.any()
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 256, (600_000, 8), dtype=np.uint8)  # 4.8 MB of words and of ids
+    index = FlatIndex(64)
+    index.add(codes)
+    queries = codes[rng.integers(0, len(codes), 5)]
+    D, I = index.search(queries, 3)
+    assert (D[:, 0] == 0).all()
+    np.testing.assert_array_equal(index.codes[I[:, 0]], queries)

@@ -31,6 +31,7 @@ retried by :func:`hashlearn.io.load`.)
 from __future__ import annotations
 
 import contextlib
+import mmap
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -53,6 +54,35 @@ __all__ = [
 
 ID_MAX = int(np.iinfo(np.int64).max)
 """Largest id; automatic ids are numbered up to it and no further."""
+
+_HUGE_PAGE_MIN_BYTES = 1 << 22  # 4 MiB: row buffers at least this big ask for huge pages
+
+
+def _zeroed_rows(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` for a row buffer, on fresh memory advised to use
+    transparent huge pages where the platform allows (Linux: a private anonymous mapping,
+    ``MADV_HUGEPAGE`` before any page is touched).
+
+    Scans read a row buffer end to end, and with 4 KiB pages a 1M x 32-bit ``FlatIndex``
+    scan ran 11 % slower (2026-11-26, this repository's 2-core AMD EPYC, 2000 queries:
+    ~300 vs ~270 us per query): ``np.zeros`` gets huge pages only when the allocator hands
+    it untouched memory, so two indexes over the same codes in one process could differ by
+    that much. Elsewhere, or when the mapping fails, plain ``np.zeros``.
+    """
+    dtype = np.dtype(dtype)
+    n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+    if n_bytes < _HUGE_PAGE_MIN_BYTES or None in (advice, private, anonymous):
+        return np.zeros(shape, dtype)
+    try:
+        buf = mmap.mmap(-1, n_bytes, flags=private | anonymous)
+    except OSError:
+        return np.zeros(shape, dtype)
+    with contextlib.suppress(OSError):
+        buf.madvise(advice)
+    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 def _frozen(arr: np.ndarray) -> np.ndarray:
@@ -248,10 +278,10 @@ class IdStore:
             end = n + m
             if buffers is None or len(buffers["ids"]) < end:
                 capacity = max(end, 2 * n, 1024)
-                grown = {"ids": np.zeros(capacity, np.int64)}
+                grown = {"ids": _zeroed_rows((capacity,), np.int64)}
                 grown["ids"][:n] = snap.ids
                 for name, (shape, dtype) in self.row_shapes.items():
-                    grown[name] = np.zeros((capacity, *shape), dtype)
+                    grown[name] = _zeroed_rows((capacity, *shape), dtype)
                     grown[name][:n] = snap.rows[name]
                 buffers = grown
             buffers["ids"][n:end] = sorted_ids
