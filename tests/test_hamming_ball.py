@@ -189,19 +189,11 @@ def test_bad_input():
         HammingBallIndex(8, probe_cost=0.5)
 
 
-def test_cost_model_sends_hopeless_queries_to_the_scan_and_stays_exact(monkeypatch):
-    """20k random 32-bit codes: the affordable ball (radius 2) is expected to hold far fewer
-    than k codes, so a query with nothing within distance 1 is scanned at once, while one
-    with a near duplicate goes on through the ball first. Both must match FlatIndex."""
-    rng = np.random.default_rng(7)
-    n, k = 20_000, 10
-    db = rng.integers(0, 256, (n, 4), dtype=np.uint8)
-    near = db[:20].copy()
-    near[:, 0] ^= 1  # distance 1 from a stored code: found at level 1
-    queries = np.concatenate([near, rng.integers(0, 256, (20, 4), dtype=np.uint8)])
+def _search_recording_levels(monkeypatch, db, queries, k):
+    """A HammingBallIndex over ``db`` searched for ``queries``, checked equal to FlatIndex;
+    returns it and the ``(level, n_queries)`` of every ball run the search made."""
     index = HammingBallIndex(32)
     index.add(db)
-    assert index._max_level() >= 2
     levels = []
     run_ball = HammingBallIndex._run_ball
 
@@ -216,6 +208,21 @@ def test_cost_model_sends_hopeless_queries_to_the_scan_and_stays_exact(monkeypat
     D_ref, I_ref = flat.search(queries, k)
     np.testing.assert_array_equal(D, D_ref)
     np.testing.assert_array_equal(I, I_ref)
+    return index, levels
+
+
+def test_cost_model_sends_hopeless_queries_to_the_scan_and_stays_exact(monkeypatch):
+    """20k random 32-bit codes: the affordable ball (radius 2) is expected to hold far fewer
+    than k codes, so a query with nothing within distance 1 is scanned at once, while one
+    with a near duplicate goes on through the ball first. Both must match FlatIndex."""
+    rng = np.random.default_rng(7)
+    n, k = 20_000, 10
+    db = rng.integers(0, 256, (n, 4), dtype=np.uint8)
+    near = db[:20].copy()
+    near[:, 0] ^= 1  # distance 1 from a stored code: found at level 1
+    queries = np.concatenate([near, rng.integers(0, 256, (20, 4), dtype=np.uint8)])
+    index, levels = _search_recording_levels(monkeypatch, db, queries, k)
+    assert index._max_level() >= 2
     # level 1 for every query, then the full ball only for the ones that found something
     assert levels[0] == (1, 40)
     assert len(levels) == 2 and levels[1][0] == index._max_level() and levels[1][1] <= 21
@@ -235,22 +242,7 @@ def test_pilot_sends_a_hopeless_batch_straight_to_the_scan(monkeypatch, pilot_fi
     queries[1:32:2, 0] ^= 1
     if pilot_finds:
         queries[32] = db[100]
-    index = HammingBallIndex(32)
-    index.add(db)
-    levels = []
-    run_ball = HammingBallIndex._run_ball
-
-    def spy(self, snap, q, max_level, k_, n_threads):
-        levels.append((max_level, len(q)))
-        return run_ball(self, snap, q, max_level, k_, n_threads)
-
-    monkeypatch.setattr(HammingBallIndex, "_run_ball", spy)
-    D, I = index.search(queries, k)
-    flat = FlatIndex(32)
-    flat.add(db)
-    D_ref, I_ref = flat.search(queries, k)
-    np.testing.assert_array_equal(D, D_ref)
-    np.testing.assert_array_equal(I, I_ref)
+    index, levels = _search_recording_levels(monkeypatch, db, queries, k)
     assert levels[0] == (1, 3)  # the pilot
     if pilot_finds:
         assert levels[1] == (1, m) and levels[2][0] == index._max_level()

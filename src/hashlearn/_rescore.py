@@ -184,6 +184,43 @@ def pairs_by_row(cand, start, stop):
     return rows, queries
 
 
+@njit(nogil=True, cache=True)
+def _row_groups(cand, start, stop):
+    """:func:`pairs_by_row` of queries ``start:stop`` and the first pair of each distinct
+    row: ``(rows, queries, first, n_rows)``, ``first[n_rows]`` the end marker."""
+    rows, queries = pairs_by_row(cand, start, stop)
+    n = rows.shape[0]
+    first = np.empty(n + 1, np.int64)
+    n_rows = 0
+    for t in range(n):
+        if t == 0 or rows[t] != rows[t - 1]:
+            first[n_rows] = t
+            n_rows += 1
+    first[n_rows] = n
+    return rows, queries, first, n_rows
+
+
+@njit(nogil=True, inline="always")
+def _prefetch_group_rows(V, rows, first, g, n_rows):
+    """Before scoring row group ``g``: the row ``_LOOKAHEAD`` groups ahead (at ``g = 0``,
+    the first ``_LOOKAHEAD`` rows too)."""
+    if g == 0:
+        for h in range(min(_LOOKAHEAD, n_rows)):
+            _prefetch_row(V, rows[first[h]])
+    if g + _LOOKAHEAD < n_rows:
+        _prefetch_row(V, rows[first[g + _LOOKAHEAD]])
+
+
+@njit(nogil=True, inline="always")
+def _query_sqnorms(Q, start, stop, kind):
+    """``|Q[i]|^2`` of queries ``start:stop`` for ``COSINE`` (zeros otherwise)."""
+    qq = np.zeros(stop - start)
+    if kind == COSINE:
+        for i in range(start, stop):
+            qq[i - start] = _sqnorm(Q, i)
+    return qq
+
+
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def distance_kernel(Q, V, cand, kind, k, out_d, out_i, start, stop):  # pragma: no cover
     """Exact distances of queries ``start:stop`` to their candidates, the ``k`` nearest kept
@@ -197,26 +234,11 @@ def distance_kernel(Q, V, cand, kind, k, out_d, out_i, start, stop):  # pragma: 
     rows ahead. Reassociation lets LLVM split the sums over SIMD lanes; there are no
     "no-NaN/no-inf" flags, so comparisons with the padding stay exact.
     """
-    rows, queries = pairs_by_row(cand, start, stop)
-    n = rows.shape[0]
-    # the first pair of each distinct row, and an end marker
-    first = np.empty(n + 1, np.int64)
-    n_rows = 0
-    for t in range(n):
-        if t == 0 or rows[t] != rows[t - 1]:
-            first[n_rows] = t
-            n_rows += 1
-    first[n_rows] = n
+    rows, queries, first, n_rows = _row_groups(cand, start, stop)
     filled = np.zeros(stop - start, np.int64)
-    qq = np.zeros(stop - start)
-    if kind == COSINE:
-        for i in range(start, stop):
-            qq[i - start] = _sqnorm(Q, i)
-    for g in range(min(_LOOKAHEAD, n_rows)):
-        _prefetch_row(V, rows[first[g]])
+    qq = _query_sqnorms(Q, start, stop, kind)
     for g in range(n_rows):
-        if g + _LOOKAHEAD < n_rows:
-            _prefetch_row(V, rows[first[g + _LOOKAHEAD]])
+        _prefetch_group_rows(V, rows, first, g, n_rows)
         p = rows[first[g]]
         xx = _sqnorm(V, p) if kind == COSINE else 0.0
         for t in range(first[g], first[g + 1]):
@@ -308,33 +330,20 @@ def screened_distance_kernel(
     pair is a row fetched from memory (100 candidates) both kernels wait on the same
     loads (see ``docs/results.md``, issue 14 item 6).
     """
-    rows, queries = pairs_by_row(cand, start, stop)
+    rows, queries, first, n_rows = _row_groups(cand, start, stop)
     n = rows.shape[0]
     m = stop - start
     d = V.shape[1]
-    first = np.empty(n + 1, np.int64)
-    n_rows = 0
-    for t in range(n):
-        if t == 0 or rows[t] != rows[t - 1]:
-            first[n_rows] = t
-            n_rows += 1
-    first[n_rows] = n
     rel = 2.0 * (d + 4) * _U32 / (1.0 - (d + 4) * _U32)  # relative bound of a float32 sum
     tiny = 3.0 * (d + 1) * _TINY32
     out_rel = 2.0 * (d + 8) * _U64  # float64 rounding of the exact side
-    qq = np.zeros(m)
-    if kind == COSINE:
-        for i in range(start, stop):
-            qq[i - start] = _sqnorm(Q, i)
+    qq = _query_sqnorms(Q, start, stop, kind)
     # pass 1: float32 scores -> (lower, upper) bounds; the k smallest upper bounds per query
     lower = np.empty(n)
     bound = np.full((m, k), np.inf)
     n_bound = np.zeros(m, np.int64)
-    for g in range(min(_LOOKAHEAD, n_rows)):
-        _prefetch_row(V, rows[first[g]])
     for g in range(n_rows):
-        if g + _LOOKAHEAD < n_rows:
-            _prefetch_row(V, rows[first[g + _LOOKAHEAD]])
+        _prefetch_group_rows(V, rows, first, g, n_rows)
         p = rows[first[g]]
         xx_lo = xx_hi = 0.0
         if kind == COSINE:
