@@ -493,3 +493,77 @@ def test_candidate_directions_are_the_top_eigenvectors(m, n_pairs, d):
     assert abs(dirs[2] @ top_pca) > 0.999
     no_pairs = _candidate_directions(Xc, Xc, a[:0], b[:0], pw[:0])
     assert no_pairs.shape == (1, d) and abs(no_pairs[0] @ top_pca) > 0.999
+
+
+def _fixed_order_dot(a, b):
+    """The split score's order of operations in plain Python: four partial sums over the
+    columns j = l mod 4, leftover columns into the first, combined pairwise."""
+    s = [0.0, 0.0, 0.0, 0.0]
+    n4 = len(a) - len(a) % 4
+    for j in range(n4):
+        s[j % 4] += float(a[j]) * float(b[j])
+    for j in range(n4, len(a)):
+        s[0] += float(a[j]) * float(b[j])
+    return (s[0] + s[1]) + (s[2] + s[3])
+
+
+@pytest.mark.parametrize("d", [1, 3, 4, 5, 8, 31, 64, 65])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_row_dot_has_one_order_of_operations(d, order):
+    """row_dot (vectorised for C arrays, a loop otherwise) gives the bits of the fixed
+    order on floats of mixed magnitudes, where another order would round differently."""
+    import numba
+
+    from hashlearn._dense import row_dot
+
+    rng = np.random.default_rng(d)
+    A = np.asarray(rng.standard_normal((6, d)) * 10.0 ** rng.integers(-8, 8, (6, d)), order=order)
+    B = np.asarray(rng.standard_normal((5, d)) * 10.0 ** rng.integers(-8, 8, (5, d)), order=order)
+
+    @numba.njit
+    def all_pairs(A, B, out):
+        for a in range(A.shape[0]):
+            for b in range(B.shape[0]):
+                out[a, b] = row_dot(A, a, B, b)
+
+    got = np.empty((6, 5))
+    all_pairs(A, B, got)
+    want = np.array([[_fixed_order_dot(A[a], B[b]) for b in range(5)] for a in range(6)])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_tree_walk_in_lanes_equals_the_python_walk():
+    """Rows walk down in groups of _WALK_LANES, one level at a time: a forest of uneven
+    depth (a leaf at depth 1 beside deep ones) over a row count that is not a multiple of
+    the group, every row's leaf equal to the Python walk with the same score."""
+    from hashlearn.forest import base
+
+    rng = np.random.default_rng(4)
+    d, n = 13, 8 * base._WALK_LANES + 3
+    X = rng.standard_normal((n, d))
+    tb = TreeBuilder(d)
+    root = tb.new_node()
+    shallow, deep = tb.set_split(root, None, rng.standard_normal(d), 0.0)
+    for _ in range(5):
+        deep, _ = tb.set_split(deep, None, rng.standard_normal(d), -0.3)
+    tb.finish_tree(root)
+    arrays = tb.arrays()
+
+    class A:
+        pass
+
+    obj = A()
+    for k, v in arrays.items():
+        setattr(obj, k, v)
+
+    def walk(x):
+        v = arrays["roots_"][0]
+        while arrays["left_"][v] >= 0:
+            s = _fixed_order_dot(arrays["proj_"][-arrays["feature_"][v] - 1], x)
+            v = arrays["left_"][v] if s > arrays["threshold_"][v] else arrays["right_"][v]
+        return arrays["leaf_id_"][v]
+
+    want = np.array([walk(x) for x in X])
+    assert len(set(want)) > 3
+    np.testing.assert_array_equal(tree_leaves(X, obj, n_threads=1)[:, 0], want)
+    np.testing.assert_array_equal(tree_leaves(X, obj, n_threads=2)[:, 0], want)

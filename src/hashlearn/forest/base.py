@@ -26,6 +26,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from hashlearn._dense import row_dot
 from hashlearn._parallel import available_cores, parallel_chunks
 from hashlearn._validation import check_y
 from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
@@ -219,28 +220,12 @@ def _score(X, i, f, proj):
 
     The one place a split score is computed, at fit time (:func:`node_scores`) and at query
     time (:func:`tree_leaves`), so a training point reaches the same leaf in both. The sum
-    runs in a fixed order (four interleaved partial sums, combined pairwise); without
-    fast-math the compiler may not reorder it, so the result does not depend on the caller.
+    runs in one fixed order (:func:`hashlearn._dense.row_dot`: four interleaved partial
+    sums, combined pairwise), so the result depends neither on the caller nor on the CPU.
     """
     if f >= 0:
         return X[i, f]
-    row = -f - 1
-    d = X.shape[1]
-    s0 = 0.0
-    s1 = 0.0
-    s2 = 0.0
-    s3 = 0.0
-    j = 0
-    while j + 4 <= d:
-        s0 += proj[row, j] * X[i, j]
-        s1 += proj[row, j + 1] * X[i, j + 1]
-        s2 += proj[row, j + 2] * X[i, j + 2]
-        s3 += proj[row, j + 3] * X[i, j + 3]
-        j += 4
-    while j < d:
-        s0 += proj[row, j] * X[i, j]
-        j += 1
-    return (s0 + s1) + (s2 + s3)
+    return row_dot(proj, -f - 1, X, i)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -315,17 +300,34 @@ def check_tree_arrays(trees, n_features: int) -> None:
         raise ValueError("thresholds and projections must be finite")
 
 
+#: rows walked down a tree together, one level at a time: their split scores are
+#: independent, so the CPU overlaps them and the next hyperplanes' loads instead of waiting
+#: on one row's chain of scores and turns (200k rows x 32 trees of 64-d hyperplanes: 1.8
+#: vs 3.1 s CPU; 4 and 16 lanes measured the same as 8)
+_WALK_LANES = 8
+
+
 @numba.njit(cache=True, nogil=True)
 def _tree_leaves_range(start, stop, X, roots, left, right, feature, threshold, leaf_id, proj, out):
     # tree by tree over the chunk: one tree's hyperplanes stay in cache for all its rows
     # (item by item, every row would sweep the whole forest's proj_, tens of MB)
+    node = np.empty(_WALK_LANES, np.int64)
     for t in range(roots.shape[0]):
-        for i in range(start, stop):
-            v = roots[t]
-            while left[v] >= 0:
-                s = _score(X, i, feature[v], proj)
-                v = left[v] if s > threshold[v] else right[v]
-            out[i, t] = leaf_id[v]
+        for i0 in range(start, stop, _WALK_LANES):
+            lanes = min(_WALK_LANES, stop - i0)
+            for j in range(lanes):
+                node[j] = roots[t]
+            moving = True
+            while moving:
+                moving = False
+                for j in range(lanes):
+                    v = node[j]
+                    if left[v] >= 0:
+                        s = _score(X, i0 + j, feature[v], proj)
+                        node[j] = left[v] if s > threshold[v] else right[v]
+                        moving = True
+            for j in range(lanes):
+                out[i0 + j, t] = leaf_id[node[j]]
 
 
 def tree_leaves(X: np.ndarray, arrays, *, n_threads: int | None = None) -> np.ndarray:
