@@ -95,6 +95,18 @@ def test_tree_kernel_matches_python_walk(blobs):
         assert got[:, t].max() < b.n_leaves_[t]
 
 
+def _as_fitted(arrays):
+    """An object with the tree arrays as attributes, what tree_leaves reads."""
+
+    class Trees:
+        pass
+
+    obj = Trees()
+    for k, v in arrays.items():
+        setattr(obj, k, v)
+    return obj
+
+
 def test_tree_kernel_exact_on_integer_data():
     """Integer data and integer hyperplanes: every score is exact in any summation order,
     so the kernel must agree with the Python walk on every point, ties included."""
@@ -108,13 +120,7 @@ def test_tree_kernel_exact_on_integer_data():
     tb.set_split(c, None, np.ones(7), 3.0)  # many points exactly on this plane
     tb.finish_tree(root)
     arrays = tb.arrays()
-
-    class A:
-        pass
-
-    obj = A()
-    for k, v in arrays.items():
-        setattr(obj, k, v)
+    obj = _as_fitted(arrays)
     want = np.array([python_leaves(x, arrays, 0) for x in X])
     np.testing.assert_array_equal(tree_leaves(X, obj)[:, 0], want)
     np.testing.assert_array_equal(tree_leaves(X, obj, n_threads=2)[:, 0], want)
@@ -548,13 +554,7 @@ def test_tree_walk_in_lanes_equals_the_python_walk():
         deep, _ = tb.set_split(deep, None, rng.standard_normal(d), -0.3)
     tb.finish_tree(root)
     arrays = tb.arrays()
-
-    class A:
-        pass
-
-    obj = A()
-    for k, v in arrays.items():
-        setattr(obj, k, v)
+    obj = _as_fitted(arrays)
 
     def walk(x):
         v = arrays["roots_"][0]
