@@ -202,7 +202,8 @@ def _row_groups(cand, start, stop):
 
 @njit(nogil=True, inline="always")
 def _prefetch_group_rows(V, rows, first, g, n_rows):
-    """Before scoring row group ``g``: the row ``_LOOKAHEAD`` groups ahead (at ``g = 0``,
+    """Before scoring entry ``g`` of ``first`` (pair indices: the first pair of each row
+    group, or the pairs a screen kept): the row ``_LOOKAHEAD`` entries ahead (at ``g = 0``,
     the first ``_LOOKAHEAD`` rows too)."""
     if g == 0:
         for h in range(min(_LOOKAHEAD, n_rows)):
@@ -392,13 +393,10 @@ def screened_distance_kernel(
         if lower[t] <= bound[queries[t] - start, k - 1]:
             kept[n_kept] = t
             n_kept += 1
-    for s in range(min(_LOOKAHEAD, n_kept)):
-        _prefetch_row(V, rows[kept[s]])
     filled = np.zeros(m, np.int64)
     xx = 0.0
     for s in range(n_kept):
-        if s + _LOOKAHEAD < n_kept:
-            _prefetch_row(V, rows[kept[s + _LOOKAHEAD]])
+        _prefetch_group_rows(V, rows, kept, s, n_kept)
         t = kept[s]
         p = rows[t]
         i = queries[t]

@@ -76,7 +76,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
-from hashlearn._dense import dot, matvec
+from hashlearn._dense import dot, matvec, rank_one_update
 from hashlearn._validation import check_int, check_real
 from hashlearn.forest.base import BaseBucketer, TreeBuilder, _score, node_scores, tree_leaves
 from hashlearn.io import persistable
@@ -263,7 +263,8 @@ def _lanczos_top(pairs, Xc, a_loc, b_loc, pw, n_steps, n_vec):
     ritz = np.ascontiguousarray(V.T) @ np.ascontiguousarray(vecs[:, max(0, k - n_vec) :])
     out = np.empty((V.shape[1], n_vec))
     for c in range(n_vec):
-        out[:, c] = ritz[:, max(0, ritz.shape[1] - n_vec + c)]
+        col = ritz.shape[1] - n_vec + c
+        out[:, c] = ritz[:, col if col >= 0 else ritz.shape[1] - 1]
     return out
 
 
@@ -326,10 +327,7 @@ def _candidate_directions(Xc, sub, a_loc, b_loc, pw):
         else:
             A = np.zeros((d, d))
             for e in range(n_pairs):
-                for i in range(d):
-                    ai = pw[e] * Xc[a_loc[e], i]
-                    for j in range(d):
-                        A[i, j] += ai * Xc[b_loc[e], j]
+                rank_one_update(A, pw[e], Xc[a_loc[e]], Xc[b_loc[e]])
             vecs = np.linalg.eigh(A + A.T)[1]
         out[0] = vecs[:, -1]
         out[1] = vecs[:, -2] if vecs.shape[1] > 1 else vecs[:, -1]
