@@ -19,7 +19,8 @@ the result is the same as scoring query by query.
 
 Over float32 vectors :func:`rescore_runner` usually picks :func:`screened_distance_kernel`:
 a float32 pass bounds every distance, and only the pairs that can still reach a top k are
-scored in float64 -- the same rows and distances as :func:`distance_kernel`.
+scored in float64 -- the top k by those float64 distances, as :func:`distance_kernel`
+keeps them (the float32 bound holds whatever order the float64 loop sums in).
 """
 
 from __future__ import annotations
@@ -308,8 +309,8 @@ def _keep_bound(bound, i, k, filled, hi):
 def screened_distance_kernel(
     Q, Q32, q_err, V, cand, kind, k, out_d, out_i, start, stop
 ):  # pragma: no cover
-    """:func:`distance_kernel`'s result -- the same rows, the same float64 distances --
-    computed in two passes over float32 vectors ``V``.
+    """:func:`distance_kernel`'s result -- the top k by the float64 distance, computed by
+    the same inlined loop -- in two passes over float32 vectors ``V``.
 
     Pass 1 scores every pair in float32 (twice the SIMD lanes of float64, half the bytes per
     query) and turns each score into an interval certain to hold the float64 distance:
@@ -432,7 +433,7 @@ def rescore_runner(Q, V, cand, kind, k, out_d, out_i):
     float32-screened kernel where it applies -- ``V`` float32, at least 2k candidates per
     query, a screen tight enough to prune (``d`` below ~20k columns), finite float32 queries,
     and for the inner-product kinds queries exact in float32 -- else the float64 kernel.
-    Same rows and distances either way."""
+    The top k by float64 distance either way."""
     d = V.shape[1]
     screened = (
         V.dtype == np.float32
