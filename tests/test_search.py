@@ -939,3 +939,50 @@ def test_batched_rerank_does_not_depend_on_the_thread_count(split, rerank, spars
     one = s.search(q, 5, n_threads=1)
     for a, b in zip(one, s.search(q, 5, n_threads=3), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rerank", ["sqeuclidean", "euclidean", "inner_product", "cosine"])
+def test_the_8bit_screen_changes_no_result(split, rerank):
+    """``screen=True`` (the default: an 8-bit copy screens the candidates) and
+    ``screen=False`` return the same ids and distances; the copy follows add and remove."""
+    db, ids, queries = split
+    noisy = queries + np.random.default_rng(0).standard_normal(queries.shape) * 0.37
+    on = make_searcher(db, ids, rerank=rerank, n_candidates=120)
+    off = Searcher(on.hasher, FlatIndex(N_BITS), rerank=rerank, n_candidates=120, screen=False)
+    off.add(db, ids=ids)
+    assert on.screen and not off.screen
+
+    def same(Q):  # integer data sum exactly; otherwise float64 sums agree to rounding
+        (d_on, i_on), (d_off, i_off) = on.search(Q, 7), off.search(Q, 7)
+        np.testing.assert_array_equal(i_on, i_off)
+        np.testing.assert_allclose(d_on, d_off, rtol=1e-6)
+
+    _assert_same_results(on, off, queries)
+    for Q in (noisy, noisy.astype(np.float32)):
+        same(Q)
+    assert on._screen_cache is not None and off._screen_cache is None
+    for s in (on, off):
+        s.add(noisy[:20], ids=np.arange(20) + 10**6)
+        s.remove(ids[:50])
+    same(noisy)
+
+
+def test_screen_setting_is_saved_and_checked(split, tmp_path):
+    import json
+
+    db, ids, _ = split
+    with pytest.raises(TypeError, match="screen"):
+        Searcher(RandomHyperplaneLSH(N_BITS), screen="yes")
+    s = Searcher(RandomHyperplaneLSH(N_BITS, random_state=0), rerank="euclidean", screen=False)
+    s.fit(db).add(db[:100])
+    s.save(tmp_path / "s")
+    assert Searcher.load(tmp_path / "s").screen is False
+    meta_path = tmp_path / "s" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["params"]["screen"]  # a save from before the setting existed
+    meta_path.write_text(json.dumps(meta))
+    assert Searcher.load(tmp_path / "s", verify=False).screen is True
+    meta["params"]["screen"] = "no"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="screen"):
+        Searcher.load(tmp_path / "s", verify=False)

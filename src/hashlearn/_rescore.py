@@ -29,10 +29,13 @@ import numpy as np
 from numba import njit
 
 from hashlearn._primitives import prefetch
+from hashlearn._quantized import Quantized, code_sqdist, quantize_rows
 
 __all__ = [
     "distance_kernel",
     "screened_distance_kernel",
+    "quantized_screen_kernel",
+    "packed_pairs_by_row",
     "rescore_runner",
     "pairs_by_row",
     "queries_per_call",
@@ -127,11 +130,10 @@ def _exact(Q, i, V, p, kind, qq, xx):
     return 1.0 - _dot(Q, i, V, p) / (np.sqrt(qq) * np.sqrt(xx))
 
 
-_RADIX_BITS = 11  # digits of the row sort: 2048 buckets, two passes up to 4M rows
 #: (query, candidate) pairs scored per call: the more queries a call holds, the more often a
 #: row fetched from memory serves several of them (2000 queries x 100 candidates over 60k
 #: Fashion-MNIST rows: 226 ns per pair in one call, 469 in chunks of 256 queries); a call
-#: keeps about 40 bytes per pair while it runs (the pairs sorted by row, and their groups)
+#: keeps about 24 bytes per pair while it runs (the pairs sorted by row, and their groups)
 MAX_PAIRS = 1 << 20
 
 
@@ -140,77 +142,98 @@ def queries_per_call(n_candidates: int) -> int:
     return max(1, MAX_PAIRS // max(1, n_candidates))
 
 
-@njit(nogil=True, cache=True)
-def pairs_by_row(cand, start, stop):
-    """The (row, query) pairs of queries ``start:stop`` (rows of ``cand``, -1 skipped),
-    sorted by row, queries ascending within a row: ``(rows int64, queries int64)``.
+_WINDOWS = 4096  # buckets of the first pass of :func:`packed_pairs_by_row`
 
-    A least-significant-digit radix sort (stable), so its cost is linear in the pairs.
-    """
+
+@njit(nogil=True, cache=True)
+def packed_pairs_by_row(cand, start, stop, n_rows):  # pragma: no cover
+    """The (row, query) pairs of queries ``start:stop`` (-1 skipped; rows below
+    ``n_rows``) as packed keys ``row << qbits | (query - start)``, sorted by row, queries
+    ascending within a row: ``(keys, qbits)``.
+
+    A most-significant-digit counting sort: one pass counts the pairs of each window of
+    ``2^shift`` consecutive rows (at most ``_WINDOWS`` windows), one scatters them by
+    window, then each window (a few hundred keys, in cache) is sorted by its low ``shift``
+    bits. Stable, linear in the pairs, one int64 per pair moved."""
     c = cand.shape[1]
-    n, top = 0, 0
+    m = stop - start
+    qbits = 1
+    while (1 << qbits) < m:
+        qbits += 1
+    top = max(n_rows, 1) - 1
+    shift = 0
+    while (top >> shift) >= _WINDOWS:
+        shift += 1
+    n_windows = (top >> shift) + 1
+    ends = np.zeros(n_windows + 1, np.int64)
     for i in range(start, stop):
         for j in range(c):
             p = cand[i, j]
             if p >= 0:
-                n += 1
-                top = max(top, p)
-    rows = np.empty(n, np.int64)
-    queries = np.empty(n, np.int64)
-    t = 0
+                ends[(p >> shift) + 1] += 1
+    for b in range(n_windows):
+        ends[b + 1] += ends[b]
+    n = ends[n_windows]
+    fill = ends[:-1].copy()
+    by_window = np.empty(n, np.int64)
     for i in range(start, stop):
         for j in range(c):
-            if cand[i, j] >= 0:
-                rows[t], queries[t] = cand[i, j], i
-                t += 1
-    rows_tmp = np.empty(n, np.int64)
-    queries_tmp = np.empty(n, np.int64)
-    counts = np.empty(1 << _RADIX_BITS, np.int64)
-    mask = (1 << _RADIX_BITS) - 1
-    shift = 0
-    while n > 1 and (top >> shift) > 0:
+            p = cand[i, j]
+            if p >= 0:
+                b = p >> shift
+                by_window[fill[b]] = (p << qbits) | (i - start)
+                fill[b] += 1
+    if shift == 0:
+        return by_window, qbits
+    keys = np.empty(n, np.int64)
+    low = (1 << shift) - 1
+    counts = np.empty(low + 2, np.int64)
+    for b in range(n_windows):  # each window by the rows' low bits
+        a, z = ends[b], ends[b + 1]
         counts[:] = 0
-        for t in range(n):
-            counts[(rows[t] >> shift) & mask] += 1
-        total = 0
-        for b in range(counts.shape[0]):
-            total, counts[b] = total + counts[b], total
-        for t in range(n):
-            b = (rows[t] >> shift) & mask
-            rows_tmp[counts[b]], queries_tmp[counts[b]] = rows[t], queries[t]
-            counts[b] += 1
-        rows, rows_tmp = rows_tmp, rows
-        queries, queries_tmp = queries_tmp, queries
-        shift += _RADIX_BITS
-    return rows, queries
+        for t in range(a, z):
+            counts[((by_window[t] >> qbits) & low) + 1] += 1
+        for r in range(low + 1):
+            counts[r + 1] += counts[r]
+        for t in range(a, z):
+            r = (by_window[t] >> qbits) & low
+            keys[a + counts[r]] = by_window[t]
+            counts[r] += 1
+    return keys, qbits
+
+
+def pairs_by_row(cand, start, stop):
+    """:func:`packed_pairs_by_row` unpacked: ``(rows int64, queries int64)``."""
+    keys, qbits = packed_pairs_by_row(cand, start, stop, int(cand.max(initial=-1)) + 1)
+    return keys >> qbits, (keys & ((1 << qbits) - 1)) + start
 
 
 @njit(nogil=True, cache=True)
-def _row_groups(cand, start, stop):
-    """:func:`pairs_by_row` of queries ``start:stop`` and the first pair of each distinct
-    row: ``(rows, queries, first, n_rows)``, ``first[n_rows]`` the end marker."""
-    rows, queries = pairs_by_row(cand, start, stop)
-    n = rows.shape[0]
+def _row_groups(cand, start, stop, n_vectors):
+    """:func:`packed_pairs_by_row` of queries ``start:stop`` and the first pair of each
+    distinct row: ``(keys, qbits, first, n_rows)``, ``first[n_rows]`` the end marker."""
+    keys, qbits = packed_pairs_by_row(cand, start, stop, n_vectors)
+    n = keys.shape[0]
     first = np.empty(n + 1, np.int64)
     n_rows = 0
     for t in range(n):
-        if t == 0 or rows[t] != rows[t - 1]:
+        if t == 0 or (keys[t] >> qbits) != (keys[t - 1] >> qbits):
             first[n_rows] = t
             n_rows += 1
     first[n_rows] = n
-    return rows, queries, first, n_rows
+    return keys, qbits, first, n_rows
 
 
 @njit(nogil=True, inline="always")
-def _prefetch_group_rows(V, rows, first, g, n_rows):
-    """Before scoring entry ``g`` of ``first`` (pair indices: the first pair of each row
-    group, or the pairs a screen kept): the row ``_LOOKAHEAD`` entries ahead (at ``g = 0``,
-    the first ``_LOOKAHEAD`` rows too)."""
+def _prefetch_group_rows(V, keys, qbits, first, g, n_rows):
+    """Before scoring entry ``g`` of ``first`` (indices of packed pairs: the first pair of
+    each row group, or the pairs a screen kept): the row ``_LOOKAHEAD`` entries ahead (at
+    ``g = 0``, the first ``_LOOKAHEAD`` rows too)."""
     if g == 0:
         for h in range(min(_LOOKAHEAD, n_rows)):
-            _prefetch_row(V, rows[first[h]])
+            _prefetch_row(V, keys[first[h]] >> qbits)
     if g + _LOOKAHEAD < n_rows:
-        _prefetch_row(V, rows[first[g + _LOOKAHEAD]])
+        _prefetch_row(V, keys[first[g + _LOOKAHEAD]] >> qbits)
 
 
 @njit(nogil=True, inline="always")
@@ -232,21 +255,22 @@ def distance_kernel(Q, V, cand, kind, k, out_d, out_i, start, stop):  # pragma: 
     ``kind``: ``SQEUCLIDEAN``, ``EUCLIDEAN``, ``NEG_INNER`` (``-q.x``) or ``COSINE``
     (``1 - cos``, 1 where a norm is 0). ``V`` is C-contiguous, float32 or float64, with the
     columns of ``Q``; ``cand`` rows are row numbers of ``V``, -1 for none. The pairs are
-    scored row by row (:func:`pairs_by_row`), each distinct row prefetched ``_LOOKAHEAD``
+    scored row by row (:func:`packed_pairs_by_row`), each distinct row prefetched ``_LOOKAHEAD``
     rows ahead. Reassociation lets LLVM split the sums over SIMD lanes; there are no
     "no-NaN/no-inf" flags, so comparisons with the padding stay exact.
     """
-    rows, queries, first, n_rows = _row_groups(cand, start, stop)
+    keys, qbits, first, n_rows = _row_groups(cand, start, stop, V.shape[0])
+    mask = (1 << qbits) - 1
     filled = np.zeros(stop - start, np.int64)
     qq = _query_sqnorms(Q, start, stop, kind)
     for g in range(n_rows):
-        _prefetch_group_rows(V, rows, first, g, n_rows)
-        p = rows[first[g]]
+        _prefetch_group_rows(V, keys, qbits, first, g, n_rows)
+        p = keys[first[g]] >> qbits
         xx = _sqnorm(V, p) if kind == COSINE else 0.0
         for t in range(first[g], first[g + 1]):
-            i = queries[t]
-            dist = _exact(Q, i, V, p, kind, qq[i - start], xx)
-            filled[i - start] = keep_smallest(out_d, out_i, i, k, filled[i - start], dist, p)
+            j = keys[t] & mask
+            dist = _exact(Q, start + j, V, p, kind, qq[j], xx)
+            filled[j] = keep_smallest(out_d, out_i, start + j, k, filled[j], dist, p)
 
 
 # ------------------------------------------------------------- float32 screening, exact top-k
@@ -305,6 +329,49 @@ def _keep_bound(bound, i, k, filled, hi):
     return filled
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+@njit(nogil=True, inline="always")
+def _lower32(lo):
+    """A float32 no larger than ``lo`` (float64, not NaN or +inf) and close to it: ``lo``
+    lowered by 2^-22 of itself and 2^-148 before rounding to nearest, which moves a value
+    by at most 2^-24 of itself or 2^-150 (a lower bound kept in 4 bytes)."""
+    y = lo - abs(lo) * 2.0**-22 - 2.0**-148
+    return np.float32(min(y, _FLOAT32_MAX))
+
+
+@njit(nogil=True, inline="always")
+def _score_survivors(Q, V, kind, k, keys, qbits, lower, bound, qq, start, out_d, out_i):
+    """The second pass of the screened kernels: the packed pairs ``keys[t]`` (see
+    :func:`packed_pairs_by_row`) whose lower bound ``lower[t]`` does not exceed their
+    query's k-th smallest upper bound (``bound[query - start, k - 1]``) scored in float64
+    exactly as :func:`distance_kernel` scores them, in their order, each row prefetched
+    ``_LOOKAHEAD`` survivors ahead; the top k by (distance, row) kept. Returns the number
+    of pairs scored."""
+    n = keys.shape[0]
+    mask = (1 << qbits) - 1
+    kept = np.empty(n, np.int64)
+    n_kept = 0
+    for t in range(n):
+        if lower[t] <= bound[keys[t] & mask, k - 1]:
+            kept[n_kept] = t
+            n_kept += 1
+    filled = np.zeros(bound.shape[0], np.int64)
+    xx = 0.0
+    last = -1
+    for s in range(n_kept):
+        _prefetch_group_rows(V, keys, qbits, kept, s, n_kept)
+        p = keys[kept[s]] >> qbits
+        j = keys[kept[s]] & mask
+        if kind == COSINE and p != last:
+            xx = _sqnorm(V, p)
+        last = p
+        dist = _exact(Q, start + j, V, p, kind, qq[j], xx)
+        filled[j] = keep_smallest(out_d, out_i, start + j, k, filled[j], dist, p)
+    return n_kept
+
+
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def screened_distance_kernel(
     Q, Q32, q_err, V, cand, kind, k, out_d, out_i, start, stop
@@ -332,8 +399,9 @@ def screened_distance_kernel(
     pair is a row fetched from memory (100 candidates) both kernels wait on the same
     loads (see ``docs/results.md``, issue 14 item 6).
     """
-    rows, queries, first, n_rows = _row_groups(cand, start, stop)
-    n = rows.shape[0]
+    keys, qbits, first, n_rows = _row_groups(cand, start, stop, V.shape[0])
+    n = keys.shape[0]
+    mask = (1 << qbits) - 1
     m = stop - start
     d = V.shape[1]
     rel = 2.0 * (d + 4) * _U32 / (1.0 - (d + 4) * _U32)  # relative bound of a float32 sum
@@ -341,20 +409,20 @@ def screened_distance_kernel(
     out_rel = 2.0 * (d + 8) * _U64  # float64 rounding of the exact side
     qq = _query_sqnorms(Q, start, stop, kind)
     # pass 1: float32 scores -> (lower, upper) bounds; the k smallest upper bounds per query
-    lower = np.empty(n)
+    lower = np.empty(n, np.float32)
     bound = np.full((m, k), np.inf)
     n_bound = np.zeros(m, np.int64)
     for g in range(n_rows):
-        _prefetch_group_rows(V, rows, first, g, n_rows)
-        p = rows[first[g]]
+        _prefetch_group_rows(V, keys, qbits, first, g, n_rows)
+        p = keys[first[g]] >> qbits
         xx_lo = xx_hi = 0.0
         if kind == COSINE:
             xx32 = np.float64(_sqnorm32(V, p))
             xx_lo = xx32 * (1.0 - rel) - tiny
             xx_hi = xx32 * (1.0 + rel) + tiny
         for t in range(first[g], first[g + 1]):
-            i = queries[t]
-            j = i - start
+            j = keys[t] & mask
+            i = start + j
             lo = -np.inf
             hi = np.inf
             if kind == SQEUCLIDEAN or kind == EUCLIDEAN:
@@ -384,28 +452,98 @@ def screened_distance_kernel(
                         cos_lo = dot_lo / (nq * (nx_hi if dot_lo >= 0.0 else nx_lo))
                         lo = 1.0 - cos_hi - out_rel * 4.0
                         hi = 1.0 - cos_lo + out_rel * 4.0
-            lower[t] = lo
+            lower[t] = _lower32(lo)
             n_bound[j] = _keep_bound(bound, j, k, n_bound[j], hi)
-    # pass 2: float64 distances of the pairs that can still be among the k nearest, their
-    # rows prefetched ``_LOOKAHEAD`` survivors ahead
-    kept = np.empty(n, np.int64)
-    n_kept = 0
+    return _score_survivors(Q, V, kind, k, keys, qbits, lower, bound, qq, start, out_d, out_i)
+
+
+# ------------------------------------------------------------ 8-bit screening, exact top-k
+
+_SUBNORMAL_SLACK = 2.0**-1068  # per column: float64 sums whose terms underflow
+_NORMAL_SQNORM = 2.0**-1000  # squared norms above this are float64 sums accurate to gamma_d
+
+
+@njit(nogil=True, inline="always")
+def _distance_interval(kind, r_lo, r_hi, q_sq, x_sq, d, out_rel):
+    """Bounds on the float64 distance :func:`_exact` computes for a pair whose Euclidean
+    distance lies in ``[r_lo, r_hi]``, given ``|q|^2`` and ``|x|^2`` as float64 sums
+    (``(-inf, inf)`` where anything is not finite). The inner-product kinds use ``q . x =
+    (|q|^2 + |x|^2 - |q - x|^2) / 2``; ``out_rel`` (twice Higham's ``gamma_d`` of float64)
+    covers the rounding of every float64 sum involved, and ``_SUBNORMAL_SLACK`` times
+    ``d`` its absolute error where terms underflow; a cosine with a squared norm below
+    ``_NORMAL_SQNORM`` (whose float64 sum may be off by much more than ``gamma_d``
+    relatively) is left unbounded.
+
+    ``EUCLIDEAN`` is bounded in the squared domain, saving two square roots a pair: the
+    computed distance (the rounded root of the computed square) lies within the real roots
+    of the two bounds (``out_rel`` covers the root's rounding too), so comparing squared
+    bounds prunes exactly the pairs that comparing their roots would."""
+    if not (r_hi < np.inf and q_sq < np.inf and x_sq < np.inf):
+        return -np.inf, np.inf
+    tiny = d * _SUBNORMAL_SLACK
+    if kind == SQEUCLIDEAN or kind == EUCLIDEAN:  # squared for both (see the docstring)
+        return r_lo * r_lo * (1.0 - out_rel) - tiny, r_hi * r_hi * (1.0 + out_rel) + tiny
+    slack = out_rel * (q_sq + x_sq + r_hi * r_hi) + tiny
+    dot_lo = 0.5 * (q_sq + x_sq - r_hi * r_hi) - slack
+    dot_hi = 0.5 * (q_sq + x_sq - r_lo * r_lo) + slack
+    if kind == NEG_INNER:
+        return -dot_hi, -dot_lo
+    if q_sq == 0.0 or x_sq == 0.0:  # exactly when _exact's norms are 0 (sums of squares)
+        return 1.0, 1.0
+    norms = np.sqrt(q_sq) * np.sqrt(x_sq)
+    if not (norms < np.inf and q_sq >= _NORMAL_SQNORM and x_sq >= _NORMAL_SQNORM):
+        return -np.inf, np.inf
+    return 1.0 - dot_hi / norms - 8.0 * out_rel, 1.0 - dot_lo / norms + 8.0 * out_rel
+
+
+@njit(nogil=True, inline="always")
+def _code_interval(kind, total, step, slack, q_sq, x_sq, d, out_rel):
+    """:func:`_distance_interval` of a pair whose codes are ``total = sum_j (a_j - c_j)^2``
+    apart and whose quantization errors add up to ``slack``: ``|q - x|`` lies within
+    ``step sqrt(total) +- slack`` (the float64 rounding of ``step sqrt(total)`` covered).
+    """
+    r = step * np.sqrt(np.float64(total))
+    r_lo = max(0.0, r * (1.0 - 16.0 * _U64) - slack)
+    r_hi = r * (1.0 + 16.0 * _U64) + slack
+    return _distance_interval(kind, r_lo, r_hi, q_sq, x_sq, d, out_rel)
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def quantized_screen_kernel(
+    Q, V, q_codes, q_err, q_sq, x_codes, x_err, x_sq, step, cand, kind, k, out_d, out_i, start, stop
+):  # pragma: no cover
+    """:func:`distance_kernel`'s result -- the top k by the float64 distance, computed by
+    the same inlined loop -- screened by 8-bit codes (:mod:`hashlearn._quantized`).
+
+    Pass 1 reads each pair's codes (``d`` bytes of the row instead of ``4d`` or ``8d``),
+    computes the exact integer ``S = sum_j (a_j - c_j)^2`` and bounds the Euclidean
+    distance by the triangle inequality, ``|q - x| in step sqrt(S) +- (q_err + x_err)``
+    (``q_err``, ``x_err``: the certified quantization errors), then the float64 distance of
+    ``kind`` by :func:`_distance_interval`. Per query, ``T`` is the k-th smallest upper
+    bound; pass 2 (:func:`_score_survivors`) scores in float64 only the pairs whose lower
+    bound does not exceed ``T`` -- the others have k pairs strictly nearer. Pairs go by
+    row (:func:`packed_pairs_by_row`). Returns the number of pairs scored in float64.
+    """
+    keys, qbits = packed_pairs_by_row(cand, start, stop, V.shape[0])
+    n = keys.shape[0]
+    m = stop - start
+    mask = (1 << qbits) - 1
+    d = V.shape[1]
+    out_rel = 2.0 * (d + 8) * _U64
+    lower = np.empty(n, np.float32)
+    bound = np.full((m, k), np.inf)
+    n_bound = np.zeros(m, np.int64)
     for t in range(n):
-        if lower[t] <= bound[queries[t] - start, k - 1]:
-            kept[n_kept] = t
-            n_kept += 1
-    filled = np.zeros(m, np.int64)
-    xx = 0.0
-    for s in range(n_kept):
-        _prefetch_group_rows(V, rows, kept, s, n_kept)
-        t = kept[s]
-        p = rows[t]
-        i = queries[t]
-        if kind == COSINE and (s == 0 or rows[kept[s - 1]] != p):
-            xx = _sqnorm(V, p)
-        dist = _exact(Q, i, V, p, kind, qq[i - start], xx)
-        filled[i - start] = keep_smallest(out_d, out_i, i, k, filled[i - start], dist, p)
-    return n_kept
+        p = keys[t] >> qbits
+        j = keys[t] & mask
+        i = start + j
+        slack = q_err[i] + x_err[p]
+        total = code_sqdist(q_codes, i, x_codes, p)
+        lo, hi = _code_interval(kind, total, step, slack, q_sq[i], x_sq[p], d, out_rel)
+        lower[t] = _lower32(lo)
+        n_bound[j] = _keep_bound(bound, j, k, n_bound[j], hi)
+    qq = _query_sqnorms(Q, start, stop, kind)
+    return _score_survivors(Q, V, kind, k, keys, qbits, lower, bound, qq, start, out_d, out_i)
 
 
 @njit(nogil=True, cache=True)
@@ -427,14 +565,40 @@ def _rounded_queries(Q):  # pragma: no cover
     return Q32, q_err
 
 
-def rescore_runner(Q, V, cand, kind, k, out_d, out_i):
+def rescore_runner(Q, V, cand, kind, k, out_d, out_i, screen: Quantized | None = None):
     """``run(start, stop)`` scoring queries ``start:stop`` of ``Q`` against their candidate
-    rows ``cand`` of ``V`` into ``out_d`` / ``out_i`` (see :func:`distance_kernel`): the
-    float32-screened kernel where it applies -- ``V`` float32, at least 2k candidates per
-    query, a screen tight enough to prune (``d`` below ~20k columns), finite float32 queries,
-    and for the inner-product kinds queries exact in float32 -- else the float64 kernel.
-    The top k by float64 distance either way."""
+    rows ``cand`` of ``V`` into ``out_d`` / ``out_i`` (see :func:`distance_kernel`).
+
+    With at least 2k candidates per query: the 8-bit screen
+    (:func:`quantized_screen_kernel`) when ``screen``, the 8-bit copy of ``V``
+    (:func:`hashlearn._quantized.quantize`), is given; else, over float32 ``V``, the
+    float32 screen where it applies -- a screen tight enough to prune (``d`` below ~20k
+    columns), finite float32 queries, and for the inner-product kinds queries exact in
+    float32; else the float64 kernel. The top k by float64 distance either way."""
     d = V.shape[1]
+    if screen is not None and cand.shape[1] >= 2 * k:
+        if screen.codes.shape[0] != V.shape[0] or screen.lo.shape[0] != d:
+            raise ValueError("the 8-bit screen does not match the vectors")
+        q_codes, q_err, q_sq = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
+        x_codes, x_err, x_sq, step = screen.codes, screen.err, screen.sqnorm, screen.step
+        return lambda start, stop: quantized_screen_kernel(
+            Q,
+            V,
+            q_codes,
+            q_err,
+            q_sq,
+            x_codes,
+            x_err,
+            x_sq,
+            step,
+            cand,
+            kind,
+            k,
+            out_d,
+            out_i,
+            start,
+            stop,
+        )
     screened = (
         V.dtype == np.float32
         and cand.shape[1] >= 2 * k

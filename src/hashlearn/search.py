@@ -45,6 +45,7 @@ from hashlearn import io as _io
 from hashlearn._kernel_args import frozen
 from hashlearn._parallel import parallel_chunks
 from hashlearn._primitives import prefetch
+from hashlearn._quantized import Quantized, quantize
 from hashlearn._rescore import (
     COSINE,
     EUCLIDEAN,
@@ -259,6 +260,14 @@ class Searcher:
         Candidates re-ranked per query: for a Hamming index the nearest ``n_candidates``
         (default ``max(10 * k, 100)``); for an index with ``candidates(...)`` (tables,
         sorted permutations) the first ``n_candidates`` of each list (default: all).
+    screen : bool, default=True
+        With a built-in exact metric (or MetricLSH's learned one) over dense vectors, keep
+        an 8-bit copy of the vectors (``d`` bytes each, a quarter of float32; built at the
+        first search, never saved) and screen the candidates with it: pass 1 bounds every
+        candidate's distance from the 8-bit codes, and only those that can still be among
+        the k nearest are read in full precision. The results are those of the exact
+        re-ranking (the bounds are certified, see :mod:`hashlearn._quantized`); ``False``
+        saves the memory.
 
     Examples
     --------
@@ -286,6 +295,7 @@ class Searcher:
         index: BinaryIndex | str = "flat",
         rerank: str | Reranker | None = None,
         n_candidates: int | None = None,
+        screen: bool = True,
     ):
         if not (isinstance(hasher, BaseHasher) or _is_bucketer(hasher)):
             raise TypeError(
@@ -327,16 +337,20 @@ class Searcher:
             )
         if n_candidates is not None:
             check_int(n_candidates, "n_candidates", "Searcher")
+        if not isinstance(screen, (bool, np.bool_)):
+            raise TypeError(f"screen must be True or False, got {screen!r}")
         self.hasher = hasher
         self.index = index
         self.rerank = rerank
         self.n_candidates = n_candidates
+        self.screen = bool(screen)
         self._vectors: np.ndarray | None = None  # rows in the order of _vector_ids
         self._vector_ids = np.zeros(0, np.int64)
         self._position_table: tuple | None = None  # (vector ids, id -> row table)
         self._metric_cache: tuple | None = None  # (vectors, G_ or S_, vectors mapped by it)
         self._csr_cache: tuple | None = None  # (CSR vectors, their kernel arrays)
         self._implicit_cache: tuple | None = None  # (S_, (Phi, U, w)) of KernelMetricLSH
+        self._screen_cache: tuple | None = None  # (dense re-rank vectors, their 8-bit copy)
 
     def fit(self, X, y=None, **fit_params) -> Searcher:
         """Fit the hasher (on a training sample); does not add anything to the index.
@@ -428,7 +442,7 @@ class Searcher:
         path = Path(path)
         token = secrets.token_hex(8)
         hasher_dir, index_dir = f"hasher-{token}", f"index-{token}"
-        params = {"rerank": self.rerank, "n_candidates": self.n_candidates}
+        params = {"rerank": self.rerank, "n_candidates": self.n_candidates, "screen": self.screen}
         state: dict = {"hasher_dir": hasher_dir, "index_dir": index_dir, "vectors": "none"}
         arrays: dict[str, np.ndarray] = {"vector_ids": np.asarray(self._vector_ids, np.int64)}
         if sp.issparse(self._vectors):
@@ -489,7 +503,10 @@ class Searcher:
         if rerank is not None and not isinstance(rerank, str):
             raise ValueError(f"params entry 'rerank' must be a name or null, got {rerank!r}")
         n_candidates = params.get("n_candidates")
-        obj = cls(hasher, index, rerank=rerank, n_candidates=n_candidates)
+        screen = params.get("screen", True)  # saves before the screen existed: the default
+        if not isinstance(screen, bool):
+            raise ValueError(f"params entry 'screen' must be true or false, got {screen!r}")
+        obj = cls(hasher, index, rerank=rerank, n_candidates=n_candidates, screen=screen)
         ids = _io.require_array(arrays, "vector_ids", np.int64, 1)
         if ids.size and np.any(ids[1:] <= ids[:-1]):
             raise ValueError("array 'vector_ids' must be strictly increasing")
@@ -598,6 +615,10 @@ class Searcher:
         Ids spanning at most ``4 n + 1024`` values (the usual ``0..n-1`` included) are looked
         up in a table built once per set of ids; others by binary search."""
         table = self._id_table()
+        if table is not None and len(table) == len(self._vector_ids) + 1 and ids.size:
+            # ids 0..n-1 in order (the usual case): an id is its row
+            if ids.min() >= -1 and ids.max() < len(self._vector_ids):
+                return ids
         if table is not None:
             span = len(table) - 1  # table[span] = -1 answers padding and unknown ids
             pos = table[np.where(ids >= 0, np.minimum(ids, span), span)]
@@ -736,6 +757,17 @@ class Searcher:
         self._metric_cache = (V, key, features)
         return features
 
+    def _screen_for(self, frozen_vectors: np.ndarray, V: np.ndarray) -> Quantized | None:
+        """The 8-bit copy of the dense re-rank vectors ``V`` (``frozen_vectors``: their
+        C-ordered view), built once per set of vectors (recomputed after an add, a remove
+        or a load; never saved); None with ``screen=False``."""
+        if not self.screen:
+            return None
+        cached = self._screen_cache
+        if cached is None or cached[0] is not V:
+            cached = self._screen_cache = (V, quantize(frozen_vectors))
+        return cached[1]
+
     def _batched_operands(self, X):
         """``(queries, vectors, kind, side)`` for the batched kernels -- an exact metric on the
         kept vectors (dense or CSR); the learned metric ``|G_ (x - q)|^2`` as the squared
@@ -797,7 +829,9 @@ class Searcher:
                 # one compiled kernel whatever the arrays' flags
                 Qd, Vd, pos_d = frozen(Q, Q.dtype), frozen(V, V.dtype), frozen(pos, np.int64)
 
-                run = rescore_runner(Qd, Vd, pos_d, kind, k, out_d, out_row)
+                run = rescore_runner(
+                    Qd, Vd, pos_d, kind, k, out_d, out_row, screen=self._screen_for(Vd, V)
+                )
 
                 chunk = {"max_chunk": queries_per_call(pos.shape[1])}
 

@@ -1,0 +1,203 @@
+"""An 8-bit copy of float vectors with a certified error per vector, for screening re-ranking
+candidates before their exact distances are computed.
+
+Scalar quantization with one step for every column: ``x_hat_j = lo_j + step * c_j`` with
+``c_j`` in 0..255 (uint8), ``lo_j`` the column's smallest finite value and ``step`` the widest
+column range over 255. Because the step is shared, the distance of two quantized vectors is an
+integer sum, ``|q_hat - x_hat|^2 = step^2 sum_j (a_j - c_j)^2``, computed exactly (no rounding
+to bound). Each vector keeps an upper bound on ``|x - x_hat|`` (its quantization error plus the
+float64 rounding of computing it, ``inf`` for a vector with a non-finite value), so by the
+triangle inequality ``|q - x|`` lies within ``step sqrt(sum) +- (err_q + err_x)``. Values
+outside a column's range (queries) are clamped, and the clamping is part of their error: the
+bound holds for any input, it is only looser.
+
+Codes are padded with zero columns to a multiple of :data:`COLUMN_BLOCK`, so
+:func:`code_sqdist` runs whole SIMD blocks (zero pads add nothing to the sum).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = [
+    "COLUMN_BLOCK",
+    "Quantized",
+    "quantize",
+    "quantize_rows",
+    "code_sqdist",
+]
+
+COLUMN_BLOCK = 32  # codes per SIMD block of :func:`code_sqdist`
+_LEVELS = 255
+_U64 = 2.0**-53
+_UNDERFLOW_ROOT = 2.0**-536  # root of twice float64's smallest subnormal
+#: widest padded row :func:`code_sqdist` sums without overflowing its int32 lanes
+MAX_COLUMNS = 500_000
+
+
+class Quantized(NamedTuple):
+    """The 8-bit copy of a float matrix (see the module docstring)."""
+
+    codes: np.ndarray  # (n, padded d) uint8
+    lo: np.ndarray  # (d,) float64, column offsets
+    step: float
+    err: np.ndarray  # (n,) float64, >= |x - x_hat| (inf where x is not finite)
+    sqnorm: np.ndarray  # (n,) float64, |x|^2 (float64 sum)
+
+
+@njit(nogil=True, cache=True)
+def _column_ranges(V):  # pragma: no cover - compiled
+    """Smallest and largest finite value of each column (``inf`` / ``-inf`` where none)."""
+    d = V.shape[1]
+    lo = np.full(d, np.inf)
+    hi = np.full(d, -np.inf)
+    for i in range(V.shape[0]):
+        for j in range(d):
+            x = np.float64(V[i, j])
+            if x < lo[j] and x > -np.inf:
+                lo[j] = x
+            if x > hi[j] and x < np.inf:
+                hi[j] = x
+    return lo, hi
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _quantize_rows(X, lo, step, codes, err, sqnorm):  # pragma: no cover - compiled
+    """Codes of the rows of ``X``, and their error bounds and squared norms (vectorised: the
+    bounds hold for float64 sums in any order, and any code is valid -- its error is
+    measured)."""
+    d = X.shape[1]
+    inv = 1.0 / step
+    for i in range(X.shape[0]):
+        e = 0.0  # sum of the computed residuals squared
+        mag = 0.0  # sum of (|x| + |lo| + step c)^2: the scale of the residuals' rounding
+        sq = 0.0
+        for j in range(d):
+            x = np.float64(X[i, j])
+            y = (x - lo[j]) * inv
+            c = min(np.rint(y), float(_LEVELS)) if y >= 0.0 else 0.0  # NaN -> 0
+            codes[i, j] = np.uint8(c)
+            r = x - (lo[j] + step * c)
+            e += r * r
+            m = abs(x) + abs(lo[j]) + step * c
+            mag += m * m
+            sq += x * x
+        if e < np.inf and mag < np.inf:  # false for NaN or inf anywhere in the row
+            # each residual is exact to 3u of its magnitude, the sum to (d + 2) u; squares
+            # that underflow are each off by at most 2^-1075, which moves the root by at
+            # most sqrt(d) 2^-537
+            err[i] = np.sqrt(e) * (1.0 + (d + 4) * _U64) + 4.0 * _U64 * np.sqrt(mag)
+            err[i] += np.sqrt(d + 1.0) * _UNDERFLOW_ROOT
+        else:
+            err[i] = np.inf
+        sqnorm[i] = sq
+
+
+def quantize_rows(X: np.ndarray, lo: np.ndarray, step: float, width: int):
+    """``(codes, err, sqnorm)`` of the rows of ``X`` on the grid ``(lo, step)``: uint8 codes
+    padded with zeros to ``width`` columns, the bound on each row's ``|x - x_hat|`` and its
+    ``|x|^2``. Values outside the grid are clamped (their error is counted)."""
+    m = X.shape[0]
+    codes = np.zeros((m, width), np.uint8)
+    err = np.empty(m)
+    sqnorm = np.empty(m)
+    _quantize_rows(X, lo, float(step), codes, err, sqnorm)
+    return codes, err, sqnorm
+
+
+def quantize(V: np.ndarray) -> Quantized | None:
+    """The 8-bit copy of ``V`` (2-D float32/float64, C-ordered), or None where its value
+    range overflows float64 or it has more than :data:`MAX_COLUMNS` columns."""
+    n, d = V.shape
+    width = -(-max(d, 1) // COLUMN_BLOCK) * COLUMN_BLOCK
+    if width > MAX_COLUMNS:
+        return None
+    lo, hi = _column_ranges(V)
+    empty = lo > hi  # no finite value in the column
+    lo[empty] = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing span is declined
+        spans = np.where(empty, 0.0, hi - lo)
+    widest = float(spans.max()) if d else 0.0
+    if not np.isfinite(widest):
+        return None
+    step = widest / _LEVELS if widest > 0.0 else 1.0
+    if not (np.isfinite(step) and step > 0.0):  # a subnormal range
+        step = 1.0
+    codes, err, sqnorm = quantize_rows(V, lo, step, width)
+    return Quantized(codes, lo, step, err, sqnorm)
+
+
+# ------------------------------------------------------------------- exact code distances
+
+
+@intrinsic
+def _sum_sq_diff_u8(typingctx, a, a_start, b, b_start, n):
+    """``sum_j (a.flat[a_start + j] - b.flat[b_start + j])^2`` over ``j < n`` (``n`` a
+    multiple of ``COLUMN_BLOCK``; C-contiguous uint8 arrays) as an int64: LLVM IR on
+    vectors of ``COLUMN_BLOCK`` int16 differences, squares added pairwise into int32 lanes
+    (the pattern x86 computes with ``pmaddwd`` / ``vpdpwssd``), four independent
+    accumulators. Integer arithmetic: the same result on every CPU."""
+    sig = types.int64(a, a_start, b, b_start, n)
+
+    def codegen(context, builder, signature, args):
+        w = COLUMN_BLOCK
+        unroll = 4
+        i8v = ir.VectorType(ir.IntType(8), w)
+        i16v = ir.VectorType(ir.IntType(16), w)
+        i32w = ir.VectorType(ir.IntType(32), w)
+        i32h = ir.VectorType(ir.IntType(32), w // 2)
+        i64h = ir.VectorType(ir.IntType(64), w // 2)
+        i64 = ir.IntType(64)
+        evens = ir.Constant(i32h, list(range(0, w, 2)))
+        odds = ir.Constant(i32h, list(range(1, w, 2)))
+        a_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        b_data = context.make_array(signature.args[2])(context, builder, args[2]).data
+        zero = ir.Constant(i32h, [0] * (w // 2))
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(unroll)]
+
+        def block(j, acc):
+            loaded = []
+            for data, start in ((a_data, args[1]), (b_data, args[3])):
+                ptr = builder.bitcast(builder.gep(data, [builder.add(start, j)]), i8v.as_pointer())
+                loaded.append(builder.zext(builder.load(ptr, align=1), i16v))
+            diff = builder.sext(builder.sub(*loaded), i32w)
+            sq = builder.mul(diff, diff)
+            pairs = builder.add(
+                builder.shuffle_vector(sq, sq, evens), builder.shuffle_vector(sq, sq, odds)
+            )
+            builder.store(builder.add(builder.load(acc), pairs), acc)
+
+        n = args[4]
+        span = ir.Constant(i64, w * unroll)
+        rounds = builder.udiv(n, span)
+        with cgutils.for_range(builder, rounds) as loop:
+            base = builder.mul(loop.index, span)
+            for u in range(unroll):
+                block(builder.add(base, ir.Constant(i64, w * u)), accs[u])
+        done = builder.mul(rounds, span)
+        rest = builder.udiv(builder.sub(n, done), ir.Constant(i64, w))
+        with cgutils.for_range(builder, rest) as loop:
+            block(builder.add(done, builder.mul(loop.index, ir.Constant(i64, w))), accs[0])
+        total = builder.sext(builder.load(accs[0]), i64h)
+        for acc in accs[1:]:
+            total = builder.add(total, builder.sext(builder.load(acc), i64h))
+        reduce = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i64h]), f"llvm.vector.reduce.add.v{w // 2}i64"
+        )
+        return builder.call(reduce, [total])
+
+    return sig, codegen
+
+
+@njit(nogil=True, inline="always")
+def code_sqdist(A, i, B, p):
+    """``sum_j (A[i, j] - B[p, j])^2`` (int64, exact) for uint8 code matrices of the same
+    padded width (a multiple of ``COLUMN_BLOCK``, C-contiguous)."""
+    w = A.shape[1]
+    return _sum_sq_diff_u8(A, i * w, B, p * w, w)

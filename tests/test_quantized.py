@@ -1,0 +1,185 @@
+"""The 8-bit screening copy (hashlearn._quantized): exact code distances, certified errors,
+and the screened re-ranking that keeps the exact kernel's top k."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from numba import njit
+
+from hashlearn._quantized import COLUMN_BLOCK, code_sqdist, quantize, quantize_rows
+from hashlearn._rescore import (
+    COSINE,
+    EUCLIDEAN,
+    NEG_INNER,
+    SQEUCLIDEAN,
+    distance_kernel,
+    quantized_screen_kernel,
+    rescore_runner,
+)
+
+
+@njit
+def _all_code_distances(A, B):
+    out = np.empty((A.shape[0], B.shape[0]), np.int64)
+    for i in range(A.shape[0]):
+        for p in range(B.shape[0]):
+            out[i, p] = code_sqdist(A, i, B, p)
+    return out
+
+
+@pytest.mark.parametrize("width", [32, 64, 96, 128, 160, 800, 4096])
+def test_code_distances_are_the_exact_integer_sums(width):
+    """Every unroll remainder (4 blocks a round, then single blocks), and the extremes 0 vs
+    255 in every column (the largest lane sums)."""
+    rng = np.random.default_rng(width)
+    A = rng.integers(0, 256, (9, width), dtype=np.uint8)
+    B = rng.integers(0, 256, (7, width), dtype=np.uint8)
+    A[0], B[0] = 0, 255
+    want = ((A[:, None, :].astype(np.int64) - B[None].astype(np.int64)) ** 2).sum(2)
+    np.testing.assert_array_equal(_all_code_distances(A, B), want)
+    assert want[0, 0] == width * 255**2
+
+
+def _within(x, lo, step, codes, bound):
+    """``|x - (lo + step c)| <= bound``, decided in exact rational arithmetic."""
+    total = Fraction(0)
+    for xj, lj, cj in zip(x.tolist(), lo.tolist(), codes.tolist(), strict=True):
+        r = Fraction(xj) - (Fraction(lj) + Fraction(step) * cj)
+        total += r * r
+    return total <= Fraction(bound) ** 2
+
+
+@pytest.mark.parametrize(
+    "case", ["gaussian", "integers", "mixed magnitudes", "tiny", "constant columns", "nan row"]
+)
+def test_quantization_error_bounds_hold_exactly(case):
+    """``err`` bounds ``|x - x_hat|`` computed in exact rational arithmetic (rows and
+    clamped out-of-range queries); integer data on a unit grid is lossless (err ~ 0)."""
+    rng = np.random.default_rng(1)
+    V = rng.standard_normal((40, 37))
+    if case == "integers":
+        V = rng.integers(0, 256, (40, 37)).astype(np.float32)
+        V[0] = 0.0
+        V[1] = 255.0
+    elif case == "mixed magnitudes":
+        V *= 10.0 ** rng.integers(-30, 30, (1, 37))
+    elif case == "tiny":
+        V *= 1e-310  # subnormal
+    elif case == "constant columns":
+        V[:, :5] = 3.25
+    elif case == "nan row":
+        V[3, 7] = np.nan
+        V[4, 2] = np.inf
+    sq = quantize(V)
+    assert sq.codes.shape == (40, 64) and sq.codes.shape[1] % COLUMN_BLOCK == 0
+    assert not sq.codes[:, 37:].any()  # zero padding
+    d = V.shape[1]
+    for i in range(40):
+        if not np.isfinite(V[i]).all():
+            assert sq.err[i] == np.inf
+            continue
+        assert _within(V[i], sq.lo, sq.step, sq.codes[i, :d], sq.err[i])
+    np.testing.assert_allclose(sq.sqnorm[np.isfinite(sq.err)], (V**2).sum(1)[np.isfinite(sq.err)])
+    if case == "integers":
+        assert sq.step == 1.0 and sq.err.max() < 1e-9
+    Q = rng.standard_normal((10, d)) * 4 * (np.abs(V[np.isfinite(V)]).max() + 1)  # out of range
+    q_codes, q_err, _ = quantize_rows(Q, sq.lo, sq.step, sq.codes.shape[1])
+    for i in range(10):
+        assert _within(Q[i], sq.lo, sq.step, q_codes[i, :d], q_err[i])
+
+
+def test_quantize_declines_an_overflowing_range():
+    V = np.array([[-1e308, 0.0], [1e308, 1.0]])
+    assert quantize(V) is None
+
+
+def _screened(Q, V, cand, kind, k, screen):
+    m = Q.shape[0]
+    want = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+    distance_kernel(Q, V, cand, kind, k, *want, 0, m)
+    got = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+    rescore_runner(Q, V, cand, kind, k, *got, screen=screen)(0, m)
+    return want, got
+
+
+@pytest.mark.parametrize("kind", [SQEUCLIDEAN, EUCLIDEAN, NEG_INNER, COSINE])
+@pytest.mark.parametrize(
+    "case",
+    ["gaussian", "integers", "one-ulp neighbours", "huge", "tiny", "float64 queries", "nan row"],
+)
+def test_8bit_screen_keeps_the_exact_kernels_top_k(kind, case):
+    """Rows exactly and distances to rounding, as the float64 kernel: near-ties the codes
+    cannot tell apart (neighbours 1 ulp apart, duplicates), |x| ~ 1e150 (float64 sums of
+    squares near overflow), |x| ~ 1e-160 (squares underflow), queries off the grid, a NaN
+    row, rows listed twice, fewer than k candidates."""
+    rng = np.random.default_rng(11)
+    n, d, m, c, k = 300, 40, 30, 60, 7
+    V = rng.standard_normal((n, d)).astype(np.float32)
+    if case == "integers":
+        V = rng.integers(0, 256, (n, d)).astype(np.float32)
+    elif case == "one-ulp neighbours":
+        V[100:200] = np.nextafter(V[:100], np.float32(np.inf))
+        V[200:] = V[:100]
+    elif case == "huge":
+        V = V.astype(np.float64) * 1e150
+    elif case == "tiny":
+        V = V.astype(np.float64) * 1e-160
+    elif case == "nan row":
+        V[5] = np.nan
+    Q = V[rng.integers(0, n, m)].astype(np.float64)
+    if case in ("float64 queries", "gaussian"):
+        Q += rng.standard_normal(Q.shape) * (1e-4 if case == "float64 queries" else 0.3)
+    cand = np.stack([rng.permutation(n)[:c] for _ in range(m)])
+    cand[:, ::5] = -1
+    cand[4, 3:] = -1  # fewer than k candidates
+    cand[0, :10] = 5  # a row listed for several queries... and twice for one
+    cand[1, :10] = 5
+    screen = quantize(V)
+    want, got = _screened(Q, V, cand, kind, k, screen)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=0)
+
+
+def test_8bit_screen_prunes_to_about_k_pairs_per_query():
+    """Called directly (the test fails if the runner stops choosing it): integer data is
+    quantized losslessly, so only the k nearest and ties with the k-th survive; on Gaussian data the interval
+    of the quantization error (about step sqrt(d / 12) per vector) leaves a few times k."""
+    rng = np.random.default_rng(2)
+    k, m, c = 10, 50, 200
+    for data, most in (("integers", 1.2), ("gaussian", 3.0)):
+        if data == "integers":
+            V = rng.integers(0, 256, (2000, 64)).astype(np.float32)
+        else:
+            V = rng.standard_normal((2000, 64)).astype(np.float32)
+        Q = V[:m] + rng.standard_normal((m, 64)).astype(np.float32) * (
+            3 if data == "integers" else 0.3
+        )
+        if data == "integers":
+            Q = np.rint(Q)
+        cand = np.stack([rng.permutation(2000)[:c] for _ in range(m)])
+        screen = quantize(V)
+        want, _ = _screened(Q, V, cand, SQEUCLIDEAN, k, screen)
+        q_codes, q_err, q_sq = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
+        direct = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+        scored = quantized_screen_kernel(
+            Q,
+            V,
+            q_codes,
+            q_err,
+            q_sq,
+            screen.codes,
+            screen.err,
+            screen.sqnorm,
+            screen.step,
+            cand,
+            SQEUCLIDEAN,
+            k,
+            *direct,
+            0,
+            m,
+        )
+        assert m * k <= scored <= most * m * k, data  # of m * c = 10,000 pairs
+        np.testing.assert_array_equal(direct[1], want[1])
