@@ -35,7 +35,6 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator
@@ -44,17 +43,16 @@ from sklearn.utils.validation import check_array, check_is_fitted
 from hashlearn import io as _io
 from hashlearn._kernel_args import frozen
 from hashlearn._parallel import parallel_chunks
-from hashlearn._primitives import prefetch
 from hashlearn._quantized import Quantized, quantize
 from hashlearn._rescore import (
     COSINE,
     EUCLIDEAN,
     NEG_INNER,
     SQEUCLIDEAN,
-    keep_smallest,
     queries_per_call,
     rescore_runner,
 )
+from hashlearn._rescore_csr import compact_copy, csr_distance_kernel, csr_screened_kernel
 from hashlearn._validation import check_int
 from hashlearn.hashers.base import BaseHasher
 from hashlearn.hashers.metric_lsh import KernelMetricLSH, MetricLSH
@@ -108,7 +106,8 @@ def _cosine(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
 
 
 # The built-in exact re-rankers run as batched kernels (``_rescore.distance_kernel`` for dense
-# vectors, ``_rerank_csr_kernel`` for CSR) that keep each query's top k as they score.
+# vectors, ``_rescore_csr.csr_distance_kernel`` for CSR) that keep each query's top k as they
+# score; both screen the candidates first where they can (``Searcher(screen=True)``).
 _EXACT_KIND = {
     "sqeuclidean": SQEUCLIDEAN,
     "euclidean": EUCLIDEAN,
@@ -121,110 +120,6 @@ _BUILTIN = {
     "inner_product": _negative_inner_product,
     "cosine": _cosine,
 }
-
-
-@numba.njit(nogil=True, cache=True)
-def _finish(kind, sq, dot, qq, xx):  # pragma: no cover - compiled
-    if kind == SQEUCLIDEAN:
-        return sq
-    if kind == EUCLIDEAN:
-        return np.sqrt(sq)
-    if kind == NEG_INNER:
-        return -dot
-    if qq == 0.0 or xx == 0.0:
-        return 1.0
-    return 1.0 - dot / (np.sqrt(qq) * np.sqrt(xx))
-
-
-_LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
-
-
-@numba.njit(nogil=True, inline="always")
-def _prefetch_csr_row(v_data, v_ind, v_ptr, p):
-    if p >= 0:
-        for b in range(v_ptr[p], v_ptr[p + 1], 8):  # 8 values of 8 bytes: one line
-            prefetch(v_data, b)
-            prefetch(v_ind, b)
-
-
-@numba.njit(nogil=True, cache=True)
-def _rerank_csr_kernel(
-    q_data,
-    q_ind,
-    q_ptr,
-    v_data,
-    v_ind,
-    v_ptr,
-    f_q,
-    f_v,
-    f_w,
-    cand,
-    kind,
-    k,
-    out_d,
-    out_i,
-    start,
-    stop,
-    dense_q,
-    stamp_of,
-):  # pragma: no cover - compiled
-    """``distance_kernel`` for CSR queries and vectors (canonical: sorted, distinct column
-    indices); ``dense_q`` (float64) and ``stamp_of`` (int64) are zeroed scratch arrays with
-    one entry per column (``np.zeros`` maps untouched pages lazily, so their size costs only
-    the columns the queries and candidates use).
-
-    Each query is scattered once into a dense vector, so a candidate ``x`` costs
-    O(nnz(x) + nnz(q)) branch-free steps instead of a merge of two index lists:
-    ``|x - q|^2 = sum_{j in x} (x_j - q_j)^2 + sum_{j in q, j not in x} q_j^2``, the second
-    sum over the query's non-zeros that the candidate does not stamp (every term is a
-    square: no cancellation). The rows of the candidates ``_LOOKAHEAD`` ahead are
-    prefetched. With side features (``f_w`` non-empty; kind ``SQEUCLIDEAN`` only) the
-    distance is ``|x - q|^2 + sum_t f_w[t] (f_v[x, t] - f_q[q, t])^2``, the implicit learned
-    metric."""
-    c = cand.shape[1]
-    # dense_q: the current query, zero outside its non-zeros (reset after each query);
-    # stamp_of[j]: the last candidate (numbered from 1) with a non-zero in column j
-    stamp = 0
-    for i in range(start, stop):
-        q0 = q_ptr[i]
-        q1 = q_ptr[i + 1]
-        qq = 0.0
-        for a in range(q0, q1):
-            qa = np.float64(q_data[a])
-            dense_q[q_ind[a]] = qa
-            qq += qa * qa
-        filled = 0
-        for j in range(min(_LOOKAHEAD, c)):
-            _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j])
-        for j in range(c):
-            if j + _LOOKAHEAD < c:
-                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j + _LOOKAHEAD])
-            p = cand[i, j]
-            if p < 0:
-                continue
-            stamp += 1
-            sq = 0.0
-            dot = 0.0
-            xx = 0.0
-            for b in range(v_ptr[p], v_ptr[p + 1]):
-                col = v_ind[b]
-                xb = np.float64(v_data[b])
-                qa = dense_q[col]
-                diff = xb - qa
-                sq += diff * diff
-                dot += qa * xb
-                xx += xb * xb
-                stamp_of[col] = stamp
-            for a in range(q0, q1):  # the query's non-zeros outside the candidate
-                qa = np.float64(q_data[a])
-                sq += qa * qa * np.float64(stamp_of[q_ind[a]] != stamp)
-            for t in range(f_w.shape[0]):
-                diff = f_q[i, t] - f_v[p, t]
-                sq += f_w[t] * (diff * diff)
-            dist = _finish(kind, sq, dot, qq, xx)
-            filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
-        for a in range(q0, q1):
-            dense_q[q_ind[a]] = 0.0
 
 
 def _code_bits(hasher) -> int | None:
@@ -261,13 +156,14 @@ class Searcher:
         (default ``max(10 * k, 100)``); for an index with ``candidates(...)`` (tables,
         sorted permutations) the first ``n_candidates`` of each list (default: all).
     screen : bool, default=True
-        With a built-in exact metric (or MetricLSH's learned one) over dense vectors, keep
-        an 8-bit copy of the vectors (``d`` bytes each, a quarter of float32; built at the
-        first search, never saved) and screen the candidates with it: pass 1 bounds every
-        candidate's distance from the 8-bit codes, and only those that can still be among
-        the k nearest are read in full precision. The results are those of the exact
-        re-ranking (the bounds are certified, see :mod:`hashlearn._quantized`); ``False``
-        saves the memory.
+        With a built-in exact metric (or MetricLSH's learned one), keep a compact copy of
+        the vectors (built at the first search, never saved) and screen the candidates with
+        it: pass 1 bounds every candidate's distance from the copy, and only those that can
+        still be among the k nearest are scored in full precision. Dense vectors get an
+        8-bit copy (``d`` bytes each, a quarter of float32; :mod:`hashlearn._quantized`),
+        CSR vectors a float32 one with int32 column indices (8 bytes per non-zero;
+        :mod:`hashlearn._rescore_csr`). The results are those of the exact re-ranking (the
+        bounds are certified); ``False`` saves the memory.
 
     Examples
     --------
@@ -768,6 +664,15 @@ class Searcher:
             cached = self._screen_cache = (V, quantize(frozen_vectors))
         return cached[1]
 
+    def _csr_screen_for(self, V: sp.csr_matrix, arrays) -> tuple:
+        """The float32 screening copy of the CSR re-rank vectors ``V``
+        (:func:`~hashlearn._rescore_csr.compact_copy` of their kernel ``arrays``), built once
+        per set of vectors like :meth:`_screen_for`."""
+        cached = self._screen_cache
+        if cached is None or cached[0] is not V:
+            cached = self._screen_cache = (V, compact_copy(*arrays, V.shape[1]))
+        return cached[1]
+
     def _batched_operands(self, X):
         """``(queries, vectors, kind, side)`` for the batched kernels -- an exact metric on the
         kept vectors (dense or CSR); the learned metric ``|G_ (x - q)|^2`` as the squared
@@ -809,21 +714,37 @@ class Searcher:
             out_row = np.full((m, k), -1, np.int64)
             chunk = {}  # the thread pool's default chunks of queries
             if sp.issparse(V):
-                if side is None:  # no side features: zero-width arrays
-                    side = (np.zeros((m, 0)), np.zeros((len(self._vector_ids), 0)), np.zeros(0))
-                args = (
-                    Q.data,
-                    Q.indices.astype(np.int64),
-                    Q.indptr.astype(np.int64),
-                    *self._csr_arrays(V),
-                    *side,
-                )
-
+                query_arrays = (Q.data, Q.indices.astype(np.int64), Q.indptr.astype(np.int64))
+                vector_arrays = self._csr_arrays(V)
                 n_cols = V.shape[1]
+                if side is None and self.screen and pos.shape[1] >= 2 * k:
+                    compact = self._csr_screen_for(V, vector_arrays)
 
-                def run(start, stop):
-                    scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
-                    _rerank_csr_kernel(*args, pos, kind, k, out_d, out_row, start, stop, *scratch)
+                    def run(start, stop):
+                        scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
+                        csr_screened_kernel(
+                            *query_arrays,
+                            *vector_arrays,
+                            *compact,
+                            pos,
+                            kind,
+                            k,
+                            out_d,
+                            out_row,
+                            start,
+                            stop,
+                            *scratch,
+                        )
+                else:
+                    if side is None:  # no side features: zero-width arrays
+                        side = (np.zeros((m, 0)), np.zeros((len(self._vector_ids), 0)), np.zeros(0))
+                    args = (*query_arrays, *vector_arrays, *side)
+
+                    def run(start, stop):
+                        scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
+                        csr_distance_kernel(
+                            *args, pos, kind, k, out_d, out_row, start, stop, *scratch
+                        )
             else:
                 # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy):
                 # one compiled kernel whatever the arrays' flags

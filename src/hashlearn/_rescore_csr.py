@@ -1,0 +1,332 @@
+"""Exact re-ranking over CSR vectors (:class:`hashlearn.Searcher` with scipy.sparse input):
+:func:`csr_distance_kernel` scores every (query, candidate) pair, and
+:func:`csr_screened_kernel` first bounds every pair from a compact float32 copy of the
+vectors (:func:`compact_copy`) and scores exactly only the pairs that can still be among
+the k nearest. Both keep each query's top k by (distance, row) as they score, and both
+score a pair with the same inlined loop (:func:`_pair_distance`), so their results agree.
+
+Each query is scattered once into a dense vector (``dense_q``), so a candidate ``x`` costs
+O(nnz(x) + nnz(q)) branch-free steps instead of a merge of two index lists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from hashlearn._primitives import prefetch
+from hashlearn._rescore import (
+    EUCLIDEAN,
+    NEG_INNER,
+    SQEUCLIDEAN,
+    _distance_interval,
+    _keep_bound,
+    keep_smallest,
+)
+
+__all__ = ["compact_copy", "csr_distance_kernel", "csr_screened_kernel"]
+
+_LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
+_U64 = 2.0**-53
+_UNDERFLOW_ROOT = 2.0**-536  # root of twice float64's smallest subnormal
+
+
+@njit(nogil=True, cache=True)
+def _finish(kind, sq, dot, qq, xx):  # pragma: no cover - compiled
+    if kind == SQEUCLIDEAN:
+        return sq
+    if kind == EUCLIDEAN:
+        return np.sqrt(sq)
+    if kind == NEG_INNER:
+        return -dot
+    if qq == 0.0 or xx == 0.0:
+        return 1.0
+    return 1.0 - dot / (np.sqrt(qq) * np.sqrt(xx))
+
+
+@njit(nogil=True, inline="always")
+def _prefetch_csr_row(v_data, v_ind, v_ptr, p):
+    if p >= 0:
+        for b in range(v_ptr[p], v_ptr[p + 1], 64 // v_data.itemsize):  # one line of values
+            prefetch(v_data, b)
+            prefetch(v_ind, b)
+
+
+@njit(nogil=True, inline="always")
+def _scatter_query(q_data, q_ind, q0, q1, dense_q):
+    """Query non-zeros ``q0:q1`` into ``dense_q``; returns ``|q|^2``."""
+    qq = 0.0
+    for a in range(q0, q1):
+        qa = np.float64(q_data[a])
+        dense_q[q_ind[a]] = qa
+        qq += qa * qa
+    return qq
+
+
+@njit(nogil=True, inline="always")
+def _pair_distance(
+    q_data,
+    q_ind,
+    q0,
+    q1,
+    v_data,
+    v_ind,
+    v_ptr,
+    p,
+    f_q,
+    f_v,
+    f_w,
+    i,
+    kind,
+    qq,
+    dense_q,
+    stamp_of,
+    stamp,
+):
+    """The distance of query ``i`` (scattered in ``dense_q``) to row ``p``:
+    ``|x - q|^2 = sum_{j in x} (x_j - q_j)^2 + sum_{j in q, j not in x} q_j^2``, the second
+    sum over the query's non-zeros that the candidate does not stamp (``stamp_of[j] ==
+    stamp``; every term is a square: no cancellation). With side features (``f_w``
+    non-empty; kind ``SQEUCLIDEAN`` only) plus ``sum_t f_w[t] (f_v[p, t] - f_q[i, t])^2``,
+    the implicit learned metric."""
+    sq = 0.0
+    dot = 0.0
+    xx = 0.0
+    for b in range(v_ptr[p], v_ptr[p + 1]):
+        col = v_ind[b]
+        xb = np.float64(v_data[b])
+        qa = dense_q[col]
+        diff = xb - qa
+        sq += diff * diff
+        dot += qa * xb
+        xx += xb * xb
+        stamp_of[col] = stamp
+    for a in range(q0, q1):  # the query's non-zeros outside the candidate
+        qa = np.float64(q_data[a])
+        sq += qa * qa * np.float64(stamp_of[q_ind[a]] != stamp)
+    for t in range(f_w.shape[0]):
+        diff = f_q[i, t] - f_v[p, t]
+        sq += f_w[t] * (diff * diff)
+    return _finish(kind, sq, dot, qq, xx)
+
+
+@njit(nogil=True, cache=True)
+def csr_distance_kernel(
+    q_data,
+    q_ind,
+    q_ptr,
+    v_data,
+    v_ind,
+    v_ptr,
+    f_q,
+    f_v,
+    f_w,
+    cand,
+    kind,
+    k,
+    out_d,
+    out_i,
+    start,
+    stop,
+    dense_q,
+    stamp_of,
+):  # pragma: no cover - compiled
+    """``_rescore.distance_kernel`` for CSR queries and vectors (canonical: sorted, distinct
+    column indices); ``dense_q`` (float64) and ``stamp_of`` (int64) are zeroed scratch
+    arrays with one entry per column (``np.zeros`` maps untouched pages lazily, so their
+    size costs only the columns the queries and candidates use). The rows of the
+    candidates ``_LOOKAHEAD`` ahead are prefetched."""
+    c = cand.shape[1]
+    stamp = 0  # stamp_of[j]: the last candidate (numbered from 1) with a non-zero in column j
+    for i in range(start, stop):
+        q0, q1 = q_ptr[i], q_ptr[i + 1]
+        qq = _scatter_query(q_data, q_ind, q0, q1, dense_q)
+        filled = 0
+        for j in range(min(_LOOKAHEAD, c)):
+            _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j])
+        for j in range(c):
+            if j + _LOOKAHEAD < c:
+                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j + _LOOKAHEAD])
+            p = cand[i, j]
+            if p < 0:
+                continue
+            stamp += 1
+            dist = _pair_distance(
+                q_data,
+                q_ind,
+                q0,
+                q1,
+                v_data,
+                v_ind,
+                v_ptr,
+                p,
+                f_q,
+                f_v,
+                f_w,
+                i,
+                kind,
+                qq,
+                dense_q,
+                stamp_of,
+                stamp,
+            )
+            filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
+        for a in range(q0, q1):
+            dense_q[q_ind[a]] = 0.0
+
+
+# --------------------------------------------------------------- float32 screening copy
+
+
+@njit(nogil=True, cache=True)
+def _compact_rows(data, indices, indptr, s_data, s_ind, s_err, s_sq, x_sq):  # pragma: no cover
+    for p in range(indptr.shape[0] - 1):
+        e = 0.0
+        sq_hat = 0.0
+        sq = 0.0
+        for b in range(indptr[p], indptr[p + 1]):
+            x = np.float64(data[b])
+            h = np.float32(x)
+            s_data[b] = h
+            s_ind[b] = indices[b]
+            r = x - np.float64(h)  # exact where x and h are finite
+            e += r * r
+            sq_hat += np.float64(h) * np.float64(h)
+            sq += x * x
+        n = indptr[p + 1] - indptr[p]
+        # a float64 sum of n squares is exact to (n + 2) u, and squares that underflow are
+        # each off by at most 2^-1075 (which moves the root by at most sqrt(n) 2^-537)
+        if e < np.inf:
+            s_err[p] = np.sqrt(e) * (1.0 + (n + 4) * _U64) + np.sqrt(n + 1.0) * _UNDERFLOW_ROOT
+        else:
+            s_err[p] = np.inf
+        s_sq[p] = sq_hat
+        x_sq[p] = sq
+
+
+def compact_copy(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_cols: int):
+    """The screening copy of CSR rows: ``(values float32, indices int32 (int64 beyond 2^31
+    columns), err, sq_hat, sq)`` with ``err[p]`` >= the distance of row ``p`` to its float32
+    rounding (``inf`` where a value is not finite in float32), ``sq_hat[p]`` the float64 sum
+    of the rounded values squared and ``sq[p]`` that of the original values."""
+    n = len(indptr) - 1
+    s_data = np.empty(len(data), np.float32)
+    s_ind = np.empty(len(indices), np.int32 if n_cols < 2**31 else np.int64)
+    s_err, s_sq, x_sq = np.empty(n), np.empty(n), np.empty(n)
+    _compact_rows(data, indices, indptr, s_data, s_ind, s_err, s_sq, x_sq)
+    return s_data, s_ind, s_err, s_sq, x_sq
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract"})
+def _compact_dot(s_data, s_ind, b0, b1, dense_q):  # pragma: no cover - compiled
+    """``sum_b s_data[b] dense_q[s_ind[b]]`` over ``b0:b1`` in float64, in any order."""
+    acc = 0.0
+    for b in range(b0, b1):
+        acc += np.float64(s_data[b]) * dense_q[s_ind[b]]
+    return acc
+
+
+@njit(nogil=True, cache=True)
+def csr_screened_kernel(
+    q_data,
+    q_ind,
+    q_ptr,
+    v_data,
+    v_ind,
+    v_ptr,
+    s_data,
+    s_ind,
+    s_err,
+    s_sq,
+    x_sq,
+    cand,
+    kind,
+    k,
+    out_d,
+    out_i,
+    start,
+    stop,
+    dense_q,
+    stamp_of,
+):  # pragma: no cover - compiled
+    """:func:`csr_distance_kernel`'s result (without side features) in two passes per
+    query.
+
+    Pass 1 bounds each candidate from its float32 copy ``x_hat`` (:func:`compact_copy`; half
+    the bytes and one loop over its non-zeros, no stamps): ``|q - x_hat|^2 = |q|^2 +
+    |x_hat|^2 - 2 q . x_hat`` in float64, exact to ``out_rel (|q|^2 + |x_hat|^2)``
+    (Higham's bound on a sum in any order, doubled), then ``|q - x|`` within ``|q - x_hat|
+    +- err`` (triangle inequality) and the distance of ``kind`` by
+    ``_rescore._distance_interval``. ``T`` is the k-th smallest upper bound; pass 2 scores
+    exactly (:func:`_pair_distance`) the candidates whose lower bound does not exceed ``T``
+    -- the others have k candidates strictly nearer. Returns the number of pairs scored
+    exactly."""
+    c = cand.shape[1]
+    d = dense_q.shape[0]
+    out_rel = 2.0 * (d + 8) * _U64
+    tiny = d * 2.0**-1068
+    lower = np.empty(c)
+    bound = np.empty((1, k))
+    no_side = np.zeros((1, 0))
+    no_weights = np.zeros(0)
+    stamp = 0
+    n_exact = 0
+    for i in range(start, stop):
+        q0, q1 = q_ptr[i], q_ptr[i + 1]
+        qq = _scatter_query(q_data, q_ind, q0, q1, dense_q)
+        bound[0, :] = np.inf
+        n_bound = 0
+        for j in range(min(_LOOKAHEAD, c)):
+            _prefetch_csr_row(s_data, s_ind, v_ptr, cand[i, j])
+        for j in range(c):
+            if j + _LOOKAHEAD < c:
+                _prefetch_csr_row(s_data, s_ind, v_ptr, cand[i, j + _LOOKAHEAD])
+            p = cand[i, j]
+            lower[j] = np.inf
+            if p < 0:
+                continue
+            dot = _compact_dot(s_data, s_ind, v_ptr[p], v_ptr[p + 1], dense_q)
+            sum_sq = qq + s_sq[p]
+            approx = sum_sq - 2.0 * dot
+            eps = out_rel * sum_sq + tiny
+            r_lo = max(0.0, np.sqrt(max(0.0, approx - eps)) * (1.0 - 4.0 * _U64) - s_err[p])
+            r_hi = np.sqrt(max(0.0, approx + eps)) * (1.0 + 4.0 * _U64) + s_err[p]
+            if not (approx == approx):  # NaN: no bound
+                r_lo, r_hi = 0.0, np.inf
+            lo, hi = _distance_interval(kind, r_lo, r_hi, qq, x_sq[p], d, out_rel)
+            lower[j] = lo
+            n_bound = _keep_bound(bound, 0, k, n_bound, hi)
+        threshold = bound[0, k - 1]
+        for j in range(c):  # the survivors' rows, fetched together
+            if lower[j] <= threshold:
+                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j])
+        filled = 0
+        for j in range(c):
+            p = cand[i, j]
+            if p < 0 or lower[j] > threshold:
+                continue
+            stamp += 1
+            n_exact += 1
+            dist = _pair_distance(
+                q_data,
+                q_ind,
+                q0,
+                q1,
+                v_data,
+                v_ind,
+                v_ptr,
+                p,
+                no_side,
+                no_side,
+                no_weights,
+                0,
+                kind,
+                qq,
+                dense_q,
+                stamp_of,
+                stamp,
+            )
+            filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
+        for a in range(q0, q1):
+            dense_q[q_ind[a]] = 0.0
+    return n_exact
