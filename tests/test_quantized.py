@@ -183,3 +183,24 @@ def test_8bit_screen_prunes_to_about_k_pairs_per_query():
         )
         assert m * k <= scored <= most * m * k, data  # of m * c = 10,000 pairs
         np.testing.assert_array_equal(direct[1], want[1])
+
+
+def test_code_cutoff_is_the_last_sum_whose_bound_can_reach_the_threshold():
+    """Every code sum above the cutoff bounds the distance above the threshold (the test
+    pass 1 skips pairs by), and the cutoff itself still may not: the integer shortcut drops
+    exactly the pairs the bounds would."""
+    from hashlearn._rescore import _code_cutoff, _code_interval
+
+    rng = np.random.default_rng(8)
+    out_rel = 2.0 * (784 + 8) * 2.0**-53
+    for _ in range(300):
+        step = float(10.0 ** rng.uniform(-3, 2))
+        slack = float(rng.choice([0.0, 1e-12, 10.0 ** rng.uniform(-3, 1)]))
+        threshold = float(10.0 ** rng.uniform(-2, 8))
+        cut = _code_cutoff(threshold, step, slack, 784, out_rel)
+        lo_next = _code_interval(SQEUCLIDEAN, cut + 1, step, slack, 0.0, 0.0, 784, out_rel)[0]
+        assert lo_next > threshold
+        if cut >= 0:
+            lo_cut = _code_interval(SQEUCLIDEAN, cut, step, slack, 0.0, 0.0, 784, out_rel)[0]
+            assert lo_cut <= threshold
+    assert _code_cutoff(np.inf, 1.0, 0.0, 784, out_rel) == np.iinfo(np.int64).max

@@ -329,33 +329,36 @@ def _keep_bound(bound, i, k, filled, hi):
     return filled
 
 
-_FLOAT32_MAX = 3.4028234663852886e38
+@njit(nogil=True, inline="always")
+def _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_lower, n_maybe):
+    """Pass 1 of the screened kernels, for pair ``t`` of query ``j`` with bounds ``(lo,
+    hi)``: ``hi`` joins the query's k smallest upper bounds (``bound[j]``), and the pair is
+    noted in ``maybe`` (with ``lo``) unless ``lo`` already exceeds the k-th of them -- the
+    k-th only decreases, so a pair not noted can never be kept. Returns the new count."""
+    n_bound[j] = _keep_bound(bound, j, k, n_bound[j], hi)
+    if lo <= bound[j, k - 1]:
+        maybe[n_maybe] = t
+        maybe_lower[n_maybe] = lo
+        n_maybe += 1
+    return n_maybe
 
 
 @njit(nogil=True, inline="always")
-def _lower32(lo):
-    """A float32 no larger than ``lo`` (float64, not NaN or +inf) and close to it: ``lo``
-    lowered by 2^-22 of itself and 2^-148 before rounding to nearest, which moves a value
-    by at most 2^-24 of itself or 2^-150 (a lower bound kept in 4 bytes)."""
-    y = lo - abs(lo) * 2.0**-22 - 2.0**-148
-    return np.float32(min(y, _FLOAT32_MAX))
-
-
-@njit(nogil=True, inline="always")
-def _score_survivors(Q, V, kind, k, keys, qbits, lower, bound, qq, start, out_d, out_i):
-    """The second pass of the screened kernels: the packed pairs ``keys[t]`` (see
-    :func:`packed_pairs_by_row`) whose lower bound ``lower[t]`` does not exceed their
-    query's k-th smallest upper bound (``bound[query - start, k - 1]``) scored in float64
+def _score_survivors(
+    Q, V, kind, k, keys, qbits, maybe, maybe_lower, n_maybe, bound, qq, start, out_d, out_i
+):
+    """The second pass of the screened kernels: of the pairs noted by :func:`_note_bounds`
+    (``keys[maybe[s]]``, packed as by :func:`packed_pairs_by_row`), those whose lower bound
+    does not exceed their query's final k-th smallest upper bound are scored in float64
     exactly as :func:`distance_kernel` scores them, in their order, each row prefetched
     ``_LOOKAHEAD`` survivors ahead; the top k by (distance, row) kept. Returns the number
     of pairs scored."""
-    n = keys.shape[0]
     mask = (1 << qbits) - 1
-    kept = np.empty(n, np.int64)
+    kept = np.empty(n_maybe, np.int64)
     n_kept = 0
-    for t in range(n):
-        if lower[t] <= bound[keys[t] & mask, k - 1]:
-            kept[n_kept] = t
+    for s in range(n_maybe):
+        if maybe_lower[s] <= bound[keys[maybe[s]] & mask, k - 1]:
+            kept[n_kept] = maybe[s]
             n_kept += 1
     filled = np.zeros(bound.shape[0], np.int64)
     xx = 0.0
@@ -409,7 +412,9 @@ def screened_distance_kernel(
     out_rel = 2.0 * (d + 8) * _U64  # float64 rounding of the exact side
     qq = _query_sqnorms(Q, start, stop, kind)
     # pass 1: float32 scores -> (lower, upper) bounds; the k smallest upper bounds per query
-    lower = np.empty(n, np.float32)
+    maybe = np.empty(n, np.int64)  # pages only touched where pairs are noted
+    maybe_lower = np.empty(n)
+    n_maybe = 0
     bound = np.full((m, k), np.inf)
     n_bound = np.zeros(m, np.int64)
     for g in range(n_rows):
@@ -452,9 +457,10 @@ def screened_distance_kernel(
                         cos_lo = dot_lo / (nq * (nx_hi if dot_lo >= 0.0 else nx_lo))
                         lo = 1.0 - cos_hi - out_rel * 4.0
                         hi = 1.0 - cos_lo + out_rel * 4.0
-            lower[t] = _lower32(lo)
-            n_bound[j] = _keep_bound(bound, j, k, n_bound[j], hi)
-    return _score_survivors(Q, V, kind, k, keys, qbits, lower, bound, qq, start, out_d, out_i)
+            n_maybe = _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_lower, n_maybe)
+    return _score_survivors(
+        Q, V, kind, k, keys, qbits, maybe, maybe_lower, n_maybe, bound, qq, start, out_d, out_i
+    )
 
 
 # ------------------------------------------------------------ 8-bit screening, exact top-k
@@ -508,6 +514,38 @@ def _code_interval(kind, total, step, slack, q_sq, x_sq, d, out_rel):
     return _distance_interval(kind, r_lo, r_hi, q_sq, x_sq, d, out_rel)
 
 
+_NO_CUTOFF = np.iinfo(np.int64).max
+
+
+@njit(nogil=True, inline="always")
+def _error_cap(x_err):
+    """The quantization error up to which rows take :func:`_code_cutoff`'s integer test:
+    the largest finite one (-1 where none is)."""
+    cap = -1.0
+    for e in x_err:
+        if e < np.inf and e > cap:
+            cap = e
+    return cap
+
+
+@njit(nogil=True, inline="always")
+def _code_cutoff(threshold, step, slack, d, out_rel):
+    """The largest code sum ``S`` whose Euclidean-kind lower bound (:func:`_code_interval`
+    with error ``slack``) may not exceed ``threshold``: every sum above it bounds the
+    distance above ``threshold`` (the bound is non-decreasing in ``S``, and the loop
+    checks ``S + 1`` with the very function pass 1 uses)."""
+    if not (threshold < np.inf and slack < np.inf):
+        return _NO_CUTOFF
+    guess = (np.sqrt(max(threshold, 0.0) / (1.0 - out_rel)) + slack) / step
+    guess = guess * guess * (1.0 - 1e-9)
+    if not guess < 2.0**60:
+        return _NO_CUTOFF
+    cut = np.int64(guess)
+    while _code_interval(SQEUCLIDEAN, cut + 1, step, slack, 0.0, 0.0, d, out_rel)[0] <= threshold:
+        cut += 1
+    return cut
+
+
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def quantized_screen_kernel(
     Q, V, q_codes, q_err, q_sq, x_codes, x_err, x_sq, step, cand, kind, k, out_d, out_i, start, stop
@@ -530,20 +568,33 @@ def quantized_screen_kernel(
     mask = (1 << qbits) - 1
     d = V.shape[1]
     out_rel = 2.0 * (d + 8) * _U64
-    lower = np.empty(n, np.float32)
+    maybe = np.empty(n, np.int64)  # pages only touched where pairs are noted
+    maybe_lower = np.empty(n)
+    n_maybe = 0
     bound = np.full((m, k), np.inf)
     n_bound = np.zeros(m, np.int64)
+    # Euclidean kinds: code sums above cutoff[j] certainly bound the distance above query
+    # j's current T, for any row whose error is at most err_cap -- an integer comparison
+    # that spares most pairs the bounds once T has settled
+    cutoff = np.full(m, _NO_CUTOFF)
+    err_cap = _error_cap(x_err) if kind == SQEUCLIDEAN or kind == EUCLIDEAN else -1.0
     for t in range(n):
         p = keys[t] >> qbits
         j = keys[t] & mask
         i = start + j
-        slack = q_err[i] + x_err[p]
         total = code_sqdist(q_codes, i, x_codes, p)
+        if total > cutoff[j] and x_err[p] <= err_cap:
+            continue
+        slack = q_err[i] + x_err[p]
         lo, hi = _code_interval(kind, total, step, slack, q_sq[i], x_sq[p], d, out_rel)
-        lower[t] = _lower32(lo)
-        n_bound[j] = _keep_bound(bound, j, k, n_bound[j], hi)
+        before = bound[j, k - 1]
+        n_maybe = _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_lower, n_maybe)
+        if err_cap >= 0.0 and bound[j, k - 1] < before:
+            cutoff[j] = _code_cutoff(bound[j, k - 1], step, q_err[i] + err_cap, d, out_rel)
     qq = _query_sqnorms(Q, start, stop, kind)
-    return _score_survivors(Q, V, kind, k, keys, qbits, lower, bound, qq, start, out_d, out_i)
+    return _score_survivors(
+        Q, V, kind, k, keys, qbits, maybe, maybe_lower, n_maybe, bound, qq, start, out_d, out_i
+    )
 
 
 @njit(nogil=True, cache=True)
