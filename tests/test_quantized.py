@@ -162,24 +162,11 @@ def test_8bit_screen_prunes_to_about_k_pairs_per_query():
         cand = np.stack([rng.permutation(2000)[:c] for _ in range(m)])
         screen = quantize(V)
         want, _ = _screened(Q, V, cand, SQEUCLIDEAN, k, screen)
-        q_codes, q_err, q_sq = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
+        q_screen = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
+        x_screen = (screen.codes, screen.err, screen.sqnorm)
         direct = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
         scored = quantized_screen_kernel(
-            Q,
-            V,
-            q_codes,
-            q_err,
-            q_sq,
-            screen.codes,
-            screen.err,
-            screen.sqnorm,
-            screen.step,
-            cand,
-            SQEUCLIDEAN,
-            k,
-            *direct,
-            0,
-            m,
+            Q, V, q_screen, x_screen, screen.step, cand, SQEUCLIDEAN, k, *direct, 0, m
         )
         assert m * k <= scored <= most * m * k, data  # of m * c = 10,000 pairs
         np.testing.assert_array_equal(direct[1], want[1])

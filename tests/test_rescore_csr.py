@@ -23,10 +23,10 @@ def _both(Q, V, cand, kind, k):
     want = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
     side = np.zeros((m, 0)), np.zeros((V.shape[0], 0)), np.zeros(0)
     scratch = lambda: (np.zeros(d), np.zeros(d, np.int64))  # noqa: E731
-    csr_distance_kernel(*q, *v, *side, cand, kind, k, *want, 0, m, *scratch())
+    csr_distance_kernel(q, v, side, cand, kind, k, *want, 0, m, scratch())
     got = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
     compact = compact_copy(*v, d)
-    n_exact = csr_screened_kernel(*q, *v, *compact, cand, kind, k, *got, 0, m, *scratch())
+    n_exact = csr_screened_kernel(q, v, compact, cand, kind, k, *got, 0, m, scratch())
     return want, got, n_exact
 
 

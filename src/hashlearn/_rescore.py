@@ -548,7 +548,7 @@ def _code_cutoff(threshold, step, slack, d, out_rel):
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def quantized_screen_kernel(
-    Q, V, q_codes, q_err, q_sq, x_codes, x_err, x_sq, step, cand, kind, k, out_d, out_i, start, stop
+    Q, V, q_screen, x_screen, step, cand, kind, k, out_d, out_i, start, stop
 ):  # pragma: no cover
     """:func:`distance_kernel`'s result -- the top k by the float64 distance, computed by
     the same inlined loop -- screened by 8-bit codes (:mod:`hashlearn._quantized`).
@@ -560,8 +560,13 @@ def quantized_screen_kernel(
     ``kind`` by :func:`_distance_interval`. Per query, ``T`` is the k-th smallest upper
     bound; pass 2 (:func:`_score_survivors`) scores in float64 only the pairs whose lower
     bound does not exceed ``T`` -- the others have k pairs strictly nearer. Pairs go by
-    row (:func:`packed_pairs_by_row`). Returns the number of pairs scored in float64.
+    row (:func:`packed_pairs_by_row`). ``q_screen = (codes, err, sqnorm)`` of the queries
+    (:func:`hashlearn._quantized.quantize_rows`), ``x_screen`` the same of the rows of ``V``
+    (:func:`hashlearn._quantized.quantize`), on the grid of step ``step``. Returns the number
+    of pairs scored in float64.
     """
+    q_codes, q_err, q_sq = q_screen
+    x_codes, x_err, x_sq = x_screen
     keys, qbits = packed_pairs_by_row(cand, start, stop, V.shape[0])
     n = keys.shape[0]
     m = stop - start
@@ -630,25 +635,10 @@ def rescore_runner(Q, V, cand, kind, k, out_d, out_i, screen: Quantized | None =
     if screen is not None and cand.shape[1] >= 2 * k:
         if screen.codes.shape[0] != V.shape[0] or screen.lo.shape[0] != d:
             raise ValueError("the 8-bit screen does not match the vectors")
-        q_codes, q_err, q_sq = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
-        x_codes, x_err, x_sq, step = screen.codes, screen.err, screen.sqnorm, screen.step
+        q_screen = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
+        x_screen, step = (screen.codes, screen.err, screen.sqnorm), screen.step
         return lambda start, stop: quantized_screen_kernel(
-            Q,
-            V,
-            q_codes,
-            q_err,
-            q_sq,
-            x_codes,
-            x_err,
-            x_sq,
-            step,
-            cand,
-            kind,
-            k,
-            out_d,
-            out_i,
-            start,
-            stop,
+            Q, V, q_screen, x_screen, step, cand, kind, k, out_d, out_i, start, stop
         )
     screened = (
         V.dtype == np.float32

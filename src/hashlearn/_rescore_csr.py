@@ -53,6 +53,18 @@ def _prefetch_csr_row(v_data, v_ind, v_ptr, p):
 
 
 @njit(nogil=True, inline="always")
+def _prefetch_ahead(data, ind, ptr, cand, i, j):
+    """Before scoring candidate ``j`` of query ``i``: the row ``_LOOKAHEAD`` candidates
+    ahead (at ``j = 0``, the first ``_LOOKAHEAD`` rows too)."""
+    c = cand.shape[1]
+    if j == 0:
+        for h in range(min(_LOOKAHEAD, c)):
+            _prefetch_csr_row(data, ind, ptr, cand[i, h])
+    if j + _LOOKAHEAD < c:
+        _prefetch_csr_row(data, ind, ptr, cand[i, j + _LOOKAHEAD])
+
+
+@njit(nogil=True, inline="always")
 def _scatter_query(q_data, q_ind, q0, q1, dense_q):
     """Query non-zeros ``q0:q1`` into ``dense_q``; returns ``|q|^2``."""
     qq = 0.0
@@ -64,31 +76,19 @@ def _scatter_query(q_data, q_ind, q0, q1, dense_q):
 
 
 @njit(nogil=True, inline="always")
-def _pair_distance(
-    q_data,
-    q_ind,
-    q0,
-    q1,
-    v_data,
-    v_ind,
-    v_ptr,
-    p,
-    f_q,
-    f_v,
-    f_w,
-    i,
-    kind,
-    qq,
-    dense_q,
-    stamp_of,
-    stamp,
-):
-    """The distance of query ``i`` (scattered in ``dense_q``) to row ``p``:
+def _pair_distance(query, q0, q1, vectors, p, side, i, kind, qq, scratch, stamp):
+    """The distance of query ``i`` (non-zeros ``q0:q1`` of ``query = (data, indices)``,
+    scattered in ``scratch = (dense_q, stamp_of)``) to row ``p`` of ``vectors = (data,
+    indices, indptr)``:
     ``|x - q|^2 = sum_{j in x} (x_j - q_j)^2 + sum_{j in q, j not in x} q_j^2``, the second
     sum over the query's non-zeros that the candidate does not stamp (``stamp_of[j] ==
     stamp``; every term is a square: no cancellation). With side features (``f_w``
     non-empty; kind ``SQEUCLIDEAN`` only) plus ``sum_t f_w[t] (f_v[p, t] - f_q[i, t])^2``,
-    the implicit learned metric."""
+    the implicit learned metric (``side = (f_q, f_v, f_w)``)."""
+    q_data, q_ind = query
+    v_data, v_ind, v_ptr = vectors
+    f_q, f_v, f_w = side
+    dense_q, stamp_of = scratch
     sq = 0.0
     dot = 0.0
     xx = 0.0
@@ -112,64 +112,32 @@ def _pair_distance(
 
 @njit(nogil=True, cache=True)
 def csr_distance_kernel(
-    q_data,
-    q_ind,
-    q_ptr,
-    v_data,
-    v_ind,
-    v_ptr,
-    f_q,
-    f_v,
-    f_w,
-    cand,
-    kind,
-    k,
-    out_d,
-    out_i,
-    start,
-    stop,
-    dense_q,
-    stamp_of,
+    queries, vectors, side, cand, kind, k, out_d, out_i, start, stop, scratch
 ):  # pragma: no cover - compiled
-    """``_rescore.distance_kernel`` for CSR queries and vectors (canonical: sorted, distinct
-    column indices); ``dense_q`` (float64) and ``stamp_of`` (int64) are zeroed scratch
-    arrays with one entry per column (``np.zeros`` maps untouched pages lazily, so their
-    size costs only the columns the queries and candidates use). The rows of the
-    candidates ``_LOOKAHEAD`` ahead are prefetched."""
+    """``_rescore.distance_kernel`` for CSR queries and vectors, ``queries`` and ``vectors``
+    each ``(data, indices int64, indptr int64)`` (canonical: sorted, distinct column
+    indices), ``side = (f_q, f_v, f_w)`` the side features (zero-width without);
+    ``scratch = (dense_q float64, stamp_of int64)`` zeroed arrays with one entry per column
+    (``np.zeros`` maps untouched pages lazily, so their size costs only the columns the
+    queries and candidates use). The rows of the candidates ``_LOOKAHEAD`` ahead are
+    prefetched."""
+    q_data, q_ind, q_ptr = queries
+    v_data, v_ind, v_ptr = vectors
+    dense_q = scratch[0]
     c = cand.shape[1]
     stamp = 0  # stamp_of[j]: the last candidate (numbered from 1) with a non-zero in column j
     for i in range(start, stop):
         q0, q1 = q_ptr[i], q_ptr[i + 1]
         qq = _scatter_query(q_data, q_ind, q0, q1, dense_q)
         filled = 0
-        for j in range(min(_LOOKAHEAD, c)):
-            _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j])
         for j in range(c):
-            if j + _LOOKAHEAD < c:
-                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j + _LOOKAHEAD])
+            _prefetch_ahead(v_data, v_ind, v_ptr, cand, i, j)
             p = cand[i, j]
             if p < 0:
                 continue
             stamp += 1
-            dist = _pair_distance(
-                q_data,
-                q_ind,
-                q0,
-                q1,
-                v_data,
-                v_ind,
-                v_ptr,
-                p,
-                f_q,
-                f_v,
-                f_w,
-                i,
-                kind,
-                qq,
-                dense_q,
-                stamp_of,
-                stamp,
-            )
+            query = (q_data, q_ind)
+            dist = _pair_distance(query, q0, q1, vectors, p, side, i, kind, qq, scratch, stamp)
             filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
         for a in range(q0, q1):
             dense_q[q_ind[a]] = 0.0
@@ -237,26 +205,7 @@ def _compact_dot(s_data, s_ind, b0, b1, dense_q):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True)
 def csr_screened_kernel(
-    q_data,
-    q_ind,
-    q_ptr,
-    v_data,
-    v_ind,
-    v_ptr,
-    s_data,
-    s_ind,
-    s_err,
-    s_sq,
-    x_sq,
-    cand,
-    kind,
-    k,
-    out_d,
-    out_i,
-    start,
-    stop,
-    dense_q,
-    stamp_of,
+    queries, vectors, compact, cand, kind, k, out_d, out_i, start, stop, scratch
 ):  # pragma: no cover - compiled
     """:func:`csr_distance_kernel`'s result (without side features) in two passes per
     query.
@@ -268,16 +217,20 @@ def csr_screened_kernel(
     +- err`` (triangle inequality) and the distance of ``kind`` by
     ``_rescore._distance_interval``. ``T`` is the k-th smallest upper bound; pass 2 scores
     exactly (:func:`_pair_distance`) the candidates whose lower bound does not exceed ``T``
-    -- the others have k candidates strictly nearer. Returns the number of pairs scored
-    exactly."""
+    -- the others have k candidates strictly nearer. ``compact = (s_data, s_ind, s_err,
+    s_sq, x_sq)``; the other arguments as for :func:`csr_distance_kernel`. Returns the
+    number of pairs scored exactly."""
+    q_data, q_ind, q_ptr = queries
+    v_data, v_ind, v_ptr = vectors
+    s_data, s_ind, s_err, s_sq, x_sq = compact
+    dense_q = scratch[0]
     c = cand.shape[1]
     d = dense_q.shape[0]
     out_rel = 2.0 * (d + 8) * _U64
     tiny = d * 2.0**-1068
     lower = np.empty(c)
     bound = np.empty((1, k))
-    no_side = np.zeros((1, 0))
-    no_weights = np.zeros(0)
+    no_side = (np.zeros((1, 0)), np.zeros((1, 0)), np.zeros(0))
     stamp = 0
     n_exact = 0
     for i in range(start, stop):
@@ -285,11 +238,8 @@ def csr_screened_kernel(
         qq = _scatter_query(q_data, q_ind, q0, q1, dense_q)
         bound[0, :] = np.inf
         n_bound = 0
-        for j in range(min(_LOOKAHEAD, c)):
-            _prefetch_csr_row(s_data, s_ind, v_ptr, cand[i, j])
         for j in range(c):
-            if j + _LOOKAHEAD < c:
-                _prefetch_csr_row(s_data, s_ind, v_ptr, cand[i, j + _LOOKAHEAD])
+            _prefetch_ahead(s_data, s_ind, v_ptr, cand, i, j)
             p = cand[i, j]
             lower[j] = np.inf
             if p < 0:
@@ -316,25 +266,8 @@ def csr_screened_kernel(
                 continue
             stamp += 1
             n_exact += 1
-            dist = _pair_distance(
-                q_data,
-                q_ind,
-                q0,
-                q1,
-                v_data,
-                v_ind,
-                v_ptr,
-                p,
-                no_side,
-                no_side,
-                no_weights,
-                0,
-                kind,
-                qq,
-                dense_q,
-                stamp_of,
-                stamp,
-            )
+            query = (q_data, q_ind)
+            dist = _pair_distance(query, q0, q1, vectors, p, no_side, 0, kind, qq, scratch, stamp)
             filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
         for a in range(q0, q1):
             dense_q[q_ind[a]] = 0.0

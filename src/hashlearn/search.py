@@ -11,9 +11,11 @@ vectors by id for re-ranking, choosing how many candidates to re-rank).
 The built-in exact re-rankers (``"sqeuclidean"``, ``"euclidean"``, ``"inner_product"``,
 ``"cosine"``) run as one batched numba kernel over all (query, candidate) pairs on the shared
 thread pool, keeping each query's top k as it scores (no candidate distance matrix, no
-sort); for scipy.sparse input the vectors are kept as CSR and the kernel merges the sorted
-non-zeros of each pair (O(nnz(q) + nnz(x)) per pair), so no dense copy of the database is
-ever made. The learned metric of :class:`~hashlearn.hashers.MetricLSH`, ``d_A(x, q) =
+sort); for scipy.sparse input the vectors are kept as CSR and each query is scattered once so
+a pair costs O(nnz(q) + nnz(x)), so no dense copy of the database is ever made. By default
+(``screen=True``) a compact copy of the vectors bounds every candidate's distance first and
+only the candidates that can still be among the k nearest are scored in full precision
+(certified bounds: the same results). The learned metric of :class:`~hashlearn.hashers.MetricLSH`, ``d_A(x, q) =
 (x - q)^T A (x - q)`` with ``A = G^T G`` (Jain, Kulis & Grauman, "Fast Image Search for
 Learned Metrics", CVPR 2008, eq. 6's explicit form), is the squared Euclidean distance of
 ``G x`` and ``G q``: the kept vectors are mapped by ``G`` once (derived state, recomputed
@@ -714,37 +716,20 @@ class Searcher:
             out_row = np.full((m, k), -1, np.int64)
             chunk = {}  # the thread pool's default chunks of queries
             if sp.issparse(V):
-                query_arrays = (Q.data, Q.indices.astype(np.int64), Q.indptr.astype(np.int64))
-                vector_arrays = self._csr_arrays(V)
+                queries = (Q.data, Q.indices.astype(np.int64), Q.indptr.astype(np.int64))
+                vectors = self._csr_arrays(V)
                 n_cols = V.shape[1]
                 if side is None and self.screen and pos.shape[1] >= 2 * k:
-                    compact = self._csr_screen_for(V, vector_arrays)
-
-                    def run(start, stop):
-                        scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
-                        csr_screened_kernel(
-                            *query_arrays,
-                            *vector_arrays,
-                            *compact,
-                            pos,
-                            kind,
-                            k,
-                            out_d,
-                            out_row,
-                            start,
-                            stop,
-                            *scratch,
-                        )
+                    kernel, extra = csr_screened_kernel, self._csr_screen_for(V, vectors)
                 else:
-                    if side is None:  # no side features: zero-width arrays
-                        side = (np.zeros((m, 0)), np.zeros((len(self._vector_ids), 0)), np.zeros(0))
-                    args = (*query_arrays, *vector_arrays, *side)
+                    kernel = csr_distance_kernel
+                    extra = side or (np.zeros((m, 0)), np.zeros((V.shape[0], 0)), np.zeros(0))
 
-                    def run(start, stop):
-                        scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
-                        csr_distance_kernel(
-                            *args, pos, kind, k, out_d, out_row, start, stop, *scratch
-                        )
+                def run(start, stop):
+                    scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
+                    kernel(
+                        queries, vectors, extra, pos, kind, k, out_d, out_row, start, stop, scratch
+                    )
             else:
                 # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy):
                 # one compiled kernel whatever the arrays' flags
