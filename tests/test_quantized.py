@@ -83,6 +83,7 @@ def test_quantization_error_bounds_hold_exactly(case):
             continue
         assert _within(V[i], sq.lo, sq.step, sq.codes[i, :d], sq.err[i])
     np.testing.assert_allclose(sq.sqnorm[np.isfinite(sq.err)], (V**2).sum(1)[np.isfinite(sq.err)])
+    assert sq.err_cap == sq.err[np.isfinite(sq.err)].max()
     if case == "integers":
         assert sq.step == 1.0 and sq.err.max() < 1e-9
     Q = rng.standard_normal((10, d)) * 4 * (np.abs(V[np.isfinite(V)]).max() + 1)  # out of range
@@ -166,7 +167,18 @@ def test_8bit_screen_prunes_to_about_k_pairs_per_query():
         x_screen = (screen.codes, screen.err, screen.sqnorm)
         direct = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
         scored = quantized_screen_kernel(
-            Q, V, q_screen, x_screen, screen.step, cand, SQEUCLIDEAN, k, *direct, 0, m
+            Q,
+            V,
+            q_screen,
+            x_screen,
+            screen.step,
+            screen.err_cap,
+            cand,
+            SQEUCLIDEAN,
+            k,
+            *direct,
+            0,
+            m,
         )
         assert m * k <= scored <= most * m * k, data  # of m * c = 10,000 pairs
         np.testing.assert_array_equal(direct[1], want[1])

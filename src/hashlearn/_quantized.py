@@ -49,6 +49,7 @@ class Quantized(NamedTuple):
     step: float
     err: np.ndarray  # (n,) float64, >= |x - x_hat| (inf where x is not finite)
     sqnorm: np.ndarray  # (n,) float64, |x|^2 (float64 sum)
+    err_cap: float  # the largest finite err (-1 where none is)
 
 
 @njit(nogil=True, cache=True)
@@ -130,7 +131,9 @@ def quantize(V: np.ndarray) -> Quantized | None:
     if not (np.isfinite(step) and step > 0.0):  # a subnormal range
         step = 1.0
     codes, err, sqnorm = quantize_rows(V, lo, step, width)
-    return Quantized(codes, lo, step, err, sqnorm)
+    finite = err[np.isfinite(err)]
+    err_cap = float(finite.max()) if finite.size else -1.0
+    return Quantized(codes, lo, step, err, sqnorm, err_cap)
 
 
 # ------------------------------------------------------------------- exact code distances

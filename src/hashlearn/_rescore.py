@@ -518,17 +518,6 @@ _NO_CUTOFF = np.iinfo(np.int64).max
 
 
 @njit(nogil=True, inline="always")
-def _error_cap(x_err):
-    """The quantization error up to which rows take :func:`_code_cutoff`'s integer test:
-    the largest finite one (-1 where none is)."""
-    cap = -1.0
-    for e in x_err:
-        if e < np.inf and e > cap:
-            cap = e
-    return cap
-
-
-@njit(nogil=True, inline="always")
 def _code_cutoff(threshold, step, slack, d, out_rel):
     """The largest code sum ``S`` whose Euclidean-kind lower bound (:func:`_code_interval`
     with error ``slack``) may not exceed ``threshold``: every sum above it bounds the
@@ -548,7 +537,7 @@ def _code_cutoff(threshold, step, slack, d, out_rel):
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def quantized_screen_kernel(
-    Q, V, q_screen, x_screen, step, cand, kind, k, out_d, out_i, start, stop
+    Q, V, q_screen, x_screen, step, err_cap, cand, kind, k, out_d, out_i, start, stop
 ):  # pragma: no cover
     """:func:`distance_kernel`'s result -- the top k by the float64 distance, computed by
     the same inlined loop -- screened by 8-bit codes (:mod:`hashlearn._quantized`).
@@ -562,8 +551,9 @@ def quantized_screen_kernel(
     bound does not exceed ``T`` -- the others have k pairs strictly nearer. Pairs go by
     row (:func:`packed_pairs_by_row`). ``q_screen = (codes, err, sqnorm)`` of the queries
     (:func:`hashlearn._quantized.quantize_rows`), ``x_screen`` the same of the rows of ``V``
-    (:func:`hashlearn._quantized.quantize`), on the grid of step ``step``. Returns the number
-    of pairs scored in float64.
+    (:func:`hashlearn._quantized.quantize`), on the grid of step ``step``; ``err_cap`` the
+    largest finite row error (``Quantized.err_cap``). Returns the number of pairs scored in
+    float64.
     """
     q_codes, q_err, q_sq = q_screen
     x_codes, x_err, x_sq = x_screen
@@ -582,7 +572,8 @@ def quantized_screen_kernel(
     # j's current T, for any row whose error is at most err_cap -- an integer comparison
     # that spares most pairs the bounds once T has settled
     cutoff = np.full(m, _NO_CUTOFF)
-    err_cap = _error_cap(x_err) if kind == SQEUCLIDEAN or kind == EUCLIDEAN else -1.0
+    if kind != SQEUCLIDEAN and kind != EUCLIDEAN:
+        err_cap = -1.0
     for t in range(n):
         p = keys[t] >> qbits
         j = keys[t] & mask
@@ -636,9 +627,9 @@ def rescore_runner(Q, V, cand, kind, k, out_d, out_i, screen: Quantized | None =
         if screen.codes.shape[0] != V.shape[0] or screen.lo.shape[0] != d:
             raise ValueError("the 8-bit screen does not match the vectors")
         q_screen = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
-        x_screen, step = (screen.codes, screen.err, screen.sqnorm), screen.step
+        x_screen, step, cap = (screen.codes, screen.err, screen.sqnorm), screen.step, screen.err_cap
         return lambda start, stop: quantized_screen_kernel(
-            Q, V, q_screen, x_screen, step, cand, kind, k, out_d, out_i, start, stop
+            Q, V, q_screen, x_screen, step, cap, cand, kind, k, out_d, out_i, start, stop
         )
     screened = (
         V.dtype == np.float32
