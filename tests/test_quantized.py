@@ -146,42 +146,60 @@ def test_8bit_screen_keeps_the_exact_kernels_top_k(kind, case):
 
 def test_8bit_screen_prunes_to_about_k_pairs_per_query():
     """Called directly (the test fails if the runner stops choosing it): integer data is
-    quantized losslessly, so only the k nearest and ties with the k-th survive; on Gaussian data the interval
-    of the quantization error (about step sqrt(d / 12) per vector) leaves a few times k."""
+    quantized losslessly, so only the k nearest and ties with the k-th survive, and when
+    only float32 distances are wanted almost none needs its row read; on Gaussian data the
+    interval of the quantization error (about step sqrt(d / 12) per vector) leaves a few
+    times k, whose float32 distances are not settled by the bounds."""
     rng = np.random.default_rng(2)
     k, m, c = 10, 50, 200
-    for data, most in (("integers", 1.2), ("gaussian", 3.0)):
+    for data, most, most32 in (("integers", 1.2, 0.1), ("gaussian", 3.0, 3.0)):
         if data == "integers":
             V = rng.integers(0, 256, (2000, 64)).astype(np.float32)
+            Q = np.clip(np.rint(V[:m] + rng.standard_normal((m, 64)) * 3), 0, 255)  # on the grid
         else:
             V = rng.standard_normal((2000, 64)).astype(np.float32)
-        Q = V[:m] + rng.standard_normal((m, 64)).astype(np.float32) * (
-            3 if data == "integers" else 0.3
-        )
-        if data == "integers":
-            Q = np.rint(Q)
+            Q = V[:m] + rng.standard_normal((m, 64)).astype(np.float32) * 0.3
         cand = np.stack([rng.permutation(2000)[:c] for _ in range(m)])
         screen = quantize(V)
         want, _ = _screened(Q, V, cand, SQEUCLIDEAN, k, screen)
         q_screen = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
         x_screen = (screen.codes, screen.err, screen.sqnorm)
-        direct = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
-        scored = quantized_screen_kernel(
-            Q,
-            V,
-            q_screen,
-            x_screen,
-            screen.step,
-            screen.err_cap,
-            cand,
-            SQEUCLIDEAN,
-            k,
-            *direct,
-            0,
-            m,
-        )
-        assert m * k <= scored <= most * m * k, data  # of m * c = 10,000 pairs
-        np.testing.assert_array_equal(direct[1], want[1])
+        for settle32, limit in ((False, most), (True, most32)):
+            direct = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+            args = (Q, V, q_screen, x_screen, screen.step, screen.err_cap, cand, SQEUCLIDEAN)
+            scored = quantized_screen_kernel(*args, k, *direct, 0, m, settle32)
+            assert (0 if settle32 else m * k) <= scored <= limit * m * k, (data, settle32)
+            np.testing.assert_array_equal(direct[1], want[1])
+            np.testing.assert_array_equal(direct[0].astype(np.float32), want[0].astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", [SQEUCLIDEAN, EUCLIDEAN, NEG_INNER, COSINE])
+@pytest.mark.parametrize("case", ["integers", "gaussian", "duplicates", "near float32 ties"])
+def test_settled_float32_results_match_the_exact_kernel(kind, case):
+    """With float32 results wanted, ids equal the exact kernel's and distances equal its
+    float32 roundings: duplicates (equal distances, ranked by row: never settled), rows
+    whose distances differ in float64 but not in float32, continuous data (wide bounds)."""
+    rng = np.random.default_rng(21)
+    n, d, m, c, k = 400, 24, 40, 80, 8
+    V = rng.integers(0, 256, (n, d)).astype(np.float32)
+    if case == "gaussian":
+        V = rng.standard_normal((n, d)).astype(np.float32)
+    elif case == "duplicates":
+        V[200:] = V[:200]
+    elif case == "near float32 ties":
+        V = V.astype(np.float64)
+        V[200:] = V[:200] + 2.0**-30  # distances apart in float64, often equal in float32
+    Q = np.clip(np.rint(V[rng.integers(0, n, m)] + rng.standard_normal((m, d)) * 2), 0, 255)
+    if case == "gaussian":
+        Q = V[rng.integers(0, n, m)] + rng.standard_normal((m, d)) * 0.3
+    cand = np.stack([rng.permutation(n)[:c] for _ in range(m)])
+    cand[:, ::9] = -1
+    want = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+    distance_kernel(Q, V, cand, kind, k, *want, 0, m)
+    got = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
+    rescore_runner(Q, V, cand, kind, k, *got, screen=quantize(V), float32_results=True)(0, m)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0].astype(np.float32), want[0].astype(np.float32))
 
 
 def test_code_cutoff_is_the_last_sum_whose_bound_can_reach_the_threshold():

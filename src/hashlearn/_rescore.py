@@ -330,37 +330,125 @@ def _keep_bound(bound, i, k, filled, hi):
 
 
 @njit(nogil=True, inline="always")
-def _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_lower, n_maybe):
+def _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_bounds, n_maybe):
     """Pass 1 of the screened kernels, for pair ``t`` of query ``j`` with bounds ``(lo,
     hi)``: ``hi`` joins the query's k smallest upper bounds (``bound[j]``), and the pair is
-    noted in ``maybe`` (with ``lo``) unless ``lo`` already exceeds the k-th of them -- the
-    k-th only decreases, so a pair not noted can never be kept. Returns the new count."""
+    noted in ``maybe`` (with ``(lo, hi)`` in ``maybe_bounds``) unless ``lo`` already
+    exceeds the k-th of them -- the k-th only decreases, so a pair not noted can never be
+    kept. Returns the new count."""
     n_bound[j] = _keep_bound(bound, j, k, n_bound[j], hi)
     if lo <= bound[j, k - 1]:
         maybe[n_maybe] = t
-        maybe_lower[n_maybe] = lo
+        maybe_bounds[n_maybe, 0] = lo
+        maybe_bounds[n_maybe, 1] = hi
         n_maybe += 1
     return n_maybe
 
 
 @njit(nogil=True, inline="always")
+def _settled_value(kind, lo, hi):
+    """A value inside ``[lo, hi]`` (the bounds of a pair's computed distance; squared for
+    ``EUCLIDEAN``, see :func:`_distance_interval`) that rounds to float32 exactly as every
+    distance inside does, or NaN where the bounds straddle a float32 rounding boundary."""
+    if kind == EUCLIDEAN:
+        low, high = np.sqrt(lo) * (1.0 - 4.0 * _U64), np.sqrt(hi) * (1.0 + 4.0 * _U64)
+        value = np.sqrt(lo)
+    else:
+        low, high, value = lo, hi, lo
+    if np.float32(low) == np.float32(high) and low > -np.inf and high < np.inf:
+        return value
+    return np.nan
+
+
+@njit(nogil=True, inline="always")
+def _needs_exact(kind, keys, qbits, kept, kept_bounds, n_kept, m):
+    """Which kept pairs must be scored exactly when only the float32 results matter: all
+    but those whose bounds settle their float32 distance (:func:`_settled_value`) and are
+    apart, by a few float64 ulps, from the bounds of every other kept pair of their query
+    -- their rank among the query's pairs is then certain too. Returns ``(needs, values)``
+    (the settled distance of the others)."""
+    mask = (1 << qbits) - 1
+    ends = np.zeros(m + 1, np.int64)
+    for s in range(n_kept):
+        ends[(keys[kept[s]] & mask) + 1] += 1
+    for j in range(m):
+        ends[j + 1] += ends[j]
+    fill = ends[:-1].copy()
+    order = np.empty(n_kept, np.int64)  # kept pairs grouped by query, by lower bound
+    for s in range(n_kept):
+        j = keys[kept[s]] & mask
+        pos = fill[j]
+        while pos > ends[j] and kept_bounds[order[pos - 1], 0] > kept_bounds[s, 0]:
+            order[pos] = order[pos - 1]
+            pos -= 1
+        order[pos] = s
+        fill[j] += 1
+    needs = np.ones(n_kept, np.bool_)
+    values = np.empty(n_kept)
+    for j in range(m):
+        reach = -np.inf  # the largest upper bound of the query's pairs so far
+        for r in range(ends[j], ends[j + 1]):
+            s = order[r]
+            lo, hi = kept_bounds[s, 0], kept_bounds[s, 1]
+            gap = 8.0 * _U64 * (abs(lo) + abs(hi))
+            apart = r == ends[j] or reach + gap < lo
+            if r + 1 < ends[j + 1]:
+                apart = apart and hi + gap < kept_bounds[order[r + 1], 0]
+            reach = max(reach, hi)
+            if apart:
+                values[s] = _settled_value(kind, lo, hi)
+                needs[s] = values[s] != values[s]
+    return needs, values
+
+
+@njit(nogil=True, inline="always")
 def _score_survivors(
-    Q, V, kind, k, keys, qbits, maybe, maybe_lower, n_maybe, bound, qq, start, out_d, out_i
+    Q,
+    V,
+    kind,
+    k,
+    keys,
+    qbits,
+    maybe,
+    maybe_bounds,
+    n_maybe,
+    bound,
+    qq,
+    start,
+    out_d,
+    out_i,
+    settle32,
 ):
     """The second pass of the screened kernels: of the pairs noted by :func:`_note_bounds`
     (``keys[maybe[s]]``, packed as by :func:`packed_pairs_by_row`), those whose lower bound
     does not exceed their query's final k-th smallest upper bound are scored in float64
     exactly as :func:`distance_kernel` scores them, in their order, each row prefetched
-    ``_LOOKAHEAD`` survivors ahead; the top k by (distance, row) kept. Returns the number
-    of pairs scored."""
+    ``_LOOKAHEAD`` survivors ahead; the top k by (distance, row) kept. With ``settle32``
+    (the caller keeps float32 distances) the pairs :func:`_needs_exact` settles are kept
+    with their settled value instead, without reading their rows. Returns the number of
+    pairs scored exactly."""
     mask = (1 << qbits) - 1
     kept = np.empty(n_maybe, np.int64)
+    kept_bounds = np.empty((n_maybe, 2))
     n_kept = 0
     for s in range(n_maybe):
-        if maybe_lower[s] <= bound[keys[maybe[s]] & mask, k - 1]:
+        if maybe_bounds[s, 0] <= bound[keys[maybe[s]] & mask, k - 1]:
             kept[n_kept] = maybe[s]
+            kept_bounds[n_kept] = maybe_bounds[s]
             n_kept += 1
     filled = np.zeros(bound.shape[0], np.int64)
+    if settle32:
+        needs, values = _needs_exact(kind, keys, qbits, kept, kept_bounds, n_kept, bound.shape[0])
+        n_exact = 0
+        for s in range(n_kept):
+            if needs[s]:
+                kept[n_exact] = kept[s]
+                n_exact += 1
+            else:
+                p = keys[kept[s]] >> qbits
+                j = keys[kept[s]] & mask
+                filled[j] = keep_smallest(out_d, out_i, start + j, k, filled[j], values[s], p)
+        n_kept = n_exact
     xx = 0.0
     last = -1
     for s in range(n_kept):
@@ -413,7 +501,7 @@ def screened_distance_kernel(
     qq = _query_sqnorms(Q, start, stop, kind)
     # pass 1: float32 scores -> (lower, upper) bounds; the k smallest upper bounds per query
     maybe = np.empty(n, np.int64)  # pages only touched where pairs are noted
-    maybe_lower = np.empty(n)
+    maybe_bounds = np.empty((n, 2))
     n_maybe = 0
     bound = np.full((m, k), np.inf)
     n_bound = np.zeros(m, np.int64)
@@ -457,9 +545,23 @@ def screened_distance_kernel(
                         cos_lo = dot_lo / (nq * (nx_hi if dot_lo >= 0.0 else nx_lo))
                         lo = 1.0 - cos_hi - out_rel * 4.0
                         hi = 1.0 - cos_lo + out_rel * 4.0
-            n_maybe = _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_lower, n_maybe)
+            n_maybe = _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_bounds, n_maybe)
     return _score_survivors(
-        Q, V, kind, k, keys, qbits, maybe, maybe_lower, n_maybe, bound, qq, start, out_d, out_i
+        Q,
+        V,
+        kind,
+        k,
+        keys,
+        qbits,
+        maybe,
+        maybe_bounds,
+        n_maybe,
+        bound,
+        qq,
+        start,
+        out_d,
+        out_i,
+        False,
     )
 
 
@@ -537,7 +639,7 @@ def _code_cutoff(threshold, step, slack, d, out_rel):
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def quantized_screen_kernel(
-    Q, V, q_screen, x_screen, step, err_cap, cand, kind, k, out_d, out_i, start, stop
+    Q, V, q_screen, x_screen, step, err_cap, cand, kind, k, out_d, out_i, start, stop, settle32
 ):  # pragma: no cover
     """:func:`distance_kernel`'s result -- the top k by the float64 distance, computed by
     the same inlined loop -- screened by 8-bit codes (:mod:`hashlearn._quantized`).
@@ -552,8 +654,11 @@ def quantized_screen_kernel(
     row (:func:`packed_pairs_by_row`). ``q_screen = (codes, err, sqnorm)`` of the queries
     (:func:`hashlearn._quantized.quantize_rows`), ``x_screen`` the same of the rows of ``V``
     (:func:`hashlearn._quantized.quantize`), on the grid of step ``step``; ``err_cap`` the
-    largest finite row error (``Quantized.err_cap``). Returns the number of pairs scored in
-    float64.
+    largest finite row error (``Quantized.err_cap``). With ``settle32`` (the caller keeps
+    float32 distances, as :class:`hashlearn.Searcher` does) a kept pair whose bounds settle
+    its float32 distance and its rank is not scored (see :func:`_needs_exact`): on data the
+    8-bit grid holds exactly (8-bit images, SIFT) pass 2 then reads almost no rows. Returns
+    the number of pairs scored in float64.
     """
     q_codes, q_err, q_sq = q_screen
     x_codes, x_err, x_sq = x_screen
@@ -564,7 +669,7 @@ def quantized_screen_kernel(
     d = V.shape[1]
     out_rel = 2.0 * (d + 8) * _U64
     maybe = np.empty(n, np.int64)  # pages only touched where pairs are noted
-    maybe_lower = np.empty(n)
+    maybe_bounds = np.empty((n, 2))
     n_maybe = 0
     bound = np.full((m, k), np.inf)
     n_bound = np.zeros(m, np.int64)
@@ -584,12 +689,26 @@ def quantized_screen_kernel(
         slack = q_err[i] + x_err[p]
         lo, hi = _code_interval(kind, total, step, slack, q_sq[i], x_sq[p], d, out_rel)
         before = bound[j, k - 1]
-        n_maybe = _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_lower, n_maybe)
+        n_maybe = _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_bounds, n_maybe)
         if err_cap >= 0.0 and bound[j, k - 1] < before:
             cutoff[j] = _code_cutoff(bound[j, k - 1], step, q_err[i] + err_cap, d, out_rel)
     qq = _query_sqnorms(Q, start, stop, kind)
     return _score_survivors(
-        Q, V, kind, k, keys, qbits, maybe, maybe_lower, n_maybe, bound, qq, start, out_d, out_i
+        Q,
+        V,
+        kind,
+        k,
+        keys,
+        qbits,
+        maybe,
+        maybe_bounds,
+        n_maybe,
+        bound,
+        qq,
+        start,
+        out_d,
+        out_i,
+        settle32,
     )
 
 
@@ -612,7 +731,9 @@ def _rounded_queries(Q):  # pragma: no cover
     return Q32, q_err
 
 
-def rescore_runner(Q, V, cand, kind, k, out_d, out_i, screen: Quantized | None = None):
+def rescore_runner(
+    Q, V, cand, kind, k, out_d, out_i, screen: Quantized | None = None, float32_results=False
+):
     """``run(start, stop)`` scoring queries ``start:stop`` of ``Q`` against their candidate
     rows ``cand`` of ``V`` into ``out_d`` / ``out_i`` (see :func:`distance_kernel`).
 
@@ -621,15 +742,18 @@ def rescore_runner(Q, V, cand, kind, k, out_d, out_i, screen: Quantized | None =
     (:func:`hashlearn._quantized.quantize`), is given; else, over float32 ``V``, the
     float32 screen where it applies -- a screen tight enough to prune (``d`` below ~20k
     columns), finite float32 queries, and for the inner-product kinds queries exact in
-    float32; else the float64 kernel. The top k by float64 distance either way."""
+    float32; else the float64 kernel. The top k by float64 distance either way; with
+    ``float32_results`` the 8-bit screen may leave a distance exact only to its float32
+    rounding (the caller rounds them so), never a different top k."""
     d = V.shape[1]
     if screen is not None and cand.shape[1] >= 2 * k:
         if screen.codes.shape[0] != V.shape[0] or screen.lo.shape[0] != d:
             raise ValueError("the 8-bit screen does not match the vectors")
         q_screen = quantize_rows(Q, screen.lo, screen.step, screen.codes.shape[1])
         x_screen, step, cap = (screen.codes, screen.err, screen.sqnorm), screen.step, screen.err_cap
+        settle32 = bool(float32_results)
         return lambda start, stop: quantized_screen_kernel(
-            Q, V, q_screen, x_screen, step, cap, cand, kind, k, out_d, out_i, start, stop
+            Q, V, q_screen, x_screen, step, cap, cand, kind, k, out_d, out_i, start, stop, settle32
         )
     screened = (
         V.dtype == np.float32

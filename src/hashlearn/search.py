@@ -735,8 +735,9 @@ class Searcher:
                 # one compiled kernel whatever the arrays' flags
                 Qd, Vd, pos_d = frozen(Q, Q.dtype), frozen(V, V.dtype), frozen(pos, np.int64)
 
+                screen = self._screen_for(Vd, V)
                 run = rescore_runner(
-                    Qd, Vd, pos_d, kind, k, out_d, out_row, screen=self._screen_for(Vd, V)
+                    Qd, Vd, pos_d, kind, k, out_d, out_row, screen=screen, float32_results=True
                 )
 
                 chunk = {"max_chunk": queries_per_call(pos.shape[1])}
