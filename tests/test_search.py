@@ -986,3 +986,28 @@ def test_screen_setting_is_saved_and_checked(split, tmp_path):
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="screen"):
         Searcher.load(tmp_path / "s", verify=False)
+
+
+def test_an_8bit_screen_that_does_not_prune_is_dropped(split):
+    """One outlier value sets the single step far above the data's spread: the screen
+    leaves most pairs for full precision, so the searcher drops it after one search (same
+    results) and builds it anew when its vectors change; on the digits it stays."""
+    db, ids, queries = split
+    rng = np.random.default_rng(1)
+    wide = rng.standard_normal(db.shape)
+    wide[0, 0] = 1e4
+    s = make_searcher(wide, ids, rerank="euclidean", n_candidates=100)
+    ref = Searcher(s.hasher, FlatIndex(N_BITS), rerank="euclidean", n_candidates=100, screen=False)
+    ref.add(wide, ids=ids)
+    q = wide[1:41] + rng.standard_normal((40, db.shape[1])) * 0.1
+    first = s.search(q, 7)
+    assert s._screen_cache[1] is None  # dropped
+    for x, y in zip(first, ref.search(q, 7), strict=True):
+        np.testing.assert_array_equal(x, y)
+    _assert_same_results(s, ref, q)
+    s.add(q[:3], ids=np.arange(3) + 10**6)
+    s.search(q[:5], 7)
+    assert s._screen_cache[0] is s._vectors  # a new set of vectors is screened anew
+    digits = make_searcher(db, ids, rerank="euclidean", n_candidates=100)
+    digits.search(queries, 7)
+    assert digits._screen_cache[1] is not None
