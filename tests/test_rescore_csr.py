@@ -16,7 +16,7 @@ def _arrays(X):
     return X.data, X.indices.astype(np.int64), X.indptr.astype(np.int64)
 
 
-def _both(Q, V, cand, kind, k):
+def _both(Q, V, cand, kind, k, settle32=False):
     d = V.shape[1]
     q, v = _arrays(Q), _arrays(V)
     m = Q.shape[0]
@@ -26,7 +26,8 @@ def _both(Q, V, cand, kind, k):
     csr_distance_kernel(q, v, side, cand, kind, k, *want, 0, m, scratch())
     got = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
     compact = compact_copy(*v, d)
-    n_exact = csr_screened_kernel(q, v, compact, cand, kind, k, *got, 0, m, scratch())
+    args = (q, v, compact, cand, kind, k, *got, 0, m)
+    n_exact = csr_screened_kernel(*args, scratch(), settle32)
     return want, got, n_exact
 
 
@@ -60,6 +61,11 @@ def test_csr_screen_keeps_the_exact_kernels_top_k(kind, case):
     want, got, _ = _both(Q, V, cand, kind, k)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
+    # float32 results settled from the bounds where they fix them: the same float32 values
+    _, settled, _ = _both(Q, V, cand, kind, k, settle32=True)
+    np.testing.assert_array_equal(settled[1], want[1])
+    with np.errstate(over="ignore"):  # |x| ~ 1e200: float32 results are inf for both
+        np.testing.assert_array_equal(settled[0].astype(np.float32), want[0].astype(np.float32))
 
 
 def test_csr_screen_prunes():
@@ -73,3 +79,6 @@ def test_csr_screen_prunes():
     want, got, n_exact = _both(Q, V, cand, SQEUCLIDEAN, 10)
     assert 40 * 10 <= n_exact <= 40 * 12  # of 40 * 200 pairs
     np.testing.assert_array_equal(got[1], want[1])
+    _, settled, n_exact = _both(Q, V, cand, SQEUCLIDEAN, 10, settle32=True)
+    assert n_exact <= 40  # float32 rounding errors are far below the float32 result's ulp
+    np.testing.assert_array_equal(settled[1], want[1])

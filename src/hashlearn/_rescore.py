@@ -361,12 +361,41 @@ def _settled_value(kind, lo, hi):
 
 
 @njit(nogil=True, inline="always")
+def _settle_sorted(kind, order, a, b, bounds, needs, values):
+    """For one query's kept pairs ``order[a:b]`` (rows of ``bounds``, ascending by lower
+    bound): ``needs[s]`` False and ``values[s]`` its settled distance where pair ``s``'s
+    bounds fix its float32 distance (:func:`_settled_value`) and are apart, by a few
+    float64 ulps, from those of every other pair of the query -- its rank is then certain
+    too; ``needs[s]`` True otherwise."""
+    reach = -np.inf  # the largest upper bound of the query's pairs so far
+    for r in range(a, b):
+        s = order[r]
+        lo, hi = bounds[s, 0], bounds[s, 1]
+        gap = 8.0 * _U64 * (abs(lo) + abs(hi))
+        apart = r == a or reach + gap < lo
+        if r + 1 < b:
+            apart = apart and hi + gap < bounds[order[r + 1], 0]
+        reach = max(reach, hi)
+        needs[s] = True
+        if apart:
+            values[s] = _settled_value(kind, lo, hi)
+            needs[s] = values[s] != values[s]
+
+
+@njit(nogil=True, inline="always")
+def _insert_by_lower(order, a, end, s, bounds):
+    """Insert pair ``s`` into ``order[a:end]`` (ascending by ``bounds[., 0]``)."""
+    pos = end
+    while pos > a and bounds[order[pos - 1], 0] > bounds[s, 0]:
+        order[pos] = order[pos - 1]
+        pos -= 1
+    order[pos] = s
+
+
+@njit(nogil=True, inline="always")
 def _needs_exact(kind, keys, qbits, kept, kept_bounds, n_kept, m):
-    """Which kept pairs must be scored exactly when only the float32 results matter: all
-    but those whose bounds settle their float32 distance (:func:`_settled_value`) and are
-    apart, by a few float64 ulps, from the bounds of every other kept pair of their query
-    -- their rank among the query's pairs is then certain too. Returns ``(needs, values)``
-    (the settled distance of the others)."""
+    """Which kept pairs must be scored exactly when only the float32 results matter
+    (:func:`_settle_sorted`, per query): ``(needs, values)``."""
     mask = (1 << qbits) - 1
     ends = np.zeros(m + 1, np.int64)
     for s in range(n_kept):
@@ -377,27 +406,12 @@ def _needs_exact(kind, keys, qbits, kept, kept_bounds, n_kept, m):
     order = np.empty(n_kept, np.int64)  # kept pairs grouped by query, by lower bound
     for s in range(n_kept):
         j = keys[kept[s]] & mask
-        pos = fill[j]
-        while pos > ends[j] and kept_bounds[order[pos - 1], 0] > kept_bounds[s, 0]:
-            order[pos] = order[pos - 1]
-            pos -= 1
-        order[pos] = s
+        _insert_by_lower(order, ends[j], fill[j], s, kept_bounds)
         fill[j] += 1
     needs = np.ones(n_kept, np.bool_)
     values = np.empty(n_kept)
     for j in range(m):
-        reach = -np.inf  # the largest upper bound of the query's pairs so far
-        for r in range(ends[j], ends[j + 1]):
-            s = order[r]
-            lo, hi = kept_bounds[s, 0], kept_bounds[s, 1]
-            gap = 8.0 * _U64 * (abs(lo) + abs(hi))
-            apart = r == ends[j] or reach + gap < lo
-            if r + 1 < ends[j + 1]:
-                apart = apart and hi + gap < kept_bounds[order[r + 1], 0]
-            reach = max(reach, hi)
-            if apart:
-                values[s] = _settled_value(kind, lo, hi)
-                needs[s] = values[s] != values[s]
+        _settle_sorted(kind, order, ends[j], ends[j + 1], kept_bounds, needs, values)
     return needs, values
 
 

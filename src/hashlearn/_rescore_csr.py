@@ -1,8 +1,8 @@
 """Exact re-ranking over CSR vectors (:class:`hashlearn.Searcher` with scipy.sparse input):
 :func:`csr_distance_kernel` scores every (query, candidate) pair, and
-:func:`csr_screened_kernel` first bounds every pair from a compact float32 copy of the
-vectors (:func:`compact_copy`) and scores exactly only the pairs that can still be among
-the k nearest. Both keep each query's top k by (distance, row) as they score, and both
+:func:`csr_screened_kernel` first bounds every pair by a cheaper formula (one loop, no
+stamps, int32 column indices: :func:`compact_copy`) and scores exactly only the pairs that
+can still be among the k nearest. Both keep each query's top k by (distance, row) as they score, and both
 score a pair with the same inlined loop (:func:`_pair_distance`), so their results agree.
 
 Each query is scattered once into a dense vector (``dense_q``), so a candidate ``x`` costs
@@ -20,7 +20,9 @@ from hashlearn._rescore import (
     NEG_INNER,
     SQEUCLIDEAN,
     _distance_interval,
+    _insert_by_lower,
     _keep_bound,
+    _settle_sorted,
     keep_smallest,
 )
 
@@ -28,7 +30,6 @@ __all__ = ["compact_copy", "csr_distance_kernel", "csr_screened_kernel"]
 
 _LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
 _U64 = 2.0**-53
-_UNDERFLOW_ROOT = 2.0**-536  # root of twice float64's smallest subnormal
 
 
 @njit(nogil=True, cache=True)
@@ -143,51 +144,32 @@ def csr_distance_kernel(
             dense_q[q_ind[a]] = 0.0
 
 
-# --------------------------------------------------------------- float32 screening copy
+# -------------------------------------------------------------------- the screening copy
 
 
 @njit(nogil=True, cache=True)
-def _compact_rows(data, indices, indptr, s_data, s_ind, s_err, s_sq, x_sq):  # pragma: no cover
-    for p in range(indptr.shape[0] - 1):
-        e = 0.0
-        sq_hat = 0.0
+def _row_sqnorms(data, indptr):  # pragma: no cover - compiled
+    out = np.empty(indptr.shape[0] - 1)
+    for p in range(out.shape[0]):
         sq = 0.0
         for b in range(indptr[p], indptr[p + 1]):
             x = np.float64(data[b])
-            h = np.float32(x)
-            s_data[b] = h
-            s_ind[b] = indices[b]
-            r = x - np.float64(h)  # exact where x and h are finite
-            e += r * r
-            sq_hat += np.float64(h) * np.float64(h)
             sq += x * x
-        n = indptr[p + 1] - indptr[p]
-        # a float64 sum of n squares is exact to (n + 2) u, and squares that underflow are
-        # each off by at most 2^-1075 (which moves the root by at most sqrt(n) 2^-537)
-        if e < np.inf:
-            s_err[p] = np.sqrt(e) * (1.0 + (n + 4) * _U64) + np.sqrt(n + 1.0) * _UNDERFLOW_ROOT
-        else:
-            s_err[p] = np.inf
-        s_sq[p] = sq_hat
-        x_sq[p] = sq
+        out[p] = sq
+    return out
 
 
 def compact_copy(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_cols: int):
-    """The screening copy of CSR rows: ``(values float32, indices int32 (int64 beyond 2^31
-    columns), err, sq_hat, sq)`` with ``err[p]`` >= the distance of row ``p`` to its float32
-    rounding (``inf`` where a value is not finite in float32), ``sq_hat[p]`` the float64 sum
-    of the rounded values squared and ``sq[p]`` that of the original values."""
-    n = len(indptr) - 1
-    s_data = np.empty(len(data), np.float32)
-    s_ind = np.empty(len(indices), np.int32 if n_cols < 2**31 else np.int64)
-    s_err, s_sq, x_sq = np.empty(n), np.empty(n), np.empty(n)
-    _compact_rows(data, indices, indptr, s_data, s_ind, s_err, s_sq, x_sq)
-    return s_data, s_ind, s_err, s_sq, x_sq
+    """What :func:`csr_screened_kernel` reads in pass 1: ``(values, indices, sq)``, the
+    values as they are, the column indices as int32 (int64 beyond 2^31 columns: 4 bytes a
+    non-zero less than the kernels' int64 ones) and each row's float64 ``|x|^2``."""
+    narrow = np.int32 if n_cols < 2**31 else np.int64
+    return data, indices.astype(narrow), _row_sqnorms(data, indptr)
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract"})
 def _compact_dot(s_data, s_ind, b0, b1, dense_q):  # pragma: no cover - compiled
-    """``sum_b s_data[b] dense_q[s_ind[b]]`` over ``b0:b1`` in float64, in any order (four
+    """``sum_b values[b] dense_q[indices[b]]`` over ``b0:b1`` in float64, in any order (four
     partial sums, so the gathers overlap: about 15 % faster than one)."""
     a0 = a1 = a2 = a3 = 0.0
     b = b0
@@ -205,30 +187,33 @@ def _compact_dot(s_data, s_ind, b0, b1, dense_q):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True)
 def csr_screened_kernel(
-    queries, vectors, compact, cand, kind, k, out_d, out_i, start, stop, scratch
+    queries, vectors, compact, cand, kind, k, out_d, out_i, start, stop, scratch, settle32
 ):  # pragma: no cover - compiled
     """:func:`csr_distance_kernel`'s result (without side features) in two passes per
     query.
 
-    Pass 1 bounds each candidate from its float32 copy ``x_hat`` (:func:`compact_copy`; half
-    the bytes and one loop over its non-zeros, no stamps): ``|q - x_hat|^2 = |q|^2 +
-    |x_hat|^2 - 2 q . x_hat`` in float64, exact to ``out_rel (|q|^2 + |x_hat|^2)``
-    (Higham's bound on a sum in any order, doubled), then ``|q - x|`` within ``|q - x_hat|
-    +- err`` (triangle inequality) and the distance of ``kind`` by
-    ``_rescore._distance_interval``. ``T`` is the k-th smallest upper bound; pass 2 scores
+    Pass 1 bounds each candidate with one loop over its non-zeros and no stamps
+    (:func:`compact_copy`: int32 column indices): ``|q - x|^2 = |q|^2 + |x|^2 - 2 q . x`` in
+    float64 is exact to ``out_rel (|q|^2 + |x|^2)`` (Higham's bound on a sum in any order,
+    doubled), which bounds the distance of ``kind`` by ``_rescore._distance_interval``. ``T`` is the k-th smallest upper bound; pass 2 scores
     exactly (:func:`_pair_distance`) the candidates whose lower bound does not exceed ``T``
-    -- the others have k candidates strictly nearer. ``compact = (s_data, s_ind, s_err,
-    s_sq, x_sq)``; the other arguments as for :func:`csr_distance_kernel`. Returns the
-    number of pairs scored exactly."""
+    -- the others have k candidates strictly nearer. ``compact = (values, indices, sq)``;
+    the other arguments as for :func:`csr_distance_kernel`. With
+    ``settle32`` (the caller keeps float32 distances) a survivor whose bounds fix its
+    float32 distance and its rank (``_rescore._settle_sorted``) is kept with that distance
+    instead of being scored. Returns the number of pairs scored exactly."""
     q_data, q_ind, q_ptr = queries
     v_data, v_ind, v_ptr = vectors
-    s_data, s_ind, s_err, s_sq, x_sq = compact
+    s_data, s_ind, x_sq = compact
     dense_q = scratch[0]
     c = cand.shape[1]
     d = dense_q.shape[0]
     out_rel = 2.0 * (d + 8) * _U64
     tiny = d * 2.0**-1068
-    lower = np.empty(c)
+    bounds = np.empty((c, 2))  # each candidate's (lower, upper) bounds
+    order = np.empty(c, np.int64)  # the survivors, ascending by lower bound
+    needs = np.ones(c, np.bool_)
+    values = np.empty(c)
     bound = np.empty((1, k))
     no_side = (np.zeros((1, 0)), np.zeros((1, 0)), np.zeros(0))
     stamp = 0
@@ -241,28 +226,38 @@ def csr_screened_kernel(
         for j in range(c):
             _prefetch_ahead(s_data, s_ind, v_ptr, cand, i, j)
             p = cand[i, j]
-            lower[j] = np.inf
+            bounds[j, 0] = np.inf
             if p < 0:
                 continue
             dot = _compact_dot(s_data, s_ind, v_ptr[p], v_ptr[p + 1], dense_q)
-            sum_sq = qq + s_sq[p]
+            sum_sq = qq + x_sq[p]
             approx = sum_sq - 2.0 * dot
             eps = out_rel * sum_sq + tiny
-            r_lo = max(0.0, np.sqrt(max(0.0, approx - eps)) * (1.0 - 4.0 * _U64) - s_err[p])
-            r_hi = np.sqrt(max(0.0, approx + eps)) * (1.0 + 4.0 * _U64) + s_err[p]
+            r_lo = np.sqrt(max(0.0, approx - eps)) * (1.0 - 4.0 * _U64)
+            r_hi = np.sqrt(max(0.0, approx + eps)) * (1.0 + 4.0 * _U64)
             if not (approx == approx):  # NaN: no bound
                 r_lo, r_hi = 0.0, np.inf
             lo, hi = _distance_interval(kind, r_lo, r_hi, qq, x_sq[p], d, out_rel)
-            lower[j] = lo
+            bounds[j, 0], bounds[j, 1] = lo, hi
             n_bound = _keep_bound(bound, 0, k, n_bound, hi)
         threshold = bound[0, k - 1]
-        for j in range(c):  # the survivors' rows, fetched together
-            if lower[j] <= threshold:
-                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, j])
-        filled = 0
+        n_survivors = 0
         for j in range(c):
+            if cand[i, j] >= 0 and bounds[j, 0] <= threshold:
+                _insert_by_lower(order, 0, n_survivors, j, bounds)
+                n_survivors += 1
+                needs[j] = True
+        if settle32:
+            _settle_sorted(kind, order, 0, n_survivors, bounds, needs, values)
+        filled = 0
+        for r in range(n_survivors):  # the rows to score, fetched together
+            if needs[order[r]]:
+                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, order[r]])
+        for r in range(n_survivors):
+            j = order[r]
             p = cand[i, j]
-            if p < 0 or lower[j] > threshold:
+            if not needs[j]:
+                filled = keep_smallest(out_d, out_i, i, k, filled, values[j], p)
                 continue
             stamp += 1
             n_exact += 1

@@ -171,9 +171,10 @@ class Searcher:
         it: pass 1 bounds every candidate's distance from the copy, and only those that can
         still be among the k nearest are scored in full precision. Dense vectors get an
         8-bit copy (``d`` bytes each, a quarter of float32; :mod:`hashlearn._quantized`),
-        CSR vectors a float32 one with int32 column indices (8 bytes per non-zero;
-        :mod:`hashlearn._rescore_csr`). The results are those of the exact re-ranking (the
-        bounds are certified); ``False`` saves the memory.
+        CSR vectors int32 column indices (4 bytes per non-zero) for a cheaper first pass
+        (:mod:`hashlearn._rescore_csr`). The results are those of the exact re-ranking (the
+        bounds are certified; where they fix a float32 distance and its rank, that pair's
+        full-precision score is skipped); ``False`` saves the memory.
 
     Examples
     --------
@@ -737,15 +738,15 @@ class Searcher:
                 n_cols = V.shape[1]
                 if side is None and self.screen and pos.shape[1] >= 2 * k:
                     kernel, extra = csr_screened_kernel, self._csr_screen_for(V, vectors)
+                    settle = (True,)  # float32 results: settle what the bounds fix
                 else:
-                    kernel = csr_distance_kernel
+                    kernel, settle = csr_distance_kernel, ()
                     extra = side or (np.zeros((m, 0)), np.zeros((V.shape[0], 0)), np.zeros(0))
 
                 def run(start, stop):
                     scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
-                    kernel(
-                        queries, vectors, extra, pos, kind, k, out_d, out_row, start, stop, scratch
-                    )
+                    args = (queries, vectors, extra, pos, kind, k, out_d, out_row, start, stop)
+                    kernel(*args, scratch, *settle)
             else:
                 # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy):
                 # one compiled kernel whatever the arrays' flags
