@@ -416,31 +416,18 @@ def _needs_exact(kind, keys, qbits, kept, kept_bounds, n_kept, m):
 
 
 @njit(nogil=True, inline="always")
-def _score_survivors(
-    Q,
-    V,
-    kind,
-    k,
-    keys,
-    qbits,
-    maybe,
-    maybe_bounds,
-    n_maybe,
-    bound,
-    qq,
-    start,
-    out_d,
-    out_i,
-    settle32,
-):
+def _score_survivors(Q, V, kind, k, keys, qbits, notes, qq, start, out_d, out_i, settle32):
     """The second pass of the screened kernels: of the pairs noted by :func:`_note_bounds`
-    (``keys[maybe[s]]``, packed as by :func:`packed_pairs_by_row`), those whose lower bound
-    does not exceed their query's final k-th smallest upper bound are scored in float64
-    exactly as :func:`distance_kernel` scores them, in their order, each row prefetched
-    ``_LOOKAHEAD`` survivors ahead; the top k by (distance, row) kept. With ``settle32``
+    (``notes = (maybe, maybe_bounds, n_maybe, bound)``: pair ``keys[maybe[s]]``, packed as
+    by :func:`packed_pairs_by_row`, with its bounds; the k smallest upper bounds of each
+    query), those whose lower bound does not exceed their query's final k-th smallest
+    upper bound are scored in float64 exactly as :func:`distance_kernel` scores them, in
+    their order, each row prefetched ``_LOOKAHEAD`` survivors ahead; the top k by
+    (distance, row) kept. With ``settle32``
     (the caller keeps float32 distances) the pairs :func:`_needs_exact` settles are kept
     with their settled value instead, without reading their rows. Returns the number of
     pairs scored exactly."""
+    maybe, maybe_bounds, n_maybe, bound = notes
     mask = (1 << qbits) - 1
     kept = np.empty(n_maybe, np.int64)
     kept_bounds = np.empty((n_maybe, 2))
@@ -560,23 +547,8 @@ def screened_distance_kernel(
                         lo = 1.0 - cos_hi - out_rel * 4.0
                         hi = 1.0 - cos_lo + out_rel * 4.0
             n_maybe = _note_bounds(bound, n_bound, j, k, lo, hi, t, maybe, maybe_bounds, n_maybe)
-    return _score_survivors(
-        Q,
-        V,
-        kind,
-        k,
-        keys,
-        qbits,
-        maybe,
-        maybe_bounds,
-        n_maybe,
-        bound,
-        qq,
-        start,
-        out_d,
-        out_i,
-        False,
-    )
+    notes = (maybe, maybe_bounds, n_maybe, bound)
+    return _score_survivors(Q, V, kind, k, keys, qbits, notes, qq, start, out_d, out_i, False)
 
 
 # ------------------------------------------------------------ 8-bit screening, exact top-k
@@ -707,23 +679,8 @@ def quantized_screen_kernel(
         if err_cap >= 0.0 and bound[j, k - 1] < before:
             cutoff[j] = _code_cutoff(bound[j, k - 1], step, q_err[i] + err_cap, d, out_rel)
     qq = _query_sqnorms(Q, start, stop, kind)
-    return _score_survivors(
-        Q,
-        V,
-        kind,
-        k,
-        keys,
-        qbits,
-        maybe,
-        maybe_bounds,
-        n_maybe,
-        bound,
-        qq,
-        start,
-        out_d,
-        out_i,
-        settle32,
-    )
+    notes = (maybe, maybe_bounds, n_maybe, bound)
+    return _score_survivors(Q, V, kind, k, keys, qbits, notes, qq, start, out_d, out_i, settle32)
 
 
 @njit(nogil=True, cache=True)
