@@ -255,8 +255,8 @@ def distance_kernel(Q, V, cand, kind, k, out_d, out_i, start, stop):  # pragma: 
     ``kind``: ``SQEUCLIDEAN``, ``EUCLIDEAN``, ``NEG_INNER`` (``-q.x``) or ``COSINE``
     (``1 - cos``, 1 where a norm is 0). ``V`` is C-contiguous, float32 or float64, with the
     columns of ``Q``; ``cand`` rows are row numbers of ``V``, -1 for none. The pairs are
-    scored row by row (:func:`packed_pairs_by_row`), each distinct row prefetched ``_LOOKAHEAD``
-    rows ahead. Reassociation lets LLVM split the sums over SIMD lanes; there are no
+    scored row by row (:func:`packed_pairs_by_row`), each distinct row prefetched
+    ``_LOOKAHEAD`` rows ahead. Reassociation lets LLVM split the sums over SIMD lanes; there are no
     "no-NaN/no-inf" flags, so comparisons with the padding stay exact.
     """
     keys, qbits, first, n_rows = _row_groups(cand, start, stop, V.shape[0])
@@ -423,10 +423,9 @@ def _score_survivors(Q, V, kind, k, keys, qbits, notes, qq, start, out_d, out_i,
     query), those whose lower bound does not exceed their query's final k-th smallest
     upper bound are scored in float64 exactly as :func:`distance_kernel` scores them, in
     their order, each row prefetched ``_LOOKAHEAD`` survivors ahead; the top k by
-    (distance, row) kept. With ``settle32``
-    (the caller keeps float32 distances) the pairs :func:`_needs_exact` settles are kept
-    with their settled value instead, without reading their rows. Returns the number of
-    pairs scored exactly."""
+    (distance, row) kept. With ``settle32`` (the caller keeps float32 distances) the pairs
+    :func:`_needs_exact` settles are kept with their settled value instead, without
+    reading their rows. Returns the number of pairs scored exactly."""
     maybe, maybe_bounds, n_maybe, bound = notes
     mask = (1 << qbits) - 1
     kept = np.empty(n_maybe, np.int64)

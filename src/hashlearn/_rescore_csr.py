@@ -2,8 +2,9 @@
 :func:`csr_distance_kernel` scores every (query, candidate) pair, and
 :func:`csr_screened_kernel` first bounds every pair by a cheaper formula (one loop, no
 stamps, int32 column indices: :func:`compact_copy`) and scores exactly only the pairs that
-can still be among the k nearest. Both keep each query's top k by (distance, row) as they score, and both
-score a pair with the same inlined loop (:func:`_pair_distance`), so their results agree.
+can still be among the k nearest. Both keep each query's top k by (distance, row) as they
+score, and both score a pair with the same inlined loop (:func:`_pair_distance`), so their
+results agree.
 
 Each query is scattered once into a dense vector (``dense_q``), so a candidate ``x`` costs
 O(nnz(x) + nnz(q)) branch-free steps instead of a merge of two index lists.
@@ -16,6 +17,8 @@ from numba import njit
 
 from hashlearn._primitives import prefetch
 from hashlearn._rescore import (
+    _SUBNORMAL_SLACK,
+    _U64,
     EUCLIDEAN,
     NEG_INNER,
     SQEUCLIDEAN,
@@ -29,7 +32,6 @@ from hashlearn._rescore import (
 __all__ = ["compact_copy", "csr_distance_kernel", "csr_screened_kernel"]
 
 _LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
-_U64 = 2.0**-53
 
 
 @njit(nogil=True, cache=True)
@@ -116,7 +118,7 @@ def csr_distance_kernel(
     queries, vectors, side, cand, kind, k, out_d, out_i, start, stop, scratch
 ):  # pragma: no cover - compiled
     """``_rescore.distance_kernel`` for CSR queries and vectors, ``queries`` and ``vectors``
-    each ``(data, indices int64, indptr int64)`` (canonical: sorted, distinct column
+    each ``(data, indices int32 or int64, indptr int64)`` (canonical: sorted, distinct column
     indices), ``side = (f_q, f_v, f_w)`` the side features (zero-width without);
     ``scratch = (dense_q float64, stamp_of int64)`` zeroed arrays with one entry per column
     (``np.zeros`` maps untouched pages lazily, so their size costs only the columns the
@@ -161,26 +163,26 @@ def _row_sqnorms(data, indptr):  # pragma: no cover - compiled
 
 def compact_copy(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_cols: int):
     """What :func:`csr_screened_kernel` reads in pass 1: ``(values, indices, sq)``, the
-    values as they are, the column indices as int32 (int64 beyond 2^31 columns: 4 bytes a
-    non-zero less than the kernels' int64 ones) and each row's float64 ``|x|^2``."""
+    values as they are, the column indices as int32 (int64 beyond 2^31 columns; no copy
+    where they already are) and each row's float64 ``|x|^2``."""
     narrow = np.int32 if n_cols < 2**31 else np.int64
-    return data, indices.astype(narrow), _row_sqnorms(data, indptr)
+    return data, indices.astype(narrow, copy=False), _row_sqnorms(data, indptr)
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract"})
-def _compact_dot(s_data, s_ind, b0, b1, dense_q):  # pragma: no cover - compiled
+def _compact_dot(values, indices, b0, b1, dense_q):  # pragma: no cover - compiled
     """``sum_b values[b] dense_q[indices[b]]`` over ``b0:b1`` in float64, in any order (four
     partial sums, so the gathers overlap: about 15 % faster than one)."""
     a0 = a1 = a2 = a3 = 0.0
     b = b0
     while b + 4 <= b1:
-        a0 += np.float64(s_data[b]) * dense_q[s_ind[b]]
-        a1 += np.float64(s_data[b + 1]) * dense_q[s_ind[b + 1]]
-        a2 += np.float64(s_data[b + 2]) * dense_q[s_ind[b + 2]]
-        a3 += np.float64(s_data[b + 3]) * dense_q[s_ind[b + 3]]
+        a0 += np.float64(values[b]) * dense_q[indices[b]]
+        a1 += np.float64(values[b + 1]) * dense_q[indices[b + 1]]
+        a2 += np.float64(values[b + 2]) * dense_q[indices[b + 2]]
+        a3 += np.float64(values[b + 3]) * dense_q[indices[b + 3]]
         b += 4
     while b < b1:
-        a0 += np.float64(s_data[b]) * dense_q[s_ind[b]]
+        a0 += np.float64(values[b]) * dense_q[indices[b]]
         b += 1
     return (a0 + a1) + (a2 + a3)
 
@@ -195,13 +197,13 @@ def csr_screened_kernel(
     Pass 1 bounds each candidate with one loop over its non-zeros and no stamps
     (:func:`compact_copy`: int32 column indices): ``|q - x|^2 = |q|^2 + |x|^2 - 2 q . x`` in
     float64 is exact to ``out_rel (|q|^2 + |x|^2)`` (Higham's bound on a sum in any order,
-    doubled), which bounds the distance of ``kind`` by ``_rescore._distance_interval``. ``T`` is the k-th smallest upper bound; pass 2 scores
-    exactly (:func:`_pair_distance`) the candidates whose lower bound does not exceed ``T``
-    -- the others have k candidates strictly nearer. ``compact = (values, indices, sq)``;
-    the other arguments as for :func:`csr_distance_kernel`. With
-    ``settle32`` (the caller keeps float32 distances) a survivor whose bounds fix its
-    float32 distance and its rank (``_rescore._settle_sorted``) is kept with that distance
-    instead of being scored. Returns the number of pairs scored exactly."""
+    doubled), which bounds the distance of ``kind`` by ``_rescore._distance_interval``.
+    ``T`` is the k-th smallest upper bound; pass 2 scores exactly (:func:`_pair_distance`)
+    the candidates whose lower bound does not exceed ``T`` -- the others have k candidates
+    strictly nearer. ``compact = (values, indices, sq)``; the other arguments as for
+    :func:`csr_distance_kernel`. With ``settle32`` (the caller keeps float32 distances) a
+    survivor whose bounds fix its float32 distance and its rank
+    (``_rescore._settle_sorted``) is kept with that distance instead of being scored. Returns the number of pairs scored exactly."""
     q_data, q_ind, q_ptr = queries
     v_data, v_ind, v_ptr = vectors
     s_data, s_ind, x_sq = compact
@@ -209,7 +211,7 @@ def csr_screened_kernel(
     c = cand.shape[1]
     d = dense_q.shape[0]
     out_rel = 2.0 * (d + 8) * _U64
-    tiny = d * 2.0**-1068
+    tiny = d * _SUBNORMAL_SLACK
     bounds = np.empty((c, 2))  # each candidate's (lower, upper) bounds
     order = np.empty(c, np.int64)  # the survivors, ascending by lower bound
     needs = np.ones(c, np.bool_)

@@ -15,7 +15,8 @@ sort); for scipy.sparse input the vectors are kept as CSR and each query is scat
 a pair costs O(nnz(q) + nnz(x)), so no dense copy of the database is ever made. By default
 (``screen=True``) a compact copy of the vectors bounds every candidate's distance first and
 only the candidates that can still be among the k nearest are scored in full precision
-(certified bounds: the same results). The learned metric of :class:`~hashlearn.hashers.MetricLSH`, ``d_A(x, q) =
+(certified bounds: the same results). The learned metric of
+:class:`~hashlearn.hashers.MetricLSH`, ``d_A(x, q) =
 (x - q)^T A (x - q)`` with ``A = G^T G`` (Jain, Kulis & Grauman, "Fast Image Search for
 Learned Metrics", CVPR 2008, eq. 6's explicit form), is the squared Euclidean distance of
 ``G x`` and ``G q``: the kept vectors are mapped by ``G`` once (derived state, recomputed
@@ -171,7 +172,7 @@ class Searcher:
         it: pass 1 bounds every candidate's distance from the copy, and only those that can
         still be among the k nearest are scored in full precision. Dense vectors get an
         8-bit copy (``d`` bytes each, a quarter of float32; :mod:`hashlearn._quantized`),
-        CSR vectors int32 column indices (4 bytes per non-zero) for a cheaper first pass
+        CSR vectors each row's squared norm (8 bytes a row) for a cheaper first pass
         (:mod:`hashlearn._rescore_csr`). The results are those of the exact re-ranking (the
         bounds are certified; where they fix a float32 distance and its rank, that pair's
         full-precision score is skipped); ``False`` saves the memory.
@@ -257,7 +258,7 @@ class Searcher:
         self._metric_cache: tuple | None = None  # (vectors, G_ or S_, vectors mapped by it)
         self._csr_cache: tuple | None = None  # (CSR vectors, their kernel arrays)
         self._implicit_cache: tuple | None = None  # (S_, (Phi, U, w)) of KernelMetricLSH
-        self._screen_cache: tuple | None = None  # (dense re-rank vectors, their 8-bit copy)
+        self._screen_cache: tuple | None = None  # (re-rank vectors, their screen or None)
 
     def fit(self, X, y=None, **fit_params) -> Searcher:
         """Fit the hasher (on a training sample); does not add anything to the index.
@@ -607,13 +608,15 @@ class Searcher:
         return mapped
 
     def _csr_arrays(self, V: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``V``'s data, int64 indices and int64 row pointers, converted once per set of
-        vectors (not on every search)."""
+        """``V``'s data, column indices (int32 below 2^31 columns, else int64) and int64 row
+        pointers, converted once per set of vectors (not on every search); every CSR kernel
+        reads these."""
         cached = self._csr_cache
         if cached is None or cached[0] is not V:
+            narrow = np.int32 if V.shape[1] < 2**31 else np.int64
             arrays = (
                 np.asarray(V.data),
-                np.asarray(V.indices, np.int64),
+                np.asarray(V.indices, narrow),
                 np.asarray(V.indptr, np.int64),
             )
             cached = self._csr_cache = (V, arrays)
