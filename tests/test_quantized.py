@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 from numba import njit
 
-from hashlearn._quantized import COLUMN_BLOCK, code_sqdist, quantize, quantize_rows
+from hashlearn._quantized import (
+    COLUMN_BLOCK,
+    MAX_WIDE_COLUMNS,
+    WIDE_LEVELS,
+    code_sqdist,
+    quantize,
+    quantize_rows,
+)
 from hashlearn._rescore import (
     COSINE,
     EUCLIDEAN,
@@ -31,16 +38,22 @@ def _all_code_distances(A, B):
 
 
 @pytest.mark.parametrize("width", [32, 64, 96, 128, 160, 800, 4096])
-def test_code_distances_are_the_exact_integer_sums(width):
+@pytest.mark.parametrize("wide", [False, True])
+def test_code_distances_are_the_exact_integer_sums(width, wide):
     """Every unroll remainder (4 blocks a round, then single blocks), and the extremes 0 vs
-    255 in every column (the largest lane sums)."""
+    the largest code in every column (the largest lane sums; uint16 codes up to
+    ``WIDE_LEVELS`` over ``MAX_WIDE_COLUMNS`` columns)."""
     rng = np.random.default_rng(width)
-    A = rng.integers(0, 256, (9, width), dtype=np.uint8)
-    B = rng.integers(0, 256, (7, width), dtype=np.uint8)
-    A[0], B[0] = 0, 255
+    top = WIDE_LEVELS if wide else 255
+    dtype = np.uint16 if wide else np.uint8
+    A = rng.integers(0, top + 1, (9, width)).astype(dtype)
+    B = rng.integers(0, top + 1, (7, width)).astype(dtype)
+    A[0], B[0] = 0, top
+    A[1], B[1] = top, 0
     want = ((A[:, None, :].astype(np.int64) - B[None].astype(np.int64)) ** 2).sum(2)
     np.testing.assert_array_equal(_all_code_distances(A, B), want)
-    assert want[0, 0] == width * 255**2
+    assert want[0, 0] == want[1, 1] == width * top**2
+    assert width <= MAX_WIDE_COLUMNS
 
 
 def _within(x, lo, step, codes, bound):
@@ -90,6 +103,13 @@ def test_quantization_error_bounds_hold_exactly(case):
     q_codes, q_err, _ = quantize_rows(Q, sq.lo, sq.step, sq.codes.shape[1])
     for i in range(10):
         assert _within(Q[i], sq.lo, sq.step, q_codes[i, :d], q_err[i])
+    # 12-bit codes on a 16x finer grid: the same guarantee, clamped at WIDE_LEVELS
+    fine = sq.step / 16
+    w_codes, w_err, _ = quantize_rows(np.vstack([V, Q]), sq.lo, fine, sq.codes.shape[1], True)
+    assert w_codes.dtype == np.uint16 and w_codes.max() <= WIDE_LEVELS
+    for i, x in enumerate(np.vstack([V, Q])):
+        if np.isfinite(x).all():
+            assert _within(x, sq.lo, fine, w_codes[i, :d], w_err[i])
 
 
 def test_quantize_declines_an_overflowing_range():

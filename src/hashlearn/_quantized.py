@@ -35,6 +35,10 @@ __all__ = [
 
 COLUMN_BLOCK = 32  # codes per SIMD block of :func:`code_sqdist`
 _LEVELS = 255
+#: the largest code of a uint16 copy (12 bits: a difference squared, doubled, fits 2^25, so
+#: :func:`code_sqdist`'s int32 lanes hold the sums of rows up to :data:`MAX_WIDE_COLUMNS`)
+WIDE_LEVELS = 4095
+MAX_WIDE_COLUMNS = 4096
 _U64 = 2.0**-53
 _UNDERFLOW_ROOT = 2.0**-536  # root of twice float64's smallest subnormal
 #: widest padded row :func:`code_sqdist` sums without overflowing its int32 lanes
@@ -69,10 +73,10 @@ def _column_ranges(V):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _quantize_rows(X, lo, step, codes, err, sqnorm):  # pragma: no cover - compiled
-    """Codes of the rows of ``X``, and their error bounds and squared norms (vectorised: the
-    bounds hold for float64 sums in any order, and any code is valid -- its error is
-    measured)."""
+def _quantize_rows(X, lo, step, levels, codes, err, sqnorm):  # pragma: no cover - compiled
+    """Codes (0..``levels``) of the rows of ``X``, and their error bounds and squared norms
+    (vectorised: the bounds hold for float64 sums in any order, and any code is valid -- its
+    error is measured)."""
     d = X.shape[1]
     inv = 1.0 / step
     for i in range(X.shape[0]):
@@ -82,8 +86,8 @@ def _quantize_rows(X, lo, step, codes, err, sqnorm):  # pragma: no cover - compi
         for j in range(d):
             x = np.float64(X[i, j])
             y = (x - lo[j]) * inv
-            c = min(np.rint(y), float(_LEVELS)) if y >= 0.0 else 0.0  # NaN -> 0
-            codes[i, j] = np.uint8(c)
+            c = min(np.rint(y), float(levels)) if y >= 0.0 else 0.0  # NaN -> 0
+            codes[i, j] = c
             r = x - (lo[j] + step * c)
             e += r * r
             m = abs(x) + abs(lo[j]) + step * c
@@ -100,15 +104,17 @@ def _quantize_rows(X, lo, step, codes, err, sqnorm):  # pragma: no cover - compi
         sqnorm[i] = sq
 
 
-def quantize_rows(X: np.ndarray, lo: np.ndarray, step: float, width: int):
+def quantize_rows(X: np.ndarray, lo: np.ndarray, step: float, width: int, wide: bool = False):
     """``(codes, err, sqnorm)`` of the rows of ``X`` on the grid ``(lo, step)``: uint8 codes
-    padded with zeros to ``width`` columns, the bound on each row's ``|x - x_hat|`` and its
-    ``|x|^2``. Values outside the grid are clamped (their error is counted)."""
+    (uint16 codes up to :data:`WIDE_LEVELS` with ``wide``) padded with zeros to ``width``
+    columns, the bound on each row's ``|x - x_hat|`` and its ``|x|^2``. Values outside the
+    grid are clamped (their error is counted)."""
     m = X.shape[0]
-    codes = np.zeros((m, width), np.uint8)
+    codes = np.zeros((m, width), np.uint16 if wide else np.uint8)
     err = np.empty(m)
     sqnorm = np.empty(m)
-    _quantize_rows(X, lo, float(step), codes, err, sqnorm)
+    levels = float(WIDE_LEVELS if wide else _LEVELS)
+    _quantize_rows(X, lo, float(step), levels, codes, err, sqnorm)
     return codes, err, sqnorm
 
 
@@ -140,18 +146,22 @@ def quantize(V: np.ndarray) -> Quantized | None:
 
 
 @intrinsic
-def _sum_sq_diff_u8(typingctx, a, a_start, b, b_start, n):
+def _sum_sq_diff(typingctx, a, a_start, b, b_start, n):
     """``sum_j (a.flat[a_start + j] - b.flat[b_start + j])^2`` over ``j < n`` (``n`` a
-    multiple of ``COLUMN_BLOCK``; C-contiguous uint8 arrays) as an int64: LLVM IR on
-    vectors of ``COLUMN_BLOCK`` int16 differences, squares added pairwise into int32 lanes
-    (the pattern x86 computes with ``pmaddwd`` / ``vpdpwssd``), four independent
-    accumulators. Integer arithmetic: the same result on every CPU."""
+    multiple of ``COLUMN_BLOCK``; C-contiguous uint8 arrays, or uint16 arrays of codes up to
+    :data:`WIDE_LEVELS`) as an int64: LLVM IR on vectors of ``COLUMN_BLOCK`` int16
+    differences, squares added pairwise into int32 lanes (the pattern x86 computes with
+    ``pmaddwd`` / ``vpdpwssd``), four independent accumulators. Integer arithmetic: the same
+    result on every CPU."""
+    if a != b or a.dtype not in (types.uint8, types.uint16):
+        return None
+    bits = a.dtype.bitwidth
     sig = types.int64(a, a_start, b, b_start, n)
 
     def codegen(context, builder, signature, args):
         w = COLUMN_BLOCK
         unroll = 4
-        i8v = ir.VectorType(ir.IntType(8), w)
+        code_v = ir.VectorType(ir.IntType(bits), w)
         i16v = ir.VectorType(ir.IntType(16), w)
         i32w = ir.VectorType(ir.IntType(32), w)
         i32h = ir.VectorType(ir.IntType(32), w // 2)
@@ -167,8 +177,9 @@ def _sum_sq_diff_u8(typingctx, a, a_start, b, b_start, n):
         def block(j, acc):
             loaded = []
             for data, start in ((a_data, args[1]), (b_data, args[3])):
-                ptr = builder.bitcast(builder.gep(data, [builder.add(start, j)]), i8v.as_pointer())
-                loaded.append(builder.zext(builder.load(ptr, align=1), i16v))
+                ptr = builder.gep(data, [builder.add(start, j)])
+                codes = builder.load(builder.bitcast(ptr, code_v.as_pointer()), align=1)
+                loaded.append(codes if bits == 16 else builder.zext(codes, i16v))
             diff = builder.sext(builder.sub(*loaded), i32w)
             sq = builder.mul(diff, diff)
             pairs = builder.add(
@@ -200,7 +211,8 @@ def _sum_sq_diff_u8(typingctx, a, a_start, b, b_start, n):
 
 @njit(nogil=True, inline="always")
 def code_sqdist(A, i, B, p):
-    """``sum_j (A[i, j] - B[p, j])^2`` (int64, exact) for uint8 code matrices of the same
+    """``sum_j (A[i, j] - B[p, j])^2`` (int64, exact) for code matrices of one dtype (uint8;
+    uint16 up to :data:`WIDE_LEVELS`, at most :data:`MAX_WIDE_COLUMNS` wide) and the same
     padded width (a multiple of ``COLUMN_BLOCK``, C-contiguous)."""
     w = A.shape[1]
-    return _sum_sq_diff_u8(A, i * w, B, p * w, w)
+    return _sum_sq_diff(A, i * w, B, p * w, w)

@@ -1,13 +1,13 @@
 """Exact re-ranking over CSR vectors (:class:`hashlearn.Searcher` with scipy.sparse input):
 :func:`csr_distance_kernel` scores every (query, candidate) pair, and
-:func:`csr_screened_kernel` first bounds every pair by a cheaper formula (one loop, no
-stamps, int32 column indices: :func:`compact_copy`) and scores exactly only the pairs that
-can still be among the k nearest. Both keep each query's top k by (distance, row) as they
-score, and both score a pair with the same inlined loop (:func:`_pair_distance`), so their
-results agree.
+:func:`csr_sketch_kernel` first bounds every pair from below by a dense sketch
+(:mod:`hashlearn._sketch`) and scores exactly only the pairs that can still be among the k
+nearest. Both keep each query's top k by (distance, row) as they score, and both score a
+pair with the same inlined loop (:func:`_pair_distance`), so their results agree.
 
-Each query is scattered once into a dense vector (``dense_q``), so a candidate ``x`` costs
-O(nnz(x) + nnz(q)) branch-free steps instead of a merge of two index lists.
+Each query is scattered once into a map from columns to its values (:func:`csr_scratch`), so a
+candidate ``x`` costs O(nnz(x) + nnz(q)) branch-free steps instead of a merge of two index
+lists.
 """
 
 from __future__ import annotations
@@ -16,22 +16,21 @@ import numpy as np
 from numba import njit
 
 from hashlearn._primitives import prefetch
+from hashlearn._quantized import code_sqdist
 from hashlearn._rescore import (
-    _SUBNORMAL_SLACK,
     _U64,
     EUCLIDEAN,
     NEG_INNER,
     SQEUCLIDEAN,
     _distance_interval,
-    _insert_by_lower,
-    _keep_bound,
-    _settle_sorted,
     keep_smallest,
+    packed_pairs_by_row,
 )
 
-__all__ = ["compact_copy", "csr_distance_kernel", "csr_screened_kernel"]
+__all__ = ["csr_distance_kernel", "csr_scratch", "csr_sketch_kernel", "row_sqnorms"]
 
 _LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
+_LOOKAHEAD_PAIRS = 8  # pairs ahead whose row's sketch codes are prefetched
 
 
 @njit(nogil=True, cache=True)
@@ -67,46 +66,65 @@ def _prefetch_ahead(data, ind, ptr, cand, i, j):
         _prefetch_csr_row(data, ind, ptr, cand[i, j + _LOOKAHEAD])
 
 
+def csr_scratch(n_cols: int, q_ptr: np.ndarray) -> tuple:
+    """The working arrays of the CSR kernels for queries with row pointers ``q_ptr``:
+    ``(slot_of, q_vals, matched)``: per column, the 1-based position of the query's non-zero
+    in it (0: none; ``np.zeros`` maps untouched pages lazily, so the array costs only the
+    columns queries use), the query's values after a 0 for slot 0, and each slot's last
+    stamp."""
+    width = int(np.diff(q_ptr).max(initial=0)) + 1
+    return np.zeros(n_cols, np.int32), np.zeros(width), np.zeros(width, np.int64)
+
+
 @njit(nogil=True, inline="always")
-def _scatter_query(q_data, q_ind, q0, q1, dense_q):
-    """Query non-zeros ``q0:q1`` into ``dense_q``; returns ``|q|^2``."""
+def _scatter_query(q_data, q_ind, q0, q1, scratch):
+    """Query non-zeros ``q0:q1`` into ``scratch`` (:func:`csr_scratch`); returns ``|q|^2``."""
+    slot_of, q_vals, _ = scratch
     qq = 0.0
     for a in range(q0, q1):
         qa = np.float64(q_data[a])
-        dense_q[q_ind[a]] = qa
+        slot_of[q_ind[a]] = a - q0 + 1
+        q_vals[a - q0 + 1] = qa
         qq += qa * qa
     return qq
 
 
 @njit(nogil=True, inline="always")
-def _pair_distance(query, q0, q1, vectors, p, side, i, kind, qq, scratch, stamp):
-    """The distance of query ``i`` (non-zeros ``q0:q1`` of ``query = (data, indices)``,
-    scattered in ``scratch = (dense_q, stamp_of)``) to row ``p`` of ``vectors = (data,
-    indices, indptr)``:
+def _clear_query(q_ind, q0, q1, scratch):
+    slot_of = scratch[0]
+    for a in range(q0, q1):
+        slot_of[q_ind[a]] = 0
+
+
+@njit(nogil=True, inline="always")
+def _pair_distance(n_q, vectors, p, side, i, kind, qq, scratch, stamp):
+    """The distance of query ``i`` (``n_q`` non-zeros, scattered in ``scratch`` by
+    :func:`_scatter_query`) to row ``p`` of ``vectors = (data, indices, indptr)``:
     ``|x - q|^2 = sum_{j in x} (x_j - q_j)^2 + sum_{j in q, j not in x} q_j^2``, the second
-    sum over the query's non-zeros that the candidate does not stamp (``stamp_of[j] ==
-    stamp``; every term is a square: no cancellation). With side features (``f_w``
-    non-empty; kind ``SQEUCLIDEAN`` only) plus ``sum_t f_w[t] (f_v[p, t] - f_q[i, t])^2``,
-    the implicit learned metric (``side = (f_q, f_v, f_w)``)."""
-    q_data, q_ind = query
+    sum over the query's non-zeros that no non-zero of the candidate marked with ``stamp``
+    (every term is a square: no cancellation). The candidate's columns find the query's
+    values through ``slot_of`` (slot 0 holds 0.0: a column the query lacks); the marks go to
+    the small ``matched`` array. With side features (``f_w`` non-empty; kind ``SQEUCLIDEAN``
+    only) plus ``sum_t f_w[t] (f_v[p, t] - f_q[i, t])^2``, the implicit learned metric
+    (``side = (f_q, f_v, f_w)``)."""
     v_data, v_ind, v_ptr = vectors
     f_q, f_v, f_w = side
-    dense_q, stamp_of = scratch
+    slot_of, q_vals, matched = scratch
     sq = 0.0
     dot = 0.0
     xx = 0.0
     for b in range(v_ptr[p], v_ptr[p + 1]):
-        col = v_ind[b]
+        t = slot_of[v_ind[b]]
         xb = np.float64(v_data[b])
-        qa = dense_q[col]
+        qa = q_vals[t]
         diff = xb - qa
         sq += diff * diff
         dot += qa * xb
         xx += xb * xb
-        stamp_of[col] = stamp
-    for a in range(q0, q1):  # the query's non-zeros outside the candidate
-        qa = np.float64(q_data[a])
-        sq += qa * qa * np.float64(stamp_of[q_ind[a]] != stamp)
+        matched[t] = stamp
+    for a in range(1, n_q + 1):  # the query's non-zeros outside the candidate
+        qa = q_vals[a]
+        sq += qa * qa * np.float64(matched[a] != stamp)
     for t in range(f_w.shape[0]):
         diff = f_q[i, t] - f_v[p, t]
         sq += f_w[t] * (diff * diff)
@@ -120,18 +138,15 @@ def csr_distance_kernel(
     """``_rescore.distance_kernel`` for CSR queries and vectors, ``queries`` and ``vectors``
     each ``(data, indices int32 or int64, indptr int64)`` (canonical: sorted, distinct column
     indices), ``side = (f_q, f_v, f_w)`` the side features (zero-width without);
-    ``scratch = (dense_q float64, stamp_of int64)`` zeroed arrays with one entry per column
-    (``np.zeros`` maps untouched pages lazily, so their size costs only the columns the
-    queries and candidates use). The rows of the candidates ``_LOOKAHEAD`` ahead are
-    prefetched."""
+    ``scratch`` the working arrays (:func:`csr_scratch`). The rows of the candidates
+    ``_LOOKAHEAD`` ahead are prefetched."""
     q_data, q_ind, q_ptr = queries
     v_data, v_ind, v_ptr = vectors
-    dense_q = scratch[0]
     c = cand.shape[1]
-    stamp = 0  # stamp_of[j]: the last candidate (numbered from 1) with a non-zero in column j
+    stamp = 0  # matched[t]: the last candidate (numbered from 1) with a non-zero in slot t
     for i in range(start, stop):
         q0, q1 = q_ptr[i], q_ptr[i + 1]
-        qq = _scatter_query(q_data, q_ind, q0, q1, dense_q)
+        qq = _scatter_query(q_data, q_ind, q0, q1, scratch)
         filled = 0
         for j in range(c):
             _prefetch_ahead(v_data, v_ind, v_ptr, cand, i, j)
@@ -139,18 +154,17 @@ def csr_distance_kernel(
             if p < 0:
                 continue
             stamp += 1
-            query = (q_data, q_ind)
-            dist = _pair_distance(query, q0, q1, vectors, p, side, i, kind, qq, scratch, stamp)
+            dist = _pair_distance(q1 - q0, vectors, p, side, i, kind, qq, scratch, stamp)
             filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
-        for a in range(q0, q1):
-            dense_q[q_ind[a]] = 0.0
+        _clear_query(q_ind, q0, q1, scratch)
 
 
-# -------------------------------------------------------------------- the screening copy
+# ------------------------------------------------------------------ the screened kernel
 
 
 @njit(nogil=True, cache=True)
-def _row_sqnorms(data, indptr):  # pragma: no cover - compiled
+def row_sqnorms(data, indptr):  # pragma: no cover - compiled
+    """Each CSR row's ``|x|^2`` as a float64 sum."""
     out = np.empty(indptr.shape[0] - 1)
     for p in range(out.shape[0]):
         sq = 0.0
@@ -161,111 +175,198 @@ def _row_sqnorms(data, indptr):  # pragma: no cover - compiled
     return out
 
 
-def compact_copy(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_cols: int):
-    """What :func:`csr_screened_kernel` reads in pass 1: ``(values, indices, sq)``, the
-    values as they are, the column indices as int32 (int64 beyond 2^31 columns; no copy
-    where they already are) and each row's float64 ``|x|^2``."""
-    narrow = np.int32 if n_cols < 2**31 else np.int64
-    return data, indices.astype(narrow, copy=False), _row_sqnorms(data, indptr)
+@njit(nogil=True, inline="always")
+def _sketch_lower(kind, radius, q_err, qq, x_sq, p, d, out_rel):
+    """A lower bound on the float64 distance of ``kind`` (squared for ``EUCLIDEAN``, see
+    ``_rescore._distance_interval``) of a pair with ``|q - x| >= radius - q_err``
+    (:func:`_sketch_radii`) and ``|q - x| <= |q| + |x|``; row ``p``'s ``|x|^2``
+    (``x_sq[p]``) is read only for the inner-product kinds."""
+    r_lo = max(0.0, radius - q_err)
+    if kind == SQEUCLIDEAN or kind == EUCLIDEAN:
+        return _distance_interval(kind, r_lo, 0.0, qq, 0.0, d, out_rel)[0]
+    xx = x_sq[p]
+    r_hi = (np.sqrt(qq) + np.sqrt(xx)) * (1.0 + out_rel)
+    return _distance_interval(kind, r_lo, r_hi, qq, xx, d, out_rel)[0]
 
 
-@njit(nogil=True, fastmath={"reassoc", "contract"})
-def _compact_dot(values, indices, b0, b1, dense_q):  # pragma: no cover - compiled
-    """``sum_b values[b] dense_q[indices[b]]`` over ``b0:b1`` in float64, in any order (four
-    partial sums, so the gathers overlap: about 15 % faster than one)."""
-    a0 = a1 = a2 = a3 = 0.0
-    b = b0
-    while b + 4 <= b1:
-        a0 += np.float64(values[b]) * dense_q[indices[b]]
-        a1 += np.float64(values[b + 1]) * dense_q[indices[b + 1]]
-        a2 += np.float64(values[b + 2]) * dense_q[indices[b + 2]]
-        a3 += np.float64(values[b + 3]) * dense_q[indices[b + 3]]
-        b += 4
-    while b < b1:
-        a0 += np.float64(values[b]) * dense_q[indices[b]]
-        b += 1
-    return (a0 + a1) + (a2 + a3)
+@njit(nogil=True, inline="always")
+def _reach(kind, out_d, i, k, filled):
+    """The k-th distance kept for query ``i`` in the domain of :func:`_sketch_lower`
+    (squared for ``EUCLIDEAN``, enlarged to cover the rounding of the square); ``inf``
+    while fewer than k are kept. A pair whose lower bound exceeds it cannot be kept."""
+    if filled < k:
+        return np.inf
+    t = out_d[i, k - 1]
+    if kind == EUCLIDEAN:
+        return t * t * (1.0 + 4.0 * _U64)
+    return t
 
 
 @njit(nogil=True, cache=True)
-def csr_screened_kernel(
-    queries, vectors, compact, cand, kind, k, out_d, out_i, start, stop, scratch, settle32
-):  # pragma: no cover - compiled
-    """:func:`csr_distance_kernel`'s result (without side features) in two passes per
-    query.
+def _sketch_radii(q_codes, x_codes, x_err, step, cand, start, stop):  # pragma: no cover
+    """``radii[i - start, j]``: a lower bound on ``|q - x| + q_err`` for query ``i`` and its
+    candidate ``j`` (NaN for padding): ``step sqrt(S) - x_err`` (the sketch is a
+    contraction; ``S`` the exact integer distance of the codes, the roundings of the root
+    and the product covered; ``-inf`` for a row without a bound). Pairs are taken by
+    windows of rows (:func:`hashlearn._rescore.packed_pairs_by_row` over the flat (query,
+    candidate) slots), so each row's codes are read from memory once for all the queries
+    that list it."""
+    c = cand.shape[1]
+    radii = np.full((stop - start) * c, np.nan)
+    n_rows = x_codes.shape[0]  # pairs by windows of a few rows (their codes in cache together)
+    keys, tbits = packed_pairs_by_row(cand.reshape(-1, 1), start * c, stop * c, n_rows, False)
+    mask = (1 << tbits) - 1
+    width = x_codes.shape[1]
+    n = keys.shape[0]
+    for t in range(n):
+        if t + _LOOKAHEAD_PAIRS < n:
+            ahead = (keys[t + _LOOKAHEAD_PAIRS] >> tbits) * width
+            for b in range(0, width, 32):  # 32 codes: one cache line
+                prefetch(x_codes, ahead + b)
+        slot = keys[t] & mask
+        p = keys[t] >> tbits
+        total = code_sqdist(q_codes, start + slot // c, x_codes, p)
+        radii[slot] = step * np.sqrt(np.float64(total)) * (1.0 - 16.0 * _U64) - x_err[p]
+    return radii.reshape(stop - start, c)
 
-    Pass 1 bounds each candidate with one loop over its non-zeros and no stamps
-    (:func:`compact_copy`: int32 column indices): ``|q - x|^2 = |q|^2 + |x|^2 - 2 q . x`` in
-    float64 is exact to ``out_rel (|q|^2 + |x|^2)`` (Higham's bound on a sum in any order,
-    doubled), which bounds the distance of ``kind`` by ``_rescore._distance_interval``.
-    ``T`` is the k-th smallest upper bound; pass 2 scores exactly (:func:`_pair_distance`)
-    the candidates whose lower bound does not exceed ``T`` -- the others have k candidates
-    strictly nearer. ``compact = (values, indices, sq)``; the other arguments as for
-    :func:`csr_distance_kernel`. With ``settle32`` (the caller keeps float32 distances) a
-    survivor whose bounds fix its float32 distance and its rank
-    (``_rescore._settle_sorted``) is kept with that distance instead of being scored. Returns the number of pairs scored exactly."""
+
+@njit(nogil=True, inline="always")
+def _nearest_by_sketch(radii, cand_row, k, first, first_radii, vectors):
+    """The (at most k) candidates with the smallest ``radii`` into ``first``, ascending,
+    their rows prefetched; returns how many."""
+    v_data, v_ind, v_ptr = vectors
+    n_first = 0
+    worst = np.inf
+    for j in range(radii.shape[0]):
+        r = radii[j]
+        if not r < worst:  # NaN (padding) or no nearer than the k kept
+            if not (n_first < k and r == r):
+                continue
+        if n_first < k:
+            pos = n_first
+            n_first += 1
+        else:
+            pos = k - 1
+        while pos > 0 and first_radii[pos - 1] > r:
+            first_radii[pos] = first_radii[pos - 1]
+            first[pos] = first[pos - 1]
+            pos -= 1
+        first_radii[pos] = r
+        first[pos] = j
+        if n_first == k:
+            worst = first_radii[k - 1]
+    for r in range(n_first):
+        _prefetch_csr_row(v_data, v_ind, v_ptr, cand_row[first[r]])
+    return n_first
+
+
+@njit(nogil=True, inline="always")
+def _by_bound(rest, n_rest, lows):
+    """``rest[:n_rest]`` ascending by ``lows`` (stable)."""
+    if n_rest > 64:
+        return rest[:n_rest][np.argsort(lows[rest[:n_rest]], kind="mergesort")]
+    for r in range(1, n_rest):
+        j = rest[r]
+        pos = r
+        while pos > 0 and lows[rest[pos - 1]] > lows[j]:
+            rest[pos] = rest[pos - 1]
+            pos -= 1
+        rest[pos] = j
+    return rest
+
+
+@njit(nogil=True, inline="always")
+def _score_listed(listed, n_listed, lows, n_q, vectors, cand, i, kind, k, qq, out):
+    """Score candidates ``listed[:n_listed]`` of query ``i`` exactly, in that order
+    (ascending by lower bound ``lows``), keeping the top k in ``out = (out_d, out_i,
+    scratch, state, no_side)``; stop at the first whose lower bound exceeds the k-th
+    distance kept (:func:`_reach`), the rest being no nearer. Rows ``_LOOKAHEAD`` ahead are
+    prefetched. ``state = [filled, stamp, n_exact]`` is updated."""
+    out_d, out_i, scratch, state, no_side = out
+    v_data, v_ind, v_ptr = vectors
+    for r in range(n_listed):
+        j = listed[r]
+        if lows[j] > _reach(kind, out_d, i, k, state[0]):
+            break
+        if r + _LOOKAHEAD < n_listed:
+            _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, listed[r + _LOOKAHEAD]])
+        p = cand[i, j]
+        state[1] += 1
+        state[2] += 1
+        dist = _pair_distance(n_q, vectors, p, no_side, 0, kind, qq, scratch, state[1])
+        state[0] = keep_smallest(out_d, out_i, i, k, state[0], dist, p)
+
+
+@njit(nogil=True, cache=True)
+def csr_sketch_kernel(
+    queries, vectors, sketches, cand, kind, k, out_d, out_i, start, stop, scratch
+):  # pragma: no cover - compiled
+    """:func:`csr_distance_kernel`'s result (without side features), screened by the
+    bucket-norm sketch (:mod:`hashlearn._sketch`), whose distances bound every candidate's
+    distance from below: the multi-step k-nearest-neighbour search of Seidl & Kriegel,
+    "Optimal Multi-Step k-Nearest Neighbor Search" (SIGMOD 1998).
+
+    1. A lower bound on every pair's distance from the sketch: an exact integer sum over
+       ``w`` 12-bit codes (one read of a few hundred bytes instead of a gather per
+       non-zero), pairs taken by windows of rows (:func:`_sketch_radii`).
+    2. Per query, the k candidates nearest by sketch are scored exactly
+       (:func:`_pair_distance`, the exact kernel's loop); the k-th distance kept is ``T``.
+       Their rows are prefetched while the previous query is scored.
+    3. The other candidates whose lower bound does not exceed ``T`` are scored in ascending
+       order of their bounds until a bound exceeds the k-th distance kept (``T`` shrinks as
+       they are kept); the rest have k candidates strictly nearer.
+
+    ``sketches = (q_codes, q_err, x_codes, x_err, x_sq, step)``: the queries' and the
+    rows' codes and error bounds (:func:`hashlearn._sketch.sketch_rows`), the rows'
+    ``|x|^2`` (:func:`row_sqnorms`) and the grid step; the other arguments as for
+    :func:`csr_distance_kernel`. Returns the number of pairs scored exactly."""
     q_data, q_ind, q_ptr = queries
     v_data, v_ind, v_ptr = vectors
-    s_data, s_ind, x_sq = compact
-    dense_q = scratch[0]
+    q_codes, q_err, x_codes, x_err, x_sq, step = sketches
     c = cand.shape[1]
-    d = dense_q.shape[0]
+    d = scratch[0].shape[0]
     out_rel = 2.0 * (d + 8) * _U64
-    tiny = d * _SUBNORMAL_SLACK
-    bounds = np.empty((c, 2))  # each candidate's (lower, upper) bounds
-    order = np.empty(c, np.int64)  # the survivors, ascending by lower bound
-    needs = np.ones(c, np.bool_)
-    values = np.empty(c)
-    bound = np.empty((1, k))
+    all_radii = _sketch_radii(q_codes, x_codes, x_err, step, cand, start, stop)
+    first = np.empty(k, np.int64)
+    first_next = np.empty(k, np.int64)
+    first_radii = np.empty(k)
+    rest = np.empty(c, np.int64)
+    lows = np.full(c, -np.inf)
+    state = np.zeros(3, np.int64)  # filled, stamp, n_exact
     no_side = (np.zeros((1, 0)), np.zeros((1, 0)), np.zeros(0))
-    stamp = 0
-    n_exact = 0
+    out = (out_d, out_i, scratch, state, no_side)
+    n_next = 0
+    if start < stop:
+        n_next = _nearest_by_sketch(all_radii[0], cand[start], k, first_next, first_radii, vectors)
     for i in range(start, stop):
+        radii = all_radii[i - start]
+        n_first = n_next
+        first[:n_first] = first_next[:n_first]
+        if i + 1 < stop:  # the next query's rows load while this one is scored
+            after = all_radii[i + 1 - start]
+            n_next = _nearest_by_sketch(after, cand[i + 1], k, first_next, first_radii, vectors)
         q0, q1 = q_ptr[i], q_ptr[i + 1]
-        qq = _scatter_query(q_data, q_ind, q0, q1, dense_q)
-        bound[0, :] = np.inf
-        n_bound = 0
+        qq = _scatter_query(q_data, q_ind, q0, q1, scratch)
+        state[0] = 0
+        _score_listed(first, n_first, lows, q1 - q0, vectors, cand, i, kind, k, qq, out)
+        for r in range(n_first):
+            radii[first[r]] = np.nan  # scored
+        reach = _reach(kind, out_d, i, k, state[0])
+        n_rest = 0
         for j in range(c):
-            _prefetch_ahead(s_data, s_ind, v_ptr, cand, i, j)
-            p = cand[i, j]
-            bounds[j, 0] = np.inf
-            if p < 0:
+            radius = radii[j]
+            if radius != radius:  # padding, or scored
                 continue
-            dot = _compact_dot(s_data, s_ind, v_ptr[p], v_ptr[p + 1], dense_q)
-            sum_sq = qq + x_sq[p]
-            approx = sum_sq - 2.0 * dot
-            eps = out_rel * sum_sq + tiny
-            r_lo = np.sqrt(max(0.0, approx - eps)) * (1.0 - 4.0 * _U64)
-            r_hi = np.sqrt(max(0.0, approx + eps)) * (1.0 + 4.0 * _U64)
-            if not (approx == approx):  # NaN: no bound
-                r_lo, r_hi = 0.0, np.inf
-            lo, hi = _distance_interval(kind, r_lo, r_hi, qq, x_sq[p], d, out_rel)
-            bounds[j, 0], bounds[j, 1] = lo, hi
-            n_bound = _keep_bound(bound, 0, k, n_bound, hi)
-        threshold = bound[0, k - 1]
-        n_survivors = 0
-        for j in range(c):
-            if cand[i, j] >= 0 and bounds[j, 0] <= threshold:
-                _insert_by_lower(order, 0, n_survivors, j, bounds)
-                n_survivors += 1
-                needs[j] = True
-        if settle32:
-            _settle_sorted(kind, order, 0, n_survivors, bounds, needs, values)
-        filled = 0
-        for r in range(n_survivors):  # the rows to score, fetched together
-            if needs[order[r]]:
-                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, order[r]])
-        for r in range(n_survivors):
-            j = order[r]
             p = cand[i, j]
-            if not needs[j]:
-                filled = keep_smallest(out_d, out_i, i, k, filled, values[j], p)
-                continue
-            stamp += 1
-            n_exact += 1
-            query = (q_data, q_ind)
-            dist = _pair_distance(query, q0, q1, vectors, p, no_side, 0, kind, qq, scratch, stamp)
-            filled = keep_smallest(out_d, out_i, i, k, filled, dist, p)
-        for a in range(q0, q1):
-            dense_q[q_ind[a]] = 0.0
-    return n_exact
+            low = _sketch_lower(kind, radius, q_err[i], qq, x_sq, p, d, out_rel)
+            if low <= reach:
+                lows[j] = low
+                rest[n_rest] = j
+                n_rest += 1
+                _prefetch_csr_row(v_data, v_ind, v_ptr, p)
+        ranked = _by_bound(rest, n_rest, lows)
+        _score_listed(ranked, n_rest, lows, q1 - q0, vectors, cand, i, kind, k, qq, out)
+        for r in range(n_rest):
+            lows[rest[r]] = -np.inf  # stage 2 of the next query reads no bounds
+        _clear_query(q_ind, q0, q1, scratch)
+    return state[2]

@@ -55,7 +55,13 @@ from hashlearn._rescore import (
     queries_per_call,
     rescore_runner,
 )
-from hashlearn._rescore_csr import compact_copy, csr_distance_kernel, csr_screened_kernel
+from hashlearn._rescore_csr import (
+    csr_distance_kernel,
+    csr_scratch,
+    csr_sketch_kernel,
+    row_sqnorms,
+)
+from hashlearn._sketch import build_sketch, sketch_rows
 from hashlearn._validation import check_int
 from hashlearn.hashers.base import BaseHasher
 from hashlearn.hashers.metric_lsh import KernelMetricLSH, MetricLSH
@@ -685,13 +691,17 @@ class Searcher:
         if pairs and scored_exactly > _SCREEN_MAX_EXACT * pairs:
             self._screen_cache = (V, None)
 
-    def _csr_screen_for(self, V: sp.csr_matrix, arrays) -> tuple:
-        """The float32 screening copy of the CSR re-rank vectors ``V``
-        (:func:`~hashlearn._rescore_csr.compact_copy` of their kernel ``arrays``), built once
-        per set of vectors like :meth:`_screen_for`."""
+    def _csr_screen_for(self, V: sp.csr_matrix, arrays) -> tuple | None:
+        """``(sketch, |x|^2)`` of the CSR re-rank vectors ``V`` (their bucket-norm sketch,
+        :func:`~hashlearn._sketch.build_sketch` of their kernel ``arrays``, and each row's
+        squared norm), built once per set of vectors like :meth:`_screen_for`; None with
+        ``screen=False`` or once dropped (:meth:`_judge_screen`)."""
+        if not self.screen:
+            return None
         cached = self._screen_cache
         if cached is None or cached[0] is not V:
-            cached = self._screen_cache = (V, compact_copy(*arrays, V.shape[1]))
+            sketch = build_sketch(*arrays, V.shape[1])
+            cached = self._screen_cache = (V, (sketch, row_sqnorms(arrays[0], arrays[2])))
         return cached[1]
 
     def _batched_operands(self, X):
@@ -736,20 +746,27 @@ class Searcher:
             chunk = {}  # the thread pool's default chunks of queries
             screen = None
             if sp.issparse(V):
-                queries = (Q.data, Q.indices.astype(np.int64), Q.indptr.astype(np.int64))
                 vectors = self._csr_arrays(V)
+                queries = (Q.data, Q.indices.astype(vectors[1].dtype), Q.indptr.astype(np.int64))
                 n_cols = V.shape[1]
-                if side is None and self.screen and pos.shape[1] >= 2 * k:
-                    kernel, extra = csr_screened_kernel, self._csr_screen_for(V, vectors)
-                    settle = (True,)  # float32 results: settle what the bounds fix
+                if side is None and pos.shape[1] >= 2 * k:
+                    screen = self._csr_screen_for(V, vectors)
+                if screen is not None:
+                    sketch, x_sq = screen
+                    q_codes, q_err = sketch_rows(sketch, *queries)
+                    extra = (q_codes, q_err, sketch.codes, sketch.err, x_sq, sketch.step)
+                    kernel, scored_exactly = csr_sketch_kernel, []
+                    chunk = {"max_chunk": queries_per_call(pos.shape[1])}
                 else:
-                    kernel, settle = csr_distance_kernel, ()
+                    kernel = csr_distance_kernel
                     extra = side or (np.zeros((m, 0)), np.zeros((V.shape[0], 0)), np.zeros(0))
 
                 def run(start, stop):
-                    scratch = np.zeros(n_cols), np.zeros(n_cols, np.int64)
+                    scratch = csr_scratch(n_cols, queries[2])
                     args = (queries, vectors, extra, pos, kind, k, out_d, out_row, start, stop)
-                    kernel(*args, scratch, *settle)
+                    n_exact = kernel(*args, scratch)
+                    if screen is not None:
+                        scored_exactly.append(n_exact)
             else:
                 # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy):
                 # one compiled kernel whatever the arrays' flags

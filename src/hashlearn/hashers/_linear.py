@@ -33,6 +33,8 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import assert_all_finite
 
+from hashlearn._csr_product import csr_dense_product
+
 __all__ = ["LinearForm", "block_rows", "blas_threads"]
 
 #: Memory one block touches (its rows of X, their centred copy, scores and bits) when BLAS
@@ -110,6 +112,8 @@ class LinearForm:
         overflows, and then the exact check decides); None: ``X`` was checked already.
         """
         n, d = X.shape
+        if sp.issparse(X) and X.format != "csr":
+            X = sp.csr_matrix(X)
         weights_t = self.weights.astype(dtype, copy=False).T
         centre = self.mean is not None
         if centre and sp.issparse(X):
@@ -122,21 +126,21 @@ class LinearForm:
             mean = self.mean.astype(dtype, copy=False)
             centred = np.empty((rows, d), dtype)
         products = np.empty((rows, self.n_bits), dtype)
+        sparse = sp.issparse(X)
         for start in range(0, n, rows):
             stop = min(n, start + rows)
-            block = X[start:stop]
+            block = X[start:stop] if not sparse else None
             if check_finite is not None:
-                values = block.data if sp.issparse(block) else block
+                values = X.data[X.indptr[start] : X.indptr[stop]] if sparse else block
                 with np.errstate(over="ignore", invalid="ignore"):
                     total = values.sum()
                 if not np.isfinite(total):
                     assert_all_finite(values, estimator_name=check_finite, input_name="X")
-            if sp.issparse(block):
-                # scipy's CSR @ dense copies a dense operand that is not C-ordered on every
-                # call (33 MB for 65536 features x 64 bits): pass weights_t to avoid it
+            if sparse:  # scipy's arithmetic, in place (see hashlearn._csr_product)
                 dense = self.weights_t if self.weights_t is not None else weights_t
                 dense = np.ascontiguousarray(dense, dtype=dtype)
-                yield start, stop, np.asarray(block.astype(dtype, copy=False) @ dense)
+                csr_dense_product(X, start, stop, dense, products)
+                yield start, stop, products[: stop - start]
                 continue
             if centre:
                 block = np.subtract(block, mean, out=centred[: stop - start], dtype=dtype)
