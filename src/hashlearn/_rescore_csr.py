@@ -30,7 +30,8 @@ from hashlearn._rescore import (
 __all__ = ["csr_distance_kernel", "csr_scratch", "csr_sketch_kernel", "row_sqnorms"]
 
 _LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
-_LOOKAHEAD_PAIRS = 8  # pairs ahead whose row's sketch codes are prefetched
+_LOOKAHEAD_PAIRS = 8  # pairs ahead whose row's sketch codes start loading
+_WINDOW_BYTES = 256 * 1024  # sketch codes of the rows of one window of pairs
 
 
 @njit(nogil=True, cache=True)
@@ -212,17 +213,17 @@ def _sketch_radii(q_codes, x_codes, x_err, step, cand, start, stop):  # pragma: 
     candidate) slots), so each row's codes are read from memory once for all the queries
     that list it."""
     c = cand.shape[1]
+    n_rows, width = x_codes.shape
     radii = np.full((stop - start) * c, np.nan)
-    n_rows = x_codes.shape[0]  # pairs by windows of a few rows (their codes in cache together)
-    keys, tbits = packed_pairs_by_row(cand.reshape(-1, 1), start * c, stop * c, n_rows, False)
+    shift = 0  # windows of rows whose codes fit in about half of a 1 MB cache
+    while (width * 2) << (shift + 1) <= _WINDOW_BYTES:
+        shift += 1
+    keys, tbits = packed_pairs_by_row(cand.reshape(-1, 1), start * c, stop * c, n_rows, shift)
     mask = (1 << tbits) - 1
-    width = x_codes.shape[1]
     n = keys.shape[0]
     for t in range(n):
-        if t + _LOOKAHEAD_PAIRS < n:
-            ahead = (keys[t + _LOOKAHEAD_PAIRS] >> tbits) * width
-            for b in range(0, width, 32):  # 32 codes: one cache line
-                prefetch(x_codes, ahead + b)
+        if t + _LOOKAHEAD_PAIRS < n:  # its first line (the cache streams the others)
+            prefetch(x_codes, (keys[t + _LOOKAHEAD_PAIRS] >> tbits) * width)
         slot = keys[t] & mask
         p = keys[t] >> tbits
         total = code_sqdist(q_codes, start + slot // c, x_codes, p)
@@ -261,40 +262,32 @@ def _nearest_by_sketch(radii, cand_row, k, first, first_radii, vectors):
 
 
 @njit(nogil=True, inline="always")
-def _by_bound(rest, n_rest, lows):
-    """``rest[:n_rest]`` ascending by ``lows`` (stable)."""
-    if n_rest > 64:
-        return rest[:n_rest][np.argsort(lows[rest[:n_rest]], kind="mergesort")]
-    for r in range(1, n_rest):
-        j = rest[r]
-        pos = r
-        while pos > 0 and lows[rest[pos - 1]] > lows[j]:
-            rest[pos] = rest[pos - 1]
-            pos -= 1
-        rest[pos] = j
-    return rest
+def _sift_down(heap, n, pos, lows):
+    """Restore the min-heap order of ``heap[:n]`` (keyed by ``lows``) below ``pos``."""
+    j = heap[pos]
+    while True:
+        child = 2 * pos + 1
+        if child >= n:
+            break
+        if child + 1 < n and lows[heap[child + 1]] < lows[heap[child]]:
+            child += 1
+        if lows[heap[child]] >= lows[j]:
+            break
+        heap[pos] = heap[child]
+        pos = child
+    heap[pos] = j
 
 
 @njit(nogil=True, inline="always")
-def _score_listed(listed, n_listed, lows, n_q, vectors, cand, i, kind, k, qq, out):
-    """Score candidates ``listed[:n_listed]`` of query ``i`` exactly, in that order
-    (ascending by lower bound ``lows``), keeping the top k in ``out = (out_d, out_i,
-    scratch, state, no_side)``; stop at the first whose lower bound exceeds the k-th
-    distance kept (:func:`_reach`), the rest being no nearer. Rows ``_LOOKAHEAD`` ahead are
-    prefetched. ``state = [filled, stamp, n_exact]`` is updated."""
+def _score_one(j, n_q, vectors, cand, i, kind, k, qq, out):
+    """Score candidate ``j`` of query ``i`` exactly, keeping the top k in ``out = (out_d,
+    out_i, scratch, state, no_side)``; ``state = [filled, stamp, n_exact]`` is updated."""
     out_d, out_i, scratch, state, no_side = out
-    v_data, v_ind, v_ptr = vectors
-    for r in range(n_listed):
-        j = listed[r]
-        if lows[j] > _reach(kind, out_d, i, k, state[0]):
-            break
-        if r + _LOOKAHEAD < n_listed:
-            _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, listed[r + _LOOKAHEAD]])
-        p = cand[i, j]
-        state[1] += 1
-        state[2] += 1
-        dist = _pair_distance(n_q, vectors, p, no_side, 0, kind, qq, scratch, state[1])
-        state[0] = keep_smallest(out_d, out_i, i, k, state[0], dist, p)
+    p = cand[i, j]
+    state[1] += 1
+    state[2] += 1
+    dist = _pair_distance(n_q, vectors, p, no_side, 0, kind, qq, scratch, state[1])
+    state[0] = keep_smallest(out_d, out_i, i, k, state[0], dist, p)
 
 
 @njit(nogil=True, cache=True)
@@ -348,8 +341,8 @@ def csr_sketch_kernel(
         q0, q1 = q_ptr[i], q_ptr[i + 1]
         qq = _scatter_query(q_data, q_ind, q0, q1, scratch)
         state[0] = 0
-        _score_listed(first, n_first, lows, q1 - q0, vectors, cand, i, kind, k, qq, out)
         for r in range(n_first):
+            _score_one(first[r], q1 - q0, vectors, cand, i, kind, k, qq, out)
             radii[first[r]] = np.nan  # scored
         reach = _reach(kind, out_d, i, k, state[0])
         n_rest = 0
@@ -363,9 +356,20 @@ def csr_sketch_kernel(
                 lows[j] = low
                 rest[n_rest] = j
                 n_rest += 1
-                _prefetch_csr_row(v_data, v_ind, v_ptr, p)
-        ranked = _by_bound(rest, n_rest, lows)
-        _score_listed(ranked, n_rest, lows, q1 - q0, vectors, cand, i, kind, k, qq, out)
+        for h in range(n_rest // 2 - 1, -1, -1):
+            _sift_down(rest, n_rest, h, lows)
+        n_heap = n_rest  # scored in ascending order of their bounds (a binary heap)
+        while n_heap:
+            j = rest[0]
+            if lows[j] > _reach(kind, out_d, i, k, state[0]):
+                break  # and so do all the others
+            n_heap -= 1
+            rest[0] = rest[n_heap]
+            rest[n_heap] = j
+            _sift_down(rest, n_heap, 0, lows)
+            if n_heap:  # the next to score, most likely
+                _prefetch_csr_row(v_data, v_ind, v_ptr, cand[i, rest[0]])
+            _score_one(j, q1 - q0, vectors, cand, i, kind, k, qq, out)
         for r in range(n_rest):
             lows[rest[r]] = -np.inf  # stage 2 of the next query reads no bounds
         _clear_query(q_ind, q0, q1, scratch)
