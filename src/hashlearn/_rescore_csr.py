@@ -214,7 +214,11 @@ def _sketch_radii(q_codes, x_codes, x_err, step, cand, start, stop):  # pragma: 
     that list it."""
     c = cand.shape[1]
     n_rows, width = x_codes.shape
-    radii = np.full((stop - start) * c, np.nan)
+    radii = np.empty((stop - start) * c)  # every slot is written: NaN for padding
+    for i in range(start, stop):
+        for j in range(c):
+            if cand[i, j] < 0:
+                radii[(i - start) * c + j] = np.nan
     shift = 0  # windows of rows whose codes fit in about half of a 1 MB cache
     while (width * 2) << (shift + 1) <= _WINDOW_BYTES:
         shift += 1
