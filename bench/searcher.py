@@ -14,8 +14,9 @@ hyperplane LSH at 64 bits, ``FlatIndex``, Euclidean re-ranking. Sparse: the imag
 binarised 4x4 patches (65536-d L2-normalised CSR histograms, as in Jain, Kulis & Grauman's
 Fig. 2), Gaussian random hyperplanes at 64 bits, Euclidean re-ranking over CSR. The target
 is ``index / end-to-end >= 0.67`` (end to end within 1.5x of the index alone). The searcher
-screens its candidates by default (an 8-bit copy of dense vectors; for CSR vectors a first
-pass without stamps); the last two columns time the same searcher with the screen switched off.
+screens its candidates by default (an 8-bit copy of dense vectors; for CSR vectors a
+bucket-norm sketch, ``hashlearn._sketch``); the last two columns time the same searcher with
+the screen switched off.
 
 Table 2 -- the learned metric (Jain, Kulis & Grauman, "Fast Image Search for Learned
 Metrics", CVPR 2008, Sec. 3-4, Fig. 1's protocol scaled to the 60k database): the images

@@ -100,3 +100,21 @@ def test_csr_sketch_screen_prunes(kind):
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
     assert 40 * 10 <= n_exact <= 40 * 20  # of 40 * 200 pairs
+
+
+@pytest.mark.parametrize("kind", [SQEUCLIDEAN, EUCLIDEAN, NEG_INNER, COSINE])
+def test_csr_sketch_screen_keeps_rows_without_a_bound(kind):
+    """Rows with NaN or huge values have no sketch bound; with fewer than k finite
+    candidates they are kept (at distance inf or NaN -> inf) exactly as the exact kernel
+    keeps them."""
+    rng = np.random.default_rng(8)
+    V = np.abs(rng.standard_normal((30, 50))) * (rng.random((30, 50)) < 0.2)
+    V[3, 4] = np.nan
+    V[5] *= 1e200
+    Q = V[[0, 1, 2]] + 0.01
+    cand = np.full((3, 12), -1, np.int64)
+    cand[:, :6] = [3, 5, 0, 1, 2, 7]
+    cand[2, 6:] = np.arange(10, 16)
+    want, got, _ = _both(Q, V, cand, kind, 8)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])

@@ -1011,3 +1011,58 @@ def test_an_8bit_screen_that_does_not_prune_is_dropped(split):
     digits = make_searcher(db, ids, rerank="euclidean", n_candidates=100)
     digits.search(queries, 7)
     assert digits._screen_cache[1] is not None
+
+
+def _bag_of_digits(X):
+    """The digits (upsampled to 16 x 16) as sparse L2-normalised histograms over binarised
+    4x4 patches: the sparse protocol of the learned-metric paper in miniature."""
+    from hashlearn.experiments.learned_metric import bag_of_patches
+
+    imgs = np.kron(X.reshape(-1, 8, 8), np.ones((1, 2, 2)))  # 16 x 16
+    return bag_of_patches(imgs.reshape(len(X), -1) * 16, side=16, level=100)
+
+
+@pytest.mark.parametrize("rerank", ["sqeuclidean", "euclidean", "inner_product", "cosine"])
+def test_the_csr_sketch_screen_changes_no_result(split, rerank):
+    """``screen=True`` (the default: a bucket-norm sketch screens CSR candidates) and
+    ``screen=False`` return the same ids and the same distances (both score a pair with one
+    loop), before and after add and remove."""
+    db, ids, queries = split
+    X, Q = _bag_of_digits(db), _bag_of_digits(queries)
+    hasher = RandomHyperplaneLSH(N_BITS, directions="gaussian", random_state=0)
+    on = Searcher(hasher, FlatIndex(N_BITS), rerank=rerank, n_candidates=150).fit(X)
+    off = Searcher(on.hasher, FlatIndex(N_BITS), rerank=rerank, n_candidates=150, screen=False)
+    for s in (on, off):
+        s.add(X, ids=ids)
+    _assert_same_results(on, off, Q)
+    sketch = on._screen_cache[1][0]
+    assert on._screen_cache[0] is on._vectors and off._screen_cache is None
+    assert sketch.codes.shape == (X.shape[0], 64)
+    for s in (on, off):
+        s.add(Q[:20], ids=np.arange(20) + 10**6)
+        s.remove(ids[:50])
+    _assert_same_results(on, off, Q)
+    assert on._screen_cache[0] is on._vectors  # rebuilt for the new set of vectors
+
+
+def test_a_csr_sketch_that_does_not_prune_is_dropped(split):
+    """Random signed unit rows with no structure: every candidate is about as far as the
+    next, the sketch spares few exact pairs, and the searcher drops it (same results)."""
+    db, ids, _ = split
+    rng = np.random.default_rng(3)
+
+    def unit_rows(n, seed):
+        M = sp.random(n, 2000, density=0.02, random_state=seed, format="csr")
+        M.data = rng.standard_normal(M.nnz)
+        return sp.csr_matrix(sp.diags(1 / np.sqrt(M.multiply(M).sum(1).A.ravel())) @ M)
+
+    X, Q = unit_rows(len(db), 4), unit_rows(40, 5)
+    hasher = RandomHyperplaneLSH(N_BITS, directions="gaussian", random_state=0)
+    s = Searcher(hasher, FlatIndex(N_BITS), rerank="euclidean", n_candidates=100).fit(X)
+    ref = Searcher(s.hasher, FlatIndex(N_BITS), rerank="euclidean", n_candidates=100, screen=False)
+    for searcher in (s, ref):
+        searcher.add(X, ids=ids)
+    first = s.search(Q, 7)
+    assert s._screen_cache[1] is None  # dropped
+    for x, y in zip(first, ref.search(Q, 7), strict=True):
+        np.testing.assert_array_equal(x, y)

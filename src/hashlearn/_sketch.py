@@ -80,6 +80,8 @@ def _bucket_norms(data, indices, indptr, bucket_of, start, stop, out, slack):  #
             out[r, b] = np.sqrt(out[r, b])
         n = b1 - b0
         slack[r] = (n + 4.0) * _U64 * np.sqrt(total) * 1.01 + np.sqrt(n + 1.0) * _UNDERFLOW_ROOT
+        if not total < np.inf:  # NaN or infinity: no bound
+            slack[r] = np.inf
 
 
 def _rows(data, indices, indptr, bucket_of, width, start, stop):

@@ -137,6 +137,10 @@ _BUILTIN = {
 #: k = 10 of 100 candidates: 66 per query scored exactly, 0.78x the unscreened speed; raw
 #: pixels: 10 per query, 1.3x; 2026-11-27, this repository's 2-core AMD EPYC)
 _SCREEN_MAX_EXACT = 0.25
+#: the same for the sketch screen of CSR vectors, whose first pass is cheaper relative to an
+#: exact pair (Fashion-MNIST bag of patches, 100 candidates: about 0.06 us per candidate for
+#: the sketch against 0.3-0.5 us per pair scored exactly; 20 % of the pairs scored there)
+_SKETCH_MAX_EXACT = 0.6
 
 
 def _code_bits(hasher) -> int | None:
@@ -178,10 +182,11 @@ class Searcher:
         it: pass 1 bounds every candidate's distance from the copy, and only those that can
         still be among the k nearest are scored in full precision. Dense vectors get an
         8-bit copy (``d`` bytes each, a quarter of float32; :mod:`hashlearn._quantized`),
-        CSR vectors each row's squared norm (8 bytes a row) for a cheaper first pass
-        (:mod:`hashlearn._rescore_csr`). The results are those of the exact re-ranking (the
+        CSR vectors a bucket-norm sketch (12-bit codes, about 8 bytes per non-zero of a
+        row; :mod:`hashlearn._sketch`). The results are those of the exact re-ranking (the
         bounds are certified; where they fix a float32 distance and its rank, that pair's
-        full-precision score is skipped); ``False`` saves the memory.
+        full-precision score is skipped); a copy that spares too few exact scores is
+        dropped until the vectors change; ``False`` saves the memory.
 
     Examples
     --------
@@ -684,11 +689,13 @@ class Searcher:
             cached = self._screen_cache = (V, quantize(frozen_vectors))
         return cached[1]
 
-    def _judge_screen(self, V: np.ndarray, scored_exactly: int, pairs: int) -> None:
-        """Drop the 8-bit screen of ``V`` (until its vectors change) once a search had to
-        score more than ``_SCREEN_MAX_EXACT`` of its pairs in full precision: the one-step
-        grid then fits the data too poorly to pay for pass 1."""
-        if pairs and scored_exactly > _SCREEN_MAX_EXACT * pairs:
+    def _judge_screen(self, V, scored_exactly: int, pairs: int) -> None:
+        """Drop the screen of ``V`` (until its vectors change) once a search had to score
+        more than ``_SCREEN_MAX_EXACT`` of its pairs in full precision (``_SKETCH_MAX_EXACT``
+        for CSR vectors): the screen then fits the data too poorly to pay for its first pass
+        (for the 8-bit copy, one grid step for all columns)."""
+        limit = _SKETCH_MAX_EXACT if sp.issparse(V) else _SCREEN_MAX_EXACT
+        if pairs and scored_exactly > limit * pairs:
             self._screen_cache = (V, None)
 
     def _csr_screen_for(self, V: sp.csr_matrix, arrays) -> tuple | None:

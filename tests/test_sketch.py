@@ -1,0 +1,112 @@
+"""The bucket-norm sketch of CSR vectors (hashlearn._sketch): its width, its buckets, its
+certified errors, and the lower bound it gives, checked in 60-digit decimal arithmetic."""
+
+from __future__ import annotations
+
+from decimal import Decimal, localcontext
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from numba import njit
+
+from hashlearn._quantized import WIDE_LEVELS, code_sqdist
+from hashlearn._sketch import build_sketch, sketch_rows, sketch_width
+
+
+def _arrays(X):
+    X = sp.csr_matrix(X)
+    X.sort_indices()
+    return X.data, X.indices.astype(np.int32), X.indptr.astype(np.int64)
+
+
+def test_width_is_four_non_zeros_a_row_within_limits():
+    assert sketch_width(56.4, 65536) == 256  # the bag-of-patches histograms
+    assert sketch_width(3.0, 65536) == 64
+    assert sketch_width(5000.0, 65536) == 1024
+    assert sketch_width(30.0, 40) == 64  # no wider than the columns (rounded up)
+    assert sketch_width(30.0, 20) == 32
+    assert sketch_width(0.0, 10) == 32
+
+
+def test_the_most_frequent_columns_lead_buckets_of_their_own():
+    rng = np.random.default_rng(0)
+    n, d = 500, 3000
+    weights = 1.0 / np.arange(1, d + 1)  # column j is used about 1 / j as often
+    X = sp.random(n, d, density=0.01, random_state=1, format="lil")
+    for i in range(n):
+        X[i, rng.choice(d, 10, replace=False, p=weights / weights.sum())] = 1.0
+    X = sp.csr_matrix(X)
+    sketch = build_sketch(*_arrays(X), d)
+    w = sketch.codes.shape[1]
+    counts = np.bincount(X.indices, minlength=d)
+    top = np.argsort(-counts, kind="stable")[:w]
+    assert len(np.unique(sketch.bucket_of[top])) == w
+    assert sketch.bucket_of.min() >= 0 and sketch.bucket_of.max() < w
+
+
+def _exact_norms(x, bucket_of, w):
+    """Each bucket's norm of the CSR row ``x``, in 60-digit decimals."""
+    sums = [Decimal(0)] * w
+    for j, v in zip(x.indices.tolist(), x.data.tolist(), strict=True):
+        sums[bucket_of[j]] += Decimal(v) * Decimal(v)
+    return [s.sqrt() for s in sums]
+
+
+def _distance(f, g):
+    return sum(((a - b) * (a - b) for a, b in zip(f, g, strict=True)), Decimal(0)).sqrt()
+
+
+@pytest.mark.parametrize(
+    "case", ["gaussian", "non-negative", "mixed magnitudes", "tiny", "huge", "nan row"]
+)
+def test_sketch_errors_and_lower_bounds_hold_exactly(case):
+    """``err`` bounds ``|f(x) - step codes|`` for the real bucket norms ``f(x)`` (database
+    rows, and queries beyond the grid, which are clamped), and ``step sqrt(S) - err_q -
+    err_x <= |q - x|`` for every pair: the sketch is a contraction."""
+    rng = np.random.default_rng(2)
+    n, d = 60, 400
+    X = sp.random(n, d, density=0.05, random_state=3, format="csr")
+    X.data = rng.standard_normal(X.nnz)
+    if case == "non-negative":
+        X.data = np.abs(X.data)
+    elif case == "mixed magnitudes":
+        X.data *= 10.0 ** rng.integers(-30, 30, X.nnz)
+    elif case == "tiny":
+        X.data *= 1e-160  # squares underflow
+    elif case == "huge":
+        X.data *= 1e150
+    elif case == "nan row":
+        X.data[X.indptr[4]] = np.nan
+    Q = sp.csr_matrix(X[:20].multiply(3.0) + sp.random(20, d, density=0.02, random_state=4))
+    sketch = build_sketch(*_arrays(X), d)
+    w = sketch.codes.shape[1]
+    assert sketch.codes.dtype == np.uint16 and sketch.codes.max() <= WIDE_LEVELS
+    q_codes, q_err = sketch_rows(sketch, *_arrays(Q))
+    step = Decimal(sketch.step)
+    with localcontext() as ctx:
+        ctx.prec = 60
+        rows = []
+        for M, codes, err in ((X, sketch.codes, sketch.err), (Q, q_codes, q_err)):
+            for i in range(M.shape[0]):
+                x = M[i]
+                if not np.isfinite(x.data).all():
+                    assert err[i] == np.inf
+                    continue
+                f = _exact_norms(x, sketch.bucket_of, w)
+                grid = [step * int(c) for c in codes[i]]
+                assert _distance(f, grid) <= Decimal(err[i])
+                rows.append((x, codes, i, Decimal(err[i])))
+        for x, xc, i, e_x in rows[:40]:
+            for q, qc, j, e_q in rows[-20:]:
+                true = _distance(
+                    [Decimal(v) for v in x.toarray().ravel()],
+                    [Decimal(v) for v in q.toarray().ravel()],
+                )
+                total = int(_pair_sum(qc, j, xc, i))
+                assert step * Decimal(total).sqrt() - e_q - e_x <= true
+
+
+@njit
+def _pair_sum(A, i, B, p):
+    return code_sqdist(A, i, B, p)
