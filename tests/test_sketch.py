@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from numba import njit
 
-from hashlearn._quantized import WIDE_LEVELS, code_sqdist
+from hashlearn._quantized import NO_TAG, WIDE_LEVELS, tagged_sqdist
 from hashlearn._sketch import build_sketch, sketch_rows, sketch_width
 
 
@@ -62,8 +62,10 @@ def _distance(f, g):
 )
 def test_sketch_errors_and_lower_bounds_hold_exactly(case):
     """``err`` bounds ``|f(x) - step codes|`` for the real bucket norms ``f(x)`` (database
-    rows, and queries beyond the grid, which are clamped), and ``step sqrt(S) - err_q -
-    err_x <= |q - x|`` for every pair: the sketch is a contraction."""
+    rows, and queries beyond the grid, which are clamped); a bucket with one non-zero
+    carries its column's tag; and ``step sqrt(S) - err_q - err_x <= |q - x|`` for every
+    pair, ``S`` the tagged code distance: the sketch is a contraction, and buckets whose
+    tags differ hold different columns."""
     rng = np.random.default_rng(2)
     n, d = 60, 400
     X = sp.random(n, d, density=0.05, random_state=3, format="csr")
@@ -81,7 +83,7 @@ def test_sketch_errors_and_lower_bounds_hold_exactly(case):
     Q = sp.csr_matrix(X[:20].multiply(3.0) + sp.random(20, d, density=0.02, random_state=4))
     sketch = build_sketch(*_arrays(X), d)
     w = sketch.codes.shape[1]
-    assert sketch.codes.dtype == np.uint16 and sketch.codes.max() <= WIDE_LEVELS
+    assert sketch.codes.dtype == np.uint16 and (sketch.codes & 0x0FFF).max() <= WIDE_LEVELS
     q_codes, q_err = sketch_rows(sketch, *_arrays(Q))
     step = Decimal(sketch.step)
     with localcontext() as ctx:
@@ -94,7 +96,13 @@ def test_sketch_errors_and_lower_bounds_hold_exactly(case):
                     assert err[i] == np.inf
                     continue
                 f = _exact_norms(x, sketch.bucket_of, w)
-                grid = [step * int(c) for c in codes[i]]
+                grid = [step * (int(c) & WIDE_LEVELS) for c in codes[i]]
+                tags = codes[i] >> 12
+                per_bucket = np.bincount(sketch.bucket_of[x.indices], minlength=w)
+                alone = per_bucket == 1
+                assert (tags[~alone] == NO_TAG).all()
+                lone = x.indices[alone[sketch.bucket_of[x.indices]]]
+                assert (tags[sketch.bucket_of[lone]] == sketch.tag_of[lone]).all()
                 assert _distance(f, grid) <= Decimal(err[i])
                 rows.append((x, codes, i, Decimal(err[i])))
         for x, xc, i, e_x in rows[:40]:
@@ -109,4 +117,4 @@ def test_sketch_errors_and_lower_bounds_hold_exactly(case):
 
 @njit
 def _pair_sum(A, i, B, p):
-    return code_sqdist(A, i, B, p)
+    return tagged_sqdist(A, i, B, p)

@@ -31,6 +31,7 @@ __all__ = [
     "quantize",
     "quantize_rows",
     "code_sqdist",
+    "tagged_sqdist",
 ]
 
 COLUMN_BLOCK = 32  # codes per SIMD block of :func:`code_sqdist`
@@ -39,6 +40,7 @@ _LEVELS = 255
 #: :func:`code_sqdist`'s int32 lanes hold the sums of rows up to :data:`MAX_WIDE_COLUMNS`)
 WIDE_LEVELS = 4095
 MAX_WIDE_COLUMNS = 4096
+NO_TAG = 15  # the tag of a tagged code (:func:`tagged_sqdist`) that tells nothing
 _U64 = 2.0**-53
 _UNDERFLOW_ROOT = 2.0**-536  # root of twice float64's smallest subnormal
 #: widest padded row :func:`code_sqdist` sums without overflowing its int32 lanes
@@ -145,18 +147,29 @@ def quantize(V: np.ndarray) -> Quantized | None:
 # ------------------------------------------------------------------- exact code distances
 
 
-@intrinsic
-def _sum_sq_diff(typingctx, a, a_start, b, b_start, n):
-    """``sum_j (a.flat[a_start + j] - b.flat[b_start + j])^2`` over ``j < n`` (``n`` a
-    multiple of ``COLUMN_BLOCK``; C-contiguous uint8 arrays, or uint16 arrays of codes up to
-    :data:`WIDE_LEVELS`) as an int64: LLVM IR on vectors of ``COLUMN_BLOCK`` int16
-    differences, squares added pairwise into int32 lanes (the pattern x86 computes with
-    ``pmaddwd`` / ``vpdpwssd``), four independent accumulators. Integer arithmetic: the same
-    result on every CPU."""
-    if a != b or a.dtype not in (types.uint8, types.uint16):
-        return None
-    bits = a.dtype.bitwidth
-    sig = types.int64(a, a_start, b, b_start, n)
+class _Freeze(ir.instructions.Instruction):
+    """LLVM's ``freeze`` instruction: its operand unchanged, which LLVM does not fold into
+    the instructions around it."""
+
+    def descr(self, buf):
+        (value,) = self.operands
+        buf.append(f"freeze {value.type} {value.get_reference()}\n")
+
+
+def _frozen_value(builder, value):
+    """``value`` behind a ``freeze`` (where llvmlite lets one be inserted): a masked 16-bit
+    operand then stays a masked move feeding the pairwise multiply-add instead of being
+    folded into widening and narrowing moves (2x slower on this repository's AMD EPYC)."""
+    insert = getattr(builder, "_insert", None)
+    if insert is None:
+        return value
+    instr = _Freeze(builder.block, value.type, "frozen", [value])
+    insert(instr)
+    return instr
+
+
+def _sum_sq_diff_codegen(bits: int, tagged: bool):
+    """LLVM IR for :func:`_sum_sq_diff` (``tagged``: :func:`_sum_sq_diff_tagged`)."""
 
     def codegen(context, builder, signature, args):
         w = COLUMN_BLOCK
@@ -172,7 +185,16 @@ def _sum_sq_diff(typingctx, a, a_start, b, b_start, n):
         a_data = context.make_array(signature.args[0])(context, builder, args[0]).data
         b_data = context.make_array(signature.args[2])(context, builder, args[2]).data
         zero = ir.Constant(i32h, [0] * (w // 2))
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(unroll)]
+        sums = 2 if tagged else 1  # squared differences (and products of codes apart)
+        accs = [
+            [cgutils.alloca_once_value(builder, zero) for _ in range(sums)] for _ in range(unroll)
+        ]
+
+        def pairwise(x, y):  # x * y in int32 lanes, adjacent lanes added
+            prod = builder.mul(builder.sext(x, i32w), builder.sext(y, i32w))
+            return builder.add(
+                builder.shuffle_vector(prod, prod, evens), builder.shuffle_vector(prod, prod, odds)
+            )
 
         def block(j, acc):
             loaded = []
@@ -180,12 +202,22 @@ def _sum_sq_diff(typingctx, a, a_start, b, b_start, n):
                 ptr = builder.gep(data, [builder.add(start, j)])
                 codes = builder.load(builder.bitcast(ptr, code_v.as_pointer()), align=1)
                 loaded.append(codes if bits == 16 else builder.zext(codes, i16v))
-            diff = builder.sext(builder.sub(*loaded), i32w)
-            sq = builder.mul(diff, diff)
-            pairs = builder.add(
-                builder.shuffle_vector(sq, sq, evens), builder.shuffle_vector(sq, sq, odds)
-            )
-            builder.store(builder.add(builder.load(acc), pairs), acc)
+            if tagged:  # split code | tag << 12, and add 2 a c where the tags tell apart
+                low = ir.Constant(i16v, [WIDE_LEVELS] * w)
+                shift = ir.Constant(i16v, [12] * w)
+                none = ir.Constant(i16v, [NO_TAG] * w)
+                a, c = (builder.and_(x, low) for x in loaded)
+                ta, tc = (builder.lshr(x, shift) for x in loaded)
+                known = builder.and_(
+                    builder.icmp_unsigned("!=", ta, none), builder.icmp_unsigned("!=", tc, none)
+                )
+                apart = builder.and_(builder.icmp_unsigned("!=", ta, tc), known)
+                c_apart = builder.select(apart, c, ir.Constant(i16v, [0] * w))
+                c_apart = _frozen_value(builder, c_apart)
+                builder.store(builder.add(builder.load(acc[1]), pairwise(a, c_apart)), acc[1])
+                loaded = [a, c]
+            diff = builder.sub(*loaded)
+            builder.store(builder.add(builder.load(acc[0]), pairwise(diff, diff)), acc[0])
 
         n = args[4]
         span = ir.Constant(i64, w * unroll)
@@ -198,15 +230,42 @@ def _sum_sq_diff(typingctx, a, a_start, b, b_start, n):
         rest = builder.udiv(builder.sub(n, done), ir.Constant(i64, w))
         with cgutils.for_range(builder, rest) as loop:
             block(builder.add(done, builder.mul(loop.index, ir.Constant(i64, w))), accs[0])
-        total = builder.sext(builder.load(accs[0]), i64h)
-        for acc in accs[1:]:
-            total = builder.add(total, builder.sext(builder.load(acc), i64h))
+        total = ir.Constant(i64h, [0] * (w // 2))
+        one = ir.Constant(i64h, [1] * (w // 2))
+        for acc in accs:
+            total = builder.add(total, builder.sext(builder.load(acc[0]), i64h))
+            if tagged:  # twice the products of the codes apart
+                apart = builder.shl(builder.sext(builder.load(acc[1]), i64h), one)
+                total = builder.add(total, apart)
         reduce = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(i64, [i64h]), f"llvm.vector.reduce.add.v{w // 2}i64"
         )
         return builder.call(reduce, [total])
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def _sum_sq_diff(typingctx, a, a_start, b, b_start, n):
+    """``sum_j (a.flat[a_start + j] - b.flat[b_start + j])^2`` over ``j < n`` (``n`` a
+    multiple of ``COLUMN_BLOCK``; C-contiguous uint8 arrays, or uint16 arrays of codes up to
+    :data:`WIDE_LEVELS`) as an int64: LLVM IR on vectors of ``COLUMN_BLOCK`` int16
+    differences, squares added pairwise into int32 lanes (the pattern x86 computes with
+    ``pmaddwd`` / ``vpdpwssd``), four independent accumulators. Integer arithmetic: the same
+    result on every CPU."""
+    if a != b or a.dtype not in (types.uint8, types.uint16):
+        return None
+    return types.int64(a, a_start, b, b_start, n), _sum_sq_diff_codegen(a.dtype.bitwidth, False)
+
+
+@intrinsic
+def _sum_sq_diff_tagged(typingctx, a, a_start, b, b_start, n):
+    """:func:`_sum_sq_diff` of uint16 words holding a 12-bit code and a 4-bit tag (``code |
+    tag << 12``): ``sum_j (a_j - c_j)^2 + 2 a_j c_j [tags differ, neither NO_TAG]``, that
+    is ``a_j^2 + c_j^2`` where the tags tell the two apart (see :func:`tagged_sqdist`)."""
+    if a != b or a.dtype != types.uint16:
+        return None
+    return types.int64(a, a_start, b, b_start, n), _sum_sq_diff_codegen(16, True)
 
 
 @njit(nogil=True, inline="always")
@@ -216,3 +275,15 @@ def code_sqdist(A, i, B, p):
     padded width (a multiple of ``COLUMN_BLOCK``, C-contiguous)."""
     w = A.shape[1]
     return _sum_sq_diff(A, i * w, B, p * w, w)
+
+
+@njit(nogil=True, inline="always")
+def tagged_sqdist(A, i, B, p):
+    """For uint16 matrices of tagged codes (``code | tag << 12``: codes up to
+    :data:`WIDE_LEVELS`, tags up to :data:`NO_TAG`; the same padded width, at most
+    :data:`MAX_WIDE_COLUMNS`): ``sum_j (a_j - c_j)^2``, except that a column whose two tags
+    differ and neither is :data:`NO_TAG` adds ``a_j^2 + c_j^2`` (int64, exact). Where a tag
+    names the one feature behind a code, different tags mean different features, whose
+    vectors are orthogonal: ``|u - v|^2 = |u|^2 + |v|^2``."""
+    w = A.shape[1]
+    return _sum_sq_diff_tagged(A, i * w, B, p * w, w)

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 from hashlearn._primitives import prefetch
-from hashlearn._quantized import code_sqdist
+from hashlearn._quantized import tagged_sqdist
 from hashlearn._rescore import (
     _U64,
     EUCLIDEAN,
@@ -230,7 +230,7 @@ def _sketch_radii(q_codes, x_codes, x_err, step, cand, start, stop):  # pragma: 
             prefetch(x_codes, (keys[t + _LOOKAHEAD_PAIRS] >> tbits) * width)
         slot = keys[t] & mask
         p = keys[t] >> tbits
-        total = code_sqdist(q_codes, start + slot // c, x_codes, p)
+        total = tagged_sqdist(q_codes, start + slot // c, x_codes, p)
         radii[slot] = step * np.sqrt(np.float64(total)) * (1.0 - 16.0 * _U64) - x_err[p]
     return radii.reshape(stop - start, c)
 

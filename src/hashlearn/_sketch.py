@@ -31,7 +31,13 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from hashlearn._quantized import COLUMN_BLOCK, MAX_WIDE_COLUMNS, WIDE_LEVELS, quantize_rows
+from hashlearn._quantized import (
+    COLUMN_BLOCK,
+    MAX_WIDE_COLUMNS,
+    NO_TAG,
+    WIDE_LEVELS,
+    quantize_rows,
+)
 
 __all__ = ["Sketch", "build_sketch", "sketch_rows", "sketch_width"]
 
@@ -40,6 +46,7 @@ _UNDERFLOW_ROOT = 2.0**-536  # root of twice float64's smallest subnormal
 _MIN_WIDTH = 64
 _MAX_WIDTH = 1024
 _CHUNK = 4096  # rows sketched at a time (a float64 block of 4096 x w)
+_EMPTY = 255  # the tag of a bucket no non-zero has reached yet
 assert _MAX_WIDTH <= MAX_WIDE_COLUMNS
 
 
@@ -47,7 +54,8 @@ class Sketch(NamedTuple):
     """The sketch of a CSR matrix (see the module docstring)."""
 
     bucket_of: np.ndarray  # (n_cols,) int32: each column's bucket
-    codes: np.ndarray  # (n, w) uint16, 0..WIDE_LEVELS
+    tag_of: np.ndarray  # (n_cols,) uint8: each column's tag within its bucket, < NO_TAG
+    codes: np.ndarray  # (n, w) uint16: code (0..WIDE_LEVELS) | tag << 12
     err: np.ndarray  # (n,) float64, >= |f(x) - step codes| (inf where x is not finite)
     step: float
 
@@ -62,20 +70,28 @@ def sketch_width(mean_nnz: float, n_cols: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def _bucket_norms(data, indices, indptr, bucket_of, start, stop, out, slack):  # pragma: no cover
+def _bucket_norms(
+    data, indices, indptr, sketch_of, start, stop, out, tags, slack
+):  # pragma: no cover
     """Rows ``start:stop`` into ``out`` (zeroed, one row each): their bucket norms, computed
-    in float64; ``slack`` gets a bound on each row's ``|f_computed - f|``. Every square and
+    in float64, and into ``tags`` (filled with ``_EMPTY``) each bucket's tag: its one
+    non-zero column's ``tag_of``, or ``NO_TAG`` for several (``sketch_of = (bucket_of,
+    tag_of)``); ``slack`` gets a bound on each row's ``|f_computed - f|``. Every square and
     sum is exact to ``(n + 1) u`` relatively (``n`` the row's non-zeros, all terms are
     non-negative) and off by at most ``n 2^-1075`` where squares underflow; the root halves
     the relative error and adds ``u``: the bound below doubles that (``|f| = |x|``)."""
+    bucket_of, tag_of = sketch_of
     for r in range(stop - start):
         row = start + r
         b0, b1 = indptr[row], indptr[row + 1]
         total = 0.0
         for t in range(b0, b1):
             x = np.float64(data[t])
-            out[r, bucket_of[indices[t]]] += x * x
+            col = indices[t]
+            b = bucket_of[col]
+            out[r, b] += x * x
             total += x * x
+            tags[r, b] = tag_of[col] if tags[r, b] == _EMPTY else NO_TAG
         for b in range(out.shape[1]):
             out[r, b] = np.sqrt(out[r, b])
         n = b1 - b0
@@ -84,11 +100,14 @@ def _bucket_norms(data, indices, indptr, bucket_of, start, stop, out, slack):  #
             slack[r] = np.inf
 
 
-def _rows(data, indices, indptr, bucket_of, width, start, stop):
+def _rows(data, indices, indptr, sketch: Sketch, width, start, stop):
     out = np.zeros((stop - start, width))
+    tags = np.full((stop - start, width), _EMPTY, np.uint8)
     slack = np.empty(stop - start)
-    _bucket_norms(data, indices, indptr, bucket_of, start, stop, out, slack)
-    return out, slack
+    sketch_of = (sketch.bucket_of, sketch.tag_of)
+    _bucket_norms(data, indices, indptr, sketch_of, start, stop, out, tags, slack)
+    tags[tags == _EMPTY] = NO_TAG
+    return out, tags, slack
 
 
 def sketch_rows(sketch: Sketch, data, indices, indptr) -> tuple[np.ndarray, np.ndarray]:
@@ -102,9 +121,9 @@ def sketch_rows(sketch: Sketch, data, indices, indptr) -> tuple[np.ndarray, np.n
     zeros = np.zeros(width)
     for start in range(0, n, _CHUNK):
         stop = min(n, start + _CHUNK)
-        norms, slack = _rows(data, indices, indptr, sketch.bucket_of, width, start, stop)
+        norms, tags, slack = _rows(data, indices, indptr, sketch, width, start, stop)
         c, e, _ = quantize_rows(norms, zeros, sketch.step, width, wide=True)
-        codes[start:stop] = c
+        codes[start:stop] = c | (tags.astype(np.uint16) << 12)
         err[start:stop] = (e + slack) * (1.0 + 4.0 * _U64)
     return codes, err
 
@@ -118,14 +137,16 @@ def build_sketch(data, indices, indptr, n_cols: int) -> Sketch:
     rank = np.empty(n_cols, np.int64)
     rank[np.argsort(-counts, kind="stable")] = np.arange(n_cols)
     bucket_of = (rank % width).astype(np.int32)
+    tag_of = ((rank // width) % NO_TAG).astype(np.uint8)
+    sketch = Sketch(bucket_of, tag_of, np.empty((0, width), np.uint16), np.empty(0), 1.0)
     top = 0.0  # the largest finite bucket norm: the grid's end
     for start in range(0, n, _CHUNK):
-        norms, _ = _rows(data, indices, indptr, bucket_of, width, start, min(n, start + _CHUNK))
+        norms, _, _ = _rows(data, indices, indptr, sketch, width, start, min(n, start + _CHUNK))
         finite = norms[np.isfinite(norms)]
         top = max(top, float(finite.max()) if finite.size else 0.0)
     step = top / WIDE_LEVELS
     if not (np.isfinite(step) and step > 2.0**-1000):  # empty, zero or subnormal: any step
         step = 1.0  # is valid (errors are measured), this one cannot overflow 1 / step
-    sketch = Sketch(bucket_of, np.empty((0, width), np.uint16), np.empty(0), step)
+    sketch = sketch._replace(step=step)
     codes, err = sketch_rows(sketch, data, indices, indptr)
     return sketch._replace(codes=codes, err=err)
