@@ -204,14 +204,18 @@ def _sum_sq_diff_codegen(bits: int, tagged: bool):
                 loaded.append(codes if bits == 16 else builder.zext(codes, i16v))
             if tagged:  # split code | tag << 12, and add 2 a c where the tags tell apart
                 low = ir.Constant(i16v, [WIDE_LEVELS] * w)
-                shift = ir.Constant(i16v, [12] * w)
-                none = ir.Constant(i16v, [NO_TAG] * w)
+                high = ir.Constant(i16v, [0xFFFF ^ WIDE_LEVELS] * w)
+                none = ir.Constant(i16v, [NO_TAG << 12] * w)  # words from here on: NO_TAG
+                nothing = ir.Constant(i16v, [0] * w)
                 a, c = (builder.and_(x, low) for x in loaded)
-                ta, tc = (builder.lshr(x, shift) for x in loaded)
-                known = builder.and_(
-                    builder.icmp_unsigned("!=", ta, none), builder.icmp_unsigned("!=", tc, none)
+                tags_differ = builder.icmp_unsigned(
+                    "!=", builder.and_(builder.xor(*loaded), high), nothing
                 )
-                apart = builder.and_(builder.icmp_unsigned("!=", ta, tc), known)
+                known = builder.and_(
+                    builder.icmp_unsigned("<", loaded[0], none),
+                    builder.icmp_unsigned("<", loaded[1], none),
+                )
+                apart = builder.and_(tags_differ, known)
                 c_apart = builder.select(apart, c, ir.Constant(i16v, [0] * w))
                 c_apart = _frozen_value(builder, c_apart)
                 builder.store(builder.add(builder.load(acc[1]), pairwise(a, c_apart)), acc[1])
