@@ -11,17 +11,29 @@ Ranganathan & Manolopoulos, "Fast Subsequence Matching in Time-Series Databases"
 1994): a search may discard a candidate whose sketch distance already exceeds the k-th
 exact distance, and lose nothing.
 
+Tags. A bucket with one non-zero column carries that column's 4-bit tag (its round in the
+deal, modulo 15; ``NO_TAG`` for several columns). Where both vectors have one column in a
+bucket and the tags differ, the columns differ, the two parts are orthogonal and the bucket
+adds ``|q_b|^2 + |x_b|^2`` -- not just ``(|q_b| - |x_b|)^2`` -- which is still at most
+``|q_b - x_b|^2``. Written as the distance of ``(f(q)_D, 0, f(q)_rest)`` and ``(0,
+f(x)_D, f(x)_rest)`` (``D`` the buckets whose tags differ), this is again a contraction of
+the bucket norms, so the error bounds below carry over unchanged. On the bag-of-patches
+histograms 92 % of the non-empty buckets hold one column, and the tags halve the
+candidates left to score exactly (below).
+
 The bucket norms are kept as 12-bit codes (:func:`hashlearn._quantized.quantize_rows`, one
-step from 0 to the largest norm), so the sketch distance is an exact integer sum
-(:func:`hashlearn._quantized.code_sqdist`). Each vector's error bound covers both the
-quantization and the float64 rounding of its norms, so ``|q - x| >= step sqrt(S) - err_q -
-err_x`` holds for the real numbers.
+step from 0 to the largest norm), the tag in the top 4 bits of each uint16, so the sketch
+distance is an exact integer sum (:func:`hashlearn._quantized.tagged_sqdist`). Each
+vector's error bound covers both the quantization and the float64 rounding of its norms, so
+``|q - x| >= step sqrt(S) - err_q - err_x`` holds for the real numbers.
 
 Width: ``w`` is four times the database's mean number of non-zeros per row (rounded up to a
 multiple of 32, within 64..1024): two bytes a code, two thirds of a float64 CSR row's
 memory. Measured on the bag-of-patches Fashion-MNIST histograms (56 non-zeros a row, 1000
-Hamming candidates, k = 10), the candidates whose bound still reaches the 10th distance:
-107 at 128 buckets, 43 at 256 and 27 at 384; 8-bit codes at 256 buckets left 175.
+Hamming candidates, k = 10), the candidates whose bound still reaches the 10th distance,
+without tags: 107 at 128 buckets, 43 at 256 and 27 at 384 (8-bit codes at 256 buckets left
+175); in the kernel, with tags, 22 exact scores a query at 256 buckets instead of 49, 31 at
+192 and 57 at 128 (their times within noise of each other from 192 up).
 """
 
 from __future__ import annotations
