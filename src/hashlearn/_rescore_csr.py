@@ -244,9 +244,8 @@ def _nearest_by_sketch(radii, cand_row, k, first, first_radii, vectors):
     worst = np.inf
     for j in range(radii.shape[0]):
         r = radii[j]
-        if not r < worst:  # NaN (padding) or no nearer than the k kept
-            if not (n_first < k and r == r):
-                continue
+        if not r < worst:  # NaN (padding), or no nearer than the k kept (finite or -inf)
+            continue
         if n_first < k:
             pos = n_first
             n_first += 1
