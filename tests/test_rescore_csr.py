@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from numba import njit
 
+from hashlearn._quantized import tagged_sqdist
 from hashlearn._rescore import COSINE, EUCLIDEAN, NEG_INNER, SQEUCLIDEAN
 from hashlearn._rescore_csr import (
+    _sketch_radii,
     csr_distance_kernel,
     csr_scratch,
     csr_sketch_kernel,
@@ -34,9 +37,9 @@ def _both(Q, V, cand, kind, k):
     csr_distance_kernel(q, v, side, cand, kind, k, *want, 0, m, scratch())
     got = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
     sketch = build_sketch(*v, d)
-    q_codes, q_err = sketch_rows(sketch, *q)
     x_sq = row_sqnorms(v[0], v[2])
-    sketches = (q_codes, q_err, sketch.codes, sketch.err, x_sq, sketch.step)
+    x_sketch = (sketch.codes, sketch.err, sketch.code_sq)
+    sketches = (sketch_rows(sketch, *q), x_sketch, x_sq, sketch.step)
     n_exact = csr_sketch_kernel(q, v, sketches, cand, kind, k, *got, 0, m, scratch())
     return want, got, n_exact
 
@@ -118,3 +121,40 @@ def test_csr_sketch_screen_keeps_rows_without_a_bound(kind):
     want, got, _ = _both(Q, V, cand, kind, 8)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
+
+
+@njit
+def _radii_pair_by_pair(q_sketch, x_sketch, step, cand):
+    q_codes, _, q_sq = q_sketch
+    x_codes, x_err, x_sq = x_sketch
+    out = np.full(cand.shape, np.nan)
+    for i in range(cand.shape[0]):
+        for j in range(cand.shape[1]):
+            p = cand[i, j]
+            if p >= 0:
+                total = tagged_sqdist(q_codes, i, x_codes, p, q_sq, x_sq)
+                out[i, j] = step * np.sqrt(np.float64(total)) * (1.0 - 16.0 * 2.0**-53) - x_err[p]
+    return out
+
+
+def test_sketch_radii_are_those_of_each_pair():
+    """The first pass groups pairs by windows of rows, packs a row's low bits and the pair's
+    slot in an int32 key (in batches of queries when the slots need more bits) and finds
+    the query from the slot in float64: the radii are those computed pair by pair,
+    NaN for padding. 20k queries x 64 candidates needs two batches at this width."""
+    rng = np.random.default_rng(7)
+    n, d, m, c = 3000, 300, 20_000, 64
+    V = sp.random(n, d, density=0.02, random_state=8, format="csr")
+    Q = sp.random(m, d, density=0.02, random_state=9, format="csr")
+    v, q = _arrays(V), _arrays(Q)
+    sketch = build_sketch(*v, d)
+    assert sketch.codes.shape[1] == 64
+    cand = rng.integers(0, n, (m, c))
+    cand[rng.random((m, c)) < 0.1] = -1
+    cand[:, 0] = n - 1  # the last window
+    x_sketch = (sketch.codes, sketch.err, sketch.code_sq)
+    q_sketch = sketch_rows(sketch, *q)
+    want = _radii_pair_by_pair(q_sketch, x_sketch, sketch.step, cand)
+    for start, stop in ((0, m), (5, 17_000)):
+        got = _sketch_radii(q_sketch, x_sketch, sketch.step, cand, start, stop)
+        np.testing.assert_array_equal(got, want[start:stop])

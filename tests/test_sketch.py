@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from numba import njit
 
-from hashlearn._quantized import NO_TAG, WIDE_LEVELS, tagged_sqdist
+from hashlearn._quantized import NO_TAG, WIDE_LEVELS, tagged_code_sqnorms, tagged_sqdist
 from hashlearn._sketch import build_sketch, sketch_rows, sketch_width
 
 
@@ -84,12 +84,14 @@ def test_sketch_errors_and_lower_bounds_hold_exactly(case):
     sketch = build_sketch(*_arrays(X), d)
     w = sketch.codes.shape[1]
     assert sketch.codes.dtype == np.uint16 and (sketch.codes & 0x0FFF).max() <= WIDE_LEVELS
-    q_codes, q_err = sketch_rows(sketch, *_arrays(Q))
+    q_codes, q_err, q_code_sq = sketch_rows(sketch, *_arrays(Q))
+    assert (q_code_sq == ((q_codes & WIDE_LEVELS).astype(np.int64) ** 2).sum(1)).all()
     step = Decimal(sketch.step)
     with localcontext() as ctx:
         ctx.prec = 60
         rows = []
-        for M, codes, err in ((X, sketch.codes, sketch.err), (Q, q_codes, q_err)):
+        matrices = (X, sketch.codes, sketch.err, sketch.code_sq), (Q, q_codes, q_err, q_code_sq)
+        for M, codes, err, code_sq in matrices:
             for i in range(M.shape[0]):
                 x = M[i]
                 if not np.isfinite(x.data).all():
@@ -104,17 +106,51 @@ def test_sketch_errors_and_lower_bounds_hold_exactly(case):
                 lone = x.indices[alone[sketch.bucket_of[x.indices]]]
                 assert (tags[sketch.bucket_of[lone]] == sketch.tag_of[lone]).all()
                 assert _distance(f, grid) <= Decimal(err[i])
-                rows.append((x, codes, i, Decimal(err[i])))
-        for x, xc, i, e_x in rows[:40]:
-            for q, qc, j, e_q in rows[-20:]:
+                rows.append((x, codes, i, Decimal(err[i]), code_sq))
+        for x, xc, i, e_x, x_sq in rows[:40]:
+            for q, qc, j, e_q, q_sq in rows[-20:]:
                 true = _distance(
                     [Decimal(v) for v in x.toarray().ravel()],
                     [Decimal(v) for v in q.toarray().ravel()],
                 )
-                total = int(_pair_sum(qc, j, xc, i))
+                total = int(_pair_sum(qc, j, xc, i, q_sq, x_sq))
                 assert step * Decimal(total).sqrt() - e_q - e_x <= true
 
 
 @njit
-def _pair_sum(A, i, B, p):
-    return tagged_sqdist(A, i, B, p)
+def _pair_sum(A, i, B, p, a_sq, b_sq):
+    return tagged_sqdist(A, i, B, p, a_sq, b_sq)
+
+
+@njit
+def _all_tagged(A, B, a_sq, b_sq):
+    out = np.empty((A.shape[0], B.shape[0]), np.int64)
+    for i in range(A.shape[0]):
+        for p in range(B.shape[0]):
+            out[i, p] = tagged_sqdist(A, i, B, p, a_sq, b_sq)
+    return out
+
+
+@pytest.mark.parametrize("width", [32, 64, 96, 128, 160, 256, 800, 4096])
+def test_tagged_code_distances_are_the_exact_integer_sums(width):
+    """``tagged_sqdist`` against numpy: ``(a - c)^2`` where the tags agree or either is
+    ``NO_TAG``, ``a^2 + c^2`` where they differ; every unroll remainder, and the largest
+    lane sums (``WIDE_LEVELS`` against ``WIDE_LEVELS`` in every column with equal tags,
+    and with different tags, over ``MAX_WIDE_COLUMNS`` columns)."""
+    rng = np.random.default_rng(width)
+    values = lambda n: rng.integers(0, WIDE_LEVELS + 1, (n, width))  # noqa: E731
+    tags = lambda n: rng.choice([0, 1, 2, 14, NO_TAG], (n, width))  # noqa: E731
+    a_val, a_tag, c_val, c_tag = values(9), tags(9), values(7), tags(7)
+    a_val[0], a_tag[0], c_val[0], c_tag[0] = WIDE_LEVELS, 3, WIDE_LEVELS, 3  # kept: 0 apart
+    a_val[1], a_tag[1], c_val[1], c_tag[1] = WIDE_LEVELS, 2, WIDE_LEVELS, 5  # all apart
+    a_val[2], a_tag[2], c_val[2], c_tag[2] = WIDE_LEVELS, NO_TAG, 0, 5
+    A = (a_val | a_tag << 12).astype(np.uint16)
+    C = (c_val | c_tag << 12).astype(np.uint16)
+    a, c = a_val[:, None, :], c_val[None]
+    apart = (a_tag[:, None, :] != c_tag[None]) & (a_tag[:, None, :] != NO_TAG)
+    apart &= c_tag[None] != NO_TAG
+    want = np.where(apart, a * a + c * c, (a - c) ** 2).sum(2)
+    got = _all_tagged(A, C, tagged_code_sqnorms(A), tagged_code_sqnorms(C))
+    np.testing.assert_array_equal(got, want)
+    assert want[0, 0] == 0 and want[1, 1] == 2 * width * WIDE_LEVELS**2
+    assert want[2, 2] == width * WIDE_LEVELS**2

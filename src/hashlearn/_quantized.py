@@ -31,6 +31,7 @@ __all__ = [
     "quantize",
     "quantize_rows",
     "code_sqdist",
+    "tagged_code_sqnorms",
     "tagged_sqdist",
 ]
 
@@ -169,11 +170,11 @@ def _frozen_value(builder, value):
 
 
 def _sum_sq_diff_codegen(bits: int, tagged: bool):
-    """LLVM IR for :func:`_sum_sq_diff` (``tagged``: :func:`_sum_sq_diff_tagged`)."""
+    """LLVM IR for :func:`_sum_sq_diff` (``tagged``: :func:`_kept_dot`)."""
 
     def codegen(context, builder, signature, args):
         w = COLUMN_BLOCK
-        unroll = 4
+        unroll = 2 if tagged else 4
         code_v = ir.VectorType(ir.IntType(bits), w)
         i16v = ir.VectorType(ir.IntType(16), w)
         i32w = ir.VectorType(ir.IntType(32), w)
@@ -185,10 +186,7 @@ def _sum_sq_diff_codegen(bits: int, tagged: bool):
         a_data = context.make_array(signature.args[0])(context, builder, args[0]).data
         b_data = context.make_array(signature.args[2])(context, builder, args[2]).data
         zero = ir.Constant(i32h, [0] * (w // 2))
-        sums = 2 if tagged else 1  # squared differences (and products of codes apart)
-        accs = [
-            [cgutils.alloca_once_value(builder, zero) for _ in range(sums)] for _ in range(unroll)
-        ]
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(unroll)]
 
         def pairwise(x, y):  # x * y in int32 lanes, adjacent lanes added
             prod = builder.mul(builder.sext(x, i32w), builder.sext(y, i32w))
@@ -202,26 +200,21 @@ def _sum_sq_diff_codegen(bits: int, tagged: bool):
                 ptr = builder.gep(data, [builder.add(start, j)])
                 codes = builder.load(builder.bitcast(ptr, code_v.as_pointer()), align=1)
                 loaded.append(codes if bits == 16 else builder.zext(codes, i16v))
-            if tagged:  # split code | tag << 12, and add 2 a c where the tags tell apart
+            if tagged:  # a * c where the tags are equal or either is NO_TAG
                 low = ir.Constant(i16v, [WIDE_LEVELS] * w)
-                high = ir.Constant(i16v, [0xFFFF ^ WIDE_LEVELS] * w)
                 none = ir.Constant(i16v, [NO_TAG << 12] * w)  # words from here on: NO_TAG
-                nothing = ir.Constant(i16v, [0] * w)
+                same = builder.icmp_unsigned("<=", builder.xor(*loaded), low)
+                larger = builder.select(
+                    builder.icmp_unsigned(">", loaded[0], loaded[1]), loaded[0], loaded[1]
+                )
+                kept = builder.or_(same, builder.icmp_unsigned(">=", larger, none))
                 a, c = (builder.and_(x, low) for x in loaded)
-                tags_differ = builder.icmp_unsigned(
-                    "!=", builder.and_(builder.xor(*loaded), high), nothing
-                )
-                known = builder.and_(
-                    builder.icmp_unsigned("<", loaded[0], none),
-                    builder.icmp_unsigned("<", loaded[1], none),
-                )
-                apart = builder.and_(tags_differ, known)
-                c_apart = builder.select(apart, c, ir.Constant(i16v, [0] * w))
-                c_apart = _frozen_value(builder, c_apart)
-                builder.store(builder.add(builder.load(acc[1]), pairwise(a, c_apart)), acc[1])
-                loaded = [a, c]
-            diff = builder.sub(*loaded)
-            builder.store(builder.add(builder.load(acc[0]), pairwise(diff, diff)), acc[0])
+                c_kept = builder.select(kept, c, ir.Constant(i16v, [0] * w))
+                term = pairwise(a, _frozen_value(builder, c_kept))
+            else:
+                diff = builder.sub(*loaded)
+                term = pairwise(diff, diff)
+            builder.store(builder.add(builder.load(acc), term), acc)
 
         n = args[4]
         span = ir.Constant(i64, w * unroll)
@@ -234,16 +227,17 @@ def _sum_sq_diff_codegen(bits: int, tagged: bool):
         rest = builder.udiv(builder.sub(n, done), ir.Constant(i64, w))
         with cgutils.for_range(builder, rest) as loop:
             block(builder.add(done, builder.mul(loop.index, ir.Constant(i64, w))), accs[0])
-        total = ir.Constant(i64h, [0] * (w // 2))
-        one = ir.Constant(i64h, [1] * (w // 2))
-        for acc in accs:
-            total = builder.add(total, builder.sext(builder.load(acc[0]), i64h))
-            if tagged:  # twice the products of the codes apart
-                apart = builder.shl(builder.sext(builder.load(acc[1]), i64h), one)
-                total = builder.add(total, apart)
         reduce = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(i64, [i64h]), f"llvm.vector.reduce.add.v{w // 2}i64"
         )
+        if tagged:  # lanes of non-negative sums below 2^32: added modulo 2^32, then widened
+            total = builder.load(accs[0])
+            for acc in accs[1:]:
+                total = builder.add(total, builder.load(acc))
+            return builder.call(reduce, [builder.zext(total, i64h)])
+        total = ir.Constant(i64h, [0] * (w // 2))
+        for acc in accs:
+            total = builder.add(total, builder.sext(builder.load(acc), i64h))
         return builder.call(reduce, [total])
 
     return codegen
@@ -263,10 +257,12 @@ def _sum_sq_diff(typingctx, a, a_start, b, b_start, n):
 
 
 @intrinsic
-def _sum_sq_diff_tagged(typingctx, a, a_start, b, b_start, n):
-    """:func:`_sum_sq_diff` of uint16 words holding a 12-bit code and a 4-bit tag (``code |
-    tag << 12``): ``sum_j (a_j - c_j)^2 + 2 a_j c_j [tags differ, neither NO_TAG]``, that
-    is ``a_j^2 + c_j^2`` where the tags tell the two apart (see :func:`tagged_sqdist`)."""
+def _kept_dot(typingctx, a, a_start, b, b_start, n):
+    """For uint16 words holding a 12-bit code and a 4-bit tag (``code | tag << 12``):
+    ``sum_j a_j c_j`` over the columns whose tags are equal or either is ``NO_TAG`` (int64,
+    exact). Each int32 lane gathers at most ``2 WIDE_LEVELS^2`` a block, so up to
+    :data:`MAX_WIDE_COLUMNS` columns its sum stays below ``2^32``: the lanes are added
+    modulo ``2^32`` and read unsigned."""
     if a != b or a.dtype != types.uint16:
         return None
     return types.int64(a, a_start, b, b_start, n), _sum_sq_diff_codegen(16, True)
@@ -282,12 +278,26 @@ def code_sqdist(A, i, B, p):
 
 
 @njit(nogil=True, inline="always")
-def tagged_sqdist(A, i, B, p):
+def tagged_sqdist(A, i, B, p, a_sq, b_sq):
     """For uint16 matrices of tagged codes (``code | tag << 12``: codes up to
     :data:`WIDE_LEVELS`, tags up to :data:`NO_TAG`; the same padded width, at most
-    :data:`MAX_WIDE_COLUMNS`): ``sum_j (a_j - c_j)^2``, except that a column whose two tags
-    differ and neither is :data:`NO_TAG` adds ``a_j^2 + c_j^2`` (int64, exact). Where a tag
-    names the one feature behind a code, different tags mean different features, whose
-    vectors are orthogonal: ``|u - v|^2 = |u|^2 + |v|^2``."""
+    :data:`MAX_WIDE_COLUMNS`) and their rows' sums of squared codes ``a_sq``, ``b_sq``
+    (:func:`tagged_code_sqnorms`): ``sum_j (a_j - c_j)^2``, except that a column whose two
+    tags differ and neither is :data:`NO_TAG` adds ``a_j^2 + c_j^2`` (int64, exact). Where a
+    tag names the one feature behind a code, different tags mean different features, whose
+    vectors are orthogonal: ``|u - v|^2 = |u|^2 + |v|^2``. Computed as ``|a|^2 + |c|^2 - 2
+    sum_kept a_j c_j`` (one product a block, :func:`_kept_dot`)."""
     w = A.shape[1]
-    return _sum_sq_diff_tagged(A, i * w, B, p * w, w)
+    return a_sq[i] + b_sq[p] - 2 * _kept_dot(A, i * w, B, p * w, w)
+
+
+@njit(nogil=True, cache=True)
+def tagged_code_sqnorms(codes):  # pragma: no cover - compiled
+    """Each row's ``sum_j code_j^2`` (int64) of a uint16 matrix of tagged codes, for
+    :func:`tagged_sqdist`."""
+    out = np.zeros(codes.shape[0], np.int64)
+    for i in range(codes.shape[0]):
+        for j in range(codes.shape[1]):
+            c = np.int64(codes[i, j] & WIDE_LEVELS)
+            out[i] += c * c
+    return out

@@ -146,7 +146,7 @@ _WINDOWS = 4096  # buckets of the first pass of :func:`packed_pairs_by_row`
 
 
 @njit(nogil=True, cache=True)
-def packed_pairs_by_row(cand, start, stop, n_rows, window_shift=-1):  # pragma: no cover
+def packed_pairs_by_row(cand, start, stop, n_rows):  # pragma: no cover
     """The (row, query) pairs of queries ``start:stop`` (-1 skipped; rows below
     ``n_rows``) as packed keys ``row << qbits | (query - start)``, sorted by row, queries
     ascending within a row: ``(keys, qbits)``.
@@ -154,10 +154,7 @@ def packed_pairs_by_row(cand, start, stop, n_rows, window_shift=-1):  # pragma: 
     A most-significant-digit counting sort: one pass counts the pairs of each window of
     ``2^shift`` consecutive rows (at most ``_WINDOWS`` windows), one scatters them by
     window, then each window (a few hundred keys, in cache) is sorted by its low ``shift``
-    bits. Stable, linear in the pairs, one int64 per pair moved. With ``window_shift >=
-    0`` the pairs are only grouped by windows of ``2^window_shift`` rows, queries ascending
-    within a window (the order they came in): enough where a window's rows fit in cache
-    together, and a query's pairs in a window come one after another."""
+    bits. Stable, linear in the pairs, one int64 per pair moved."""
     c = cand.shape[1]
     m = stop - start
     qbits = 1
@@ -167,8 +164,6 @@ def packed_pairs_by_row(cand, start, stop, n_rows, window_shift=-1):  # pragma: 
     shift = 0
     while (top >> shift) >= _WINDOWS:
         shift += 1
-    if window_shift >= 0:
-        shift = window_shift
     n_windows = (top >> shift) + 1
     ends = np.zeros(n_windows + 1, np.int64)
     for i in range(start, stop):
@@ -188,7 +183,7 @@ def packed_pairs_by_row(cand, start, stop, n_rows, window_shift=-1):  # pragma: 
                 b = p >> shift
                 by_window[fill[b]] = (p << qbits) | (i - start)
                 fill[b] += 1
-    if shift == 0 or window_shift >= 0:
+    if shift == 0:
         return by_window, qbits
     keys = np.empty(n, np.int64)
     low = (1 << shift) - 1

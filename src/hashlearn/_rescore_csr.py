@@ -18,13 +18,13 @@ from numba import njit
 from hashlearn._primitives import prefetch
 from hashlearn._quantized import tagged_sqdist
 from hashlearn._rescore import (
+    _SUBNORMAL_SLACK,
     _U64,
     EUCLIDEAN,
     NEG_INNER,
     SQEUCLIDEAN,
     _distance_interval,
     keep_smallest,
-    packed_pairs_by_row,
 )
 
 __all__ = ["csr_distance_kernel", "csr_scratch", "csr_sketch_kernel", "row_sqnorms"]
@@ -191,6 +191,18 @@ def _sketch_lower(kind, radius, q_err, qq, x_sq, p, d, out_rel):
 
 
 @njit(nogil=True, inline="always")
+def _radius_cut(kind, reach, q_err, qq, d, out_rel):
+    """A radius (:func:`_sketch_radii`) above which :func:`_sketch_lower` exceeds ``reach``
+    for the Euclidean kinds, with a margin of 1e-9 relative to cover its roundings
+    (``inf`` for the other kinds, or while the query's ``|q|^2`` or ``reach`` is not
+    finite): the candidates beyond it are skipped without computing their bounds."""
+    if not (kind == SQEUCLIDEAN or kind == EUCLIDEAN) or not (reach < np.inf and qq < np.inf):
+        return np.inf
+    r_lo = np.sqrt(max(0.0, reach + d * _SUBNORMAL_SLACK) / (1.0 - out_rel))
+    return (r_lo + q_err) * (1.0 + 1e-9)
+
+
+@njit(nogil=True, inline="always")
 def _reach(kind, out_d, i, k, filled):
     """The k-th distance kept for query ``i`` in the domain of :func:`_sketch_lower`
     (squared for ``EUCLIDEAN``, enlarged to cover the rounding of the square); ``inf``
@@ -204,34 +216,82 @@ def _reach(kind, out_d, i, k, filled):
 
 
 @njit(nogil=True, cache=True)
-def _sketch_radii(q_codes, x_codes, x_err, step, cand, start, stop):  # pragma: no cover
+def _slots_by_window(cand, start, stop, n_rows, shift, radii):  # pragma: no cover
+    """The candidates of queries ``start:stop`` (rows below ``n_rows``) grouped by windows of
+    ``2^shift`` rows (a counting sort, queries ascending within a window): ``(keys, ends, slot_bits)``, each
+    int32 key ``(row mod 2^shift) << slot_bits | slot`` (``slot = (i - start) c + j``, the
+    pair's flat position), window ``b``'s keys ``keys[ends[b]:ends[b + 1]]``. Padding is
+    left out, its ``radii[slot]`` set to NaN. Needs ``slot_bits + shift <= 31``."""
+    c = cand.shape[1]
+    n_windows = ((max(n_rows, 1) - 1) >> shift) + 1
+    ends = np.zeros(n_windows + 1, np.int64)
+    for i in range(start, stop):
+        for j in range(c):
+            p = cand[i, j]
+            if p >= 0:
+                ends[(p >> shift) + 1] += 1
+            else:
+                radii[(i - start) * c + j] = np.nan
+    for b in range(n_windows):
+        ends[b + 1] += ends[b]
+    fill = ends[:-1].copy()
+    keys = np.empty(ends[n_windows], np.int32)
+    slot_bits = 1
+    while (1 << slot_bits) < (stop - start) * c:
+        slot_bits += 1
+    low = (1 << shift) - 1
+    for i in range(start, stop):
+        for j in range(c):
+            p = cand[i, j]
+            if p >= 0:
+                b = p >> shift
+                keys[fill[b]] = ((p & low) << slot_bits) | ((i - start) * c + j)
+                fill[b] += 1
+    return keys, ends, slot_bits
+
+
+@njit(nogil=True, cache=True)
+def _sketch_radii(q_sketch, x_sketch, step, cand, start, stop):  # pragma: no cover
     """``radii[i - start, j]``: a lower bound on ``|q - x| + q_err`` for query ``i`` and its
     candidate ``j`` (NaN for padding): ``step sqrt(S) - x_err`` (the sketch is a
     contraction; ``S`` the exact integer distance of the codes, the roundings of the root
     and the product covered; ``-inf`` for a row without a bound). Pairs are taken by
-    windows of rows (:func:`hashlearn._rescore.packed_pairs_by_row` over the flat (query,
-    candidate) slots), so each row's codes are read from memory once for all the queries
-    that list it."""
+    windows of rows whose codes fit in about a quarter of a 1 MB cache
+    (:func:`_slots_by_window`), so each row's codes are read from memory once for all the
+    queries that list it. ``q_sketch``, ``x_sketch``: ``(codes, err, code_sq)`` of the
+    queries and the rows (:func:`hashlearn._sketch.sketch_rows`)."""
+    q_codes, _, q_code_sq = q_sketch
+    x_codes, x_err, x_code_sq = x_sketch
     c = cand.shape[1]
     n_rows, width = x_codes.shape
-    radii = np.empty((stop - start) * c)  # every slot is written: NaN for padding
-    for i in range(start, stop):
-        for j in range(c):
-            if cand[i, j] < 0:
-                radii[(i - start) * c + j] = np.nan
-    shift = 0  # windows of rows whose codes fit in about half of a 1 MB cache
+    radii = np.empty((stop - start) * c)
+    shift = 0
     while (width * 2) << (shift + 1) <= _WINDOW_BYTES:
         shift += 1
-    keys, tbits = packed_pairs_by_row(cand.reshape(-1, 1), start * c, stop * c, n_rows, shift)
-    mask = (1 << tbits) - 1
-    n = keys.shape[0]
-    for t in range(n):
-        if t + _LOOKAHEAD_PAIRS < n:  # its first line (the cache streams the others)
-            prefetch(x_codes, (keys[t + _LOOKAHEAD_PAIRS] >> tbits) * width)
-        slot = keys[t] & mask
-        p = keys[t] >> tbits
-        total = tagged_sqdist(q_codes, start + slot // c, x_codes, p)
-        radii[slot] = step * np.sqrt(np.float64(total)) * (1.0 - 16.0 * _U64) - x_err[p]
+    c_bits = 0
+    while (1 << c_bits) < c:
+        c_bits += 1
+    shift = min(shift, 31 - c_bits)  # a key holds a row's low bits and a slot
+    per_batch = max(1, (1 << (31 - shift)) // max(c, 1))
+    inv_c = 1.0 / max(c, 1)  # floor((slot + 1/2) / c) in float64 is slot // c (slot < 2^31)
+    for first in range(start, stop, per_batch):
+        last = min(stop, first + per_batch)
+        at = (first - start) * c
+        keys, ends, slot_bits = _slots_by_window(cand, first, last, n_rows, shift, radii[at:])
+        slot_mask = (1 << slot_bits) - 1
+        n = keys.shape[0]
+        for b in range(ends.shape[0] - 1):
+            base = b << shift
+            for t in range(ends[b], ends[b + 1]):
+                if t + _LOOKAHEAD_PAIRS < n:  # its first line (the cache streams the others)
+                    ahead = base + (keys[t + _LOOKAHEAD_PAIRS] >> slot_bits)  # a row < n_rows
+                    prefetch(x_codes, ahead * width)
+                slot = keys[t] & slot_mask
+                p = base + (keys[t] >> slot_bits)
+                i = first + int((slot + 0.5) * inv_c)
+                total = tagged_sqdist(q_codes, i, x_codes, p, q_code_sq, x_code_sq)
+                r = step * np.sqrt(np.float64(total)) * (1.0 - 16.0 * _U64) - x_err[p]
+                radii[at + slot] = r
     return radii.reshape(stop - start, c)
 
 
@@ -312,17 +372,18 @@ def csr_sketch_kernel(
        order of their bounds until a bound exceeds the k-th distance kept (``T`` shrinks as
        they are kept); the rest have k candidates strictly nearer.
 
-    ``sketches = (q_codes, q_err, x_codes, x_err, x_sq, step)``: the queries' and the
-    rows' codes and error bounds (:func:`hashlearn._sketch.sketch_rows`), the rows'
-    ``|x|^2`` (:func:`row_sqnorms`) and the grid step; the other arguments as for
+    ``sketches = (q_sketch, x_sketch, x_sq, step)``: the queries' and the rows' ``(codes,
+    err, code_sq)`` (:func:`hashlearn._sketch.sketch_rows`), the rows' ``|x|^2``
+    (:func:`row_sqnorms`) and the grid step; the other arguments as for
     :func:`csr_distance_kernel`. Returns the number of pairs scored exactly."""
     q_data, q_ind, q_ptr = queries
     v_data, v_ind, v_ptr = vectors
-    q_codes, q_err, x_codes, x_err, x_sq, step = sketches
+    q_sketch, x_sketch, x_sq, step = sketches
+    q_err = q_sketch[1]
     c = cand.shape[1]
     d = scratch[0].shape[0]
     out_rel = 2.0 * (d + 8) * _U64
-    all_radii = _sketch_radii(q_codes, x_codes, x_err, step, cand, start, stop)
+    all_radii = _sketch_radii(q_sketch, x_sketch, step, cand, start, stop)
     first = np.empty(k, np.int64)
     first_next = np.empty(k, np.int64)
     first_radii = np.empty(k)
@@ -348,10 +409,11 @@ def csr_sketch_kernel(
             _score_one(first[r], q1 - q0, vectors, cand, i, kind, k, qq, out)
             radii[first[r]] = np.nan  # scored
         reach = _reach(kind, out_d, i, k, state[0])
+        cut = _radius_cut(kind, reach, q_err[i], qq, d, out_rel)
         n_rest = 0
         for j in range(c):
             radius = radii[j]
-            if radius != radius:  # padding, or scored
+            if not radius <= cut:  # padding or scored (NaN), or its bound exceeds reach
                 continue
             p = cand[i, j]
             low = _sketch_lower(kind, radius, q_err[i], qq, x_sq, p, d, out_rel)

@@ -49,6 +49,7 @@ from hashlearn._quantized import (
     NO_TAG,
     WIDE_LEVELS,
     quantize_rows,
+    tagged_code_sqnorms,
 )
 
 __all__ = ["Sketch", "build_sketch", "sketch_rows", "sketch_width"]
@@ -69,6 +70,7 @@ class Sketch(NamedTuple):
     tag_of: np.ndarray  # (n_cols,) uint8: each column's tag within its bucket, < NO_TAG
     codes: np.ndarray  # (n, w) uint16: code (0..WIDE_LEVELS) | tag << 12
     err: np.ndarray  # (n,) float64, >= |f(x) - step codes| (inf where x is not finite)
+    code_sq: np.ndarray  # (n,) int64: sum of the squared codes (tags left out)
     step: float
 
 
@@ -122,10 +124,11 @@ def _rows(data, indices, indptr, sketch: Sketch, width, start, stop):
     return out, tags, slack
 
 
-def sketch_rows(sketch: Sketch, data, indices, indptr) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes, err)`` of the rows of the CSR arrays ``(data, indices, indptr)`` (with the
+def sketch_rows(sketch: Sketch, data, indices, indptr) -> tuple[np.ndarray, ...]:
+    """``(codes, err, code_sq)`` of the rows of the CSR arrays ``(data, indices, indptr)`` (with the
     sketched matrix's columns) on ``sketch``'s buckets and grid; norms above the grid are
-    clamped and their error counted."""
+    clamped and their error counted; ``code_sq`` is :func:`tagged_code_sqnorms` of the
+    codes."""
     n = len(indptr) - 1
     width = sketch.codes.shape[1]
     codes = np.empty((n, width), np.uint16)
@@ -137,7 +140,7 @@ def sketch_rows(sketch: Sketch, data, indices, indptr) -> tuple[np.ndarray, np.n
         c, e, _ = quantize_rows(norms, zeros, sketch.step, width, wide=True)
         codes[start:stop] = c | (tags.astype(np.uint16) << 12)
         err[start:stop] = (e + slack) * (1.0 + 4.0 * _U64)
-    return codes, err
+    return codes, err, tagged_code_sqnorms(codes)
 
 
 def build_sketch(data, indices, indptr, n_cols: int) -> Sketch:
@@ -150,7 +153,8 @@ def build_sketch(data, indices, indptr, n_cols: int) -> Sketch:
     rank[np.argsort(-counts, kind="stable")] = np.arange(n_cols)
     bucket_of = (rank % width).astype(np.int32)
     tag_of = ((rank // width) % NO_TAG).astype(np.uint8)
-    sketch = Sketch(bucket_of, tag_of, np.empty((0, width), np.uint16), np.empty(0), 1.0)
+    none = np.empty(0)
+    sketch = Sketch(bucket_of, tag_of, np.empty((0, width), np.uint16), none, none, 1.0)
     top = 0.0  # the largest finite bucket norm: the grid's end
     for start in range(0, n, _CHUNK):
         norms, _, _ = _rows(data, indices, indptr, sketch, width, start, min(n, start + _CHUNK))
@@ -160,5 +164,5 @@ def build_sketch(data, indices, indptr, n_cols: int) -> Sketch:
     if not (np.isfinite(step) and step > 2.0**-1000):  # empty, zero or subnormal: any step
         step = 1.0  # is valid (errors are measured), this one cannot overflow 1 / step
     sketch = sketch._replace(step=step)
-    codes, err = sketch_rows(sketch, data, indices, indptr)
-    return sketch._replace(codes=codes, err=err)
+    codes, err, code_sq = sketch_rows(sketch, data, indices, indptr)
+    return sketch._replace(codes=codes, err=err, code_sq=code_sq)

@@ -760,8 +760,8 @@ class Searcher:
                     screen = self._csr_screen_for(V, vectors)
                 if screen is not None:
                     sketch, x_sq = screen
-                    q_codes, q_err = sketch_rows(sketch, *queries)
-                    extra = (q_codes, q_err, sketch.codes, sketch.err, x_sq, sketch.step)
+                    x_sketch = (sketch.codes, sketch.err, sketch.code_sq)
+                    extra = (sketch_rows(sketch, *queries), x_sketch, x_sq, sketch.step)
                     kernel, scored_exactly = csr_sketch_kernel, []
                     chunk = {"max_chunk": queries_per_call(pos.shape[1])}
                 else:
