@@ -29,9 +29,9 @@ __all__ = [
     "COLUMN_BLOCK",
     "Quantized",
     "quantize",
+    "quantize_row",
     "quantize_rows",
     "code_sqdist",
-    "tagged_code_sqnorms",
     "tagged_sqdist",
 ]
 
@@ -75,36 +75,41 @@ def _column_ranges(V):  # pragma: no cover - compiled
     return lo, hi
 
 
+@njit(nogil=True, inline="always")
+def quantize_row(X, i, lo, step, levels, codes, row):
+    """Row ``i`` of ``X`` into ``codes[row]`` (0..``levels``); returns its error bound and
+    ``|x|^2``. The bound holds for float64 sums in any order (callers may vectorise), and
+    any code is valid: its error is measured."""
+    d = X.shape[1]
+    inv = 1.0 / step
+    e = 0.0  # sum of the computed residuals squared
+    mag = 0.0  # sum of (|x| + |lo| + step c)^2: the scale of the residuals' rounding
+    sq = 0.0
+    for j in range(d):
+        x = np.float64(X[i, j])
+        y = (x - lo[j]) * inv
+        c = min(np.rint(y), float(levels)) if y >= 0.0 else 0.0  # NaN -> 0
+        codes[row, j] = c
+        r = x - (lo[j] + step * c)
+        e += r * r
+        m = abs(x) + abs(lo[j]) + step * c
+        mag += m * m
+        sq += x * x
+    if not (e < np.inf and mag < np.inf):  # NaN or inf anywhere in the row
+        return np.inf, sq
+    # each residual is exact to 3u of its magnitude, the sum to (d + 2) u; squares that
+    # underflow are each off by at most 2^-1075, which moves the root by at most
+    # sqrt(d) 2^-537
+    err = np.sqrt(e) * (1.0 + (d + 4) * _U64) + 4.0 * _U64 * np.sqrt(mag)
+    return err + np.sqrt(d + 1.0) * _UNDERFLOW_ROOT, sq
+
+
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def _quantize_rows(X, lo, step, levels, codes, err, sqnorm):  # pragma: no cover - compiled
     """Codes (0..``levels``) of the rows of ``X``, and their error bounds and squared norms
-    (vectorised: the bounds hold for float64 sums in any order, and any code is valid -- its
-    error is measured)."""
-    d = X.shape[1]
-    inv = 1.0 / step
+    (:func:`quantize_row`, vectorised)."""
     for i in range(X.shape[0]):
-        e = 0.0  # sum of the computed residuals squared
-        mag = 0.0  # sum of (|x| + |lo| + step c)^2: the scale of the residuals' rounding
-        sq = 0.0
-        for j in range(d):
-            x = np.float64(X[i, j])
-            y = (x - lo[j]) * inv
-            c = min(np.rint(y), float(levels)) if y >= 0.0 else 0.0  # NaN -> 0
-            codes[i, j] = c
-            r = x - (lo[j] + step * c)
-            e += r * r
-            m = abs(x) + abs(lo[j]) + step * c
-            mag += m * m
-            sq += x * x
-        if e < np.inf and mag < np.inf:  # false for NaN or inf anywhere in the row
-            # each residual is exact to 3u of its magnitude, the sum to (d + 2) u; squares
-            # that underflow are each off by at most 2^-1075, which moves the root by at
-            # most sqrt(d) 2^-537
-            err[i] = np.sqrt(e) * (1.0 + (d + 4) * _U64) + 4.0 * _U64 * np.sqrt(mag)
-            err[i] += np.sqrt(d + 1.0) * _UNDERFLOW_ROOT
-        else:
-            err[i] = np.inf
-        sqnorm[i] = sq
+        err[i], sqnorm[i] = quantize_row(X, i, lo, step, levels, codes, i)
 
 
 def quantize_rows(X: np.ndarray, lo: np.ndarray, step: float, width: int, wide: bool = False):
@@ -282,22 +287,10 @@ def tagged_sqdist(A, i, B, p, a_sq, b_sq):
     """For uint16 matrices of tagged codes (``code | tag << 12``: codes up to
     :data:`WIDE_LEVELS`, tags up to :data:`NO_TAG`; the same padded width, at most
     :data:`MAX_WIDE_COLUMNS`) and their rows' sums of squared codes ``a_sq``, ``b_sq``
-    (:func:`tagged_code_sqnorms`): ``sum_j (a_j - c_j)^2``, except that a column whose two
+    (tags left out): ``sum_j (a_j - c_j)^2``, except that a column whose two
     tags differ and neither is :data:`NO_TAG` adds ``a_j^2 + c_j^2`` (int64, exact). Where a
     tag names the one feature behind a code, different tags mean different features, whose
     vectors are orthogonal: ``|u - v|^2 = |u|^2 + |v|^2``. Computed as ``|a|^2 + |c|^2 - 2
     sum_kept a_j c_j`` (one product a block, :func:`_kept_dot`)."""
     w = A.shape[1]
     return a_sq[i] + b_sq[p] - 2 * _kept_dot(A, i * w, B, p * w, w)
-
-
-@njit(nogil=True, cache=True)
-def tagged_code_sqnorms(codes):  # pragma: no cover - compiled
-    """Each row's ``sum_j code_j^2`` (int64) of a uint16 matrix of tagged codes, for
-    :func:`tagged_sqdist`."""
-    out = np.zeros(codes.shape[0], np.int64)
-    for i in range(codes.shape[0]):
-        for j in range(codes.shape[1]):
-            c = np.int64(codes[i, j] & WIDE_LEVELS)
-            out[i] += c * c
-    return out

@@ -21,7 +21,7 @@ the bucket norms, so the error bounds below carry over unchanged. On the bag-of-
 histograms 92 % of the non-empty buckets hold one column, and the tags halve the
 candidates left to score exactly (below).
 
-The bucket norms are kept as 12-bit codes (:func:`hashlearn._quantized.quantize_rows`, one
+The bucket norms are kept as 12-bit codes (:func:`hashlearn._quantized.quantize_row`, one
 step from 0 to the largest norm), the tag in the top 4 bits of each uint16, so the sketch
 distance is an exact integer sum (:func:`hashlearn._quantized.tagged_sqdist`). Each
 vector's error bound covers both the quantization and the float64 rounding of its norms, so
@@ -48,8 +48,7 @@ from hashlearn._quantized import (
     MAX_WIDE_COLUMNS,
     NO_TAG,
     WIDE_LEVELS,
-    quantize_rows,
-    tagged_code_sqnorms,
+    quantize_row,
 )
 
 __all__ = ["Sketch", "build_sketch", "sketch_rows", "sketch_width"]
@@ -124,23 +123,44 @@ def _rows(data, indices, indptr, sketch: Sketch, width, start, stop):
     return out, tags, slack
 
 
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _sketch_rows(data, indices, indptr, sketch_of, step, codes, err, code_sq):  # pragma: no cover
+    """Each CSR row's tagged codes, error bound and sum of squared codes into ``codes``,
+    ``err`` and ``code_sq``, one row at a time: its bucket norms (:func:`_bucket_norms`)
+    quantized on the grid ``0, step, ..`` (:func:`hashlearn._quantized.quantize_row`,
+    norms above it clamped, their error counted), the tags in the top 4 bits."""
+    width = codes.shape[1]
+    norms = np.zeros((1, width))
+    tags = np.empty((1, width), np.uint8)
+    slack = np.empty(1)
+    lo = np.zeros(width)
+    for row in range(indptr.shape[0] - 1):
+        norms[0, :] = 0.0
+        tags[0, :] = _EMPTY
+        _bucket_norms(data, indices, indptr, sketch_of, row, row + 1, norms, tags, slack)
+        e, _ = quantize_row(norms, 0, lo, step, WIDE_LEVELS, codes, row)
+        err[row] = (e + slack[0]) * (1.0 + 4.0 * _U64)
+        total = 0
+        for b in range(width):
+            c = np.int64(codes[row, b])
+            total += c * c
+            tag = NO_TAG if tags[0, b] == _EMPTY else tags[0, b]
+            codes[row, b] = c | (np.int64(tag) << 12)
+        code_sq[row] = total
+
+
 def sketch_rows(sketch: Sketch, data, indices, indptr) -> tuple[np.ndarray, ...]:
-    """``(codes, err, code_sq)`` of the rows of the CSR arrays ``(data, indices, indptr)`` (with the
-    sketched matrix's columns) on ``sketch``'s buckets and grid; norms above the grid are
-    clamped and their error counted; ``code_sq`` is :func:`tagged_code_sqnorms` of the
-    codes."""
+    """``(codes, err, code_sq)`` of the rows of the CSR arrays ``(data, indices, indptr)``
+    (with the sketched matrix's columns) on ``sketch``'s buckets and grid; norms above the
+    grid are clamped and their error counted; ``code_sq`` is each row's sum of squared
+    codes (tags left out)."""
     n = len(indptr) - 1
-    width = sketch.codes.shape[1]
-    codes = np.empty((n, width), np.uint16)
+    codes = np.empty((n, sketch.codes.shape[1]), np.uint16)
     err = np.empty(n)
-    zeros = np.zeros(width)
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
-        norms, tags, slack = _rows(data, indices, indptr, sketch, width, start, stop)
-        c, e, _ = quantize_rows(norms, zeros, sketch.step, width, wide=True)
-        codes[start:stop] = c | (tags.astype(np.uint16) << 12)
-        err[start:stop] = (e + slack) * (1.0 + 4.0 * _U64)
-    return codes, err, tagged_code_sqnorms(codes)
+    code_sq = np.empty(n, np.int64)
+    sketch_of = (sketch.bucket_of, sketch.tag_of)
+    _sketch_rows(data, indices, indptr, sketch_of, float(sketch.step), codes, err, code_sq)
+    return codes, err, code_sq
 
 
 def build_sketch(data, indices, indptr, n_cols: int) -> Sketch:
