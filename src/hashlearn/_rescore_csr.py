@@ -98,6 +98,17 @@ def _clear_query(q_ind, q0, q1, scratch):
         slot_of[q_ind[a]] = 0
 
 
+@njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _unmatched_sq(q_vals, matched, n_q, stamp):  # pragma: no cover - compiled
+    """``sum q_a^2`` over the query's slots ``1..n_q`` not marked with ``stamp``: non-negative
+    terms, so any order of summation (vectorised) keeps the relative error below ``n_q u``."""
+    sq = 0.0
+    for a in range(1, n_q + 1):
+        qa = q_vals[a]
+        sq += qa * qa * np.float64(matched[a] != stamp)
+    return sq
+
+
 @njit(nogil=True, inline="always")
 def _pair_distance(n_q, vectors, p, side, i, kind, qq, scratch, stamp):
     """The distance of query ``i`` (``n_q`` non-zeros, scattered in ``scratch`` by
@@ -124,9 +135,7 @@ def _pair_distance(n_q, vectors, p, side, i, kind, qq, scratch, stamp):
         dot += qa * xb
         xx += xb * xb
         matched[t] = stamp
-    for a in range(1, n_q + 1):  # the query's non-zeros outside the candidate
-        qa = q_vals[a]
-        sq += qa * qa * np.float64(matched[a] != stamp)
+    sq += _unmatched_sq(q_vals, matched, n_q, stamp)
     for t in range(f_w.shape[0]):
         diff = f_q[i, t] - f_v[p, t]
         sq += f_w[t] * (diff * diff)
