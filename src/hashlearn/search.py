@@ -138,8 +138,8 @@ _BUILTIN = {
 #: pixels: 10 per query, 1.3x; 2026-11-27, this repository's 2-core AMD EPYC)
 _SCREEN_MAX_EXACT = 0.25
 #: the same for the sketch screen of CSR vectors, whose first pass is cheaper relative to an
-#: exact pair (Fashion-MNIST bag of patches, 100 candidates: about 0.06 us per candidate for
-#: the sketch against 0.3-0.5 us per pair scored exactly; 20 % of the pairs scored there)
+#: exact pair (Fashion-MNIST bag of patches, 100 candidates: about 0.03 us per candidate for
+#: the sketch against 0.3-0.5 us per pair scored exactly; 14 % of the pairs scored there)
 _SKETCH_MAX_EXACT = 0.6
 
 
