@@ -137,9 +137,9 @@ def _exact(Q, i, V, p, kind, qq, xx):
 MAX_PAIRS = 1 << 20
 
 
-def queries_per_call(n_candidates: int) -> int:
-    """Queries per :func:`distance_kernel` call: ``MAX_PAIRS`` pairs at most."""
-    return max(1, MAX_PAIRS // max(1, n_candidates))
+def queries_per_call(n_candidates: int, max_pairs: int = MAX_PAIRS) -> int:
+    """Queries per :func:`distance_kernel` call: ``max_pairs`` pairs at most."""
+    return max(1, max_pairs // max(1, n_candidates))
 
 
 _WINDOWS = 4096  # buckets of the first pass of :func:`packed_pairs_by_row`

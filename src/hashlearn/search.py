@@ -56,6 +56,7 @@ from hashlearn._rescore import (
     rescore_runner,
 )
 from hashlearn._rescore_csr import (
+    SKETCH_PAIRS,
     csr_distance_kernel,
     csr_scratch,
     csr_sketch_kernel,
@@ -763,7 +764,7 @@ class Searcher:
                     x_sketch = (sketch.codes, sketch.err, sketch.code_sq)
                     extra = (sketch_rows(sketch, *queries), x_sketch, x_sq, sketch.step)
                     kernel, scored_exactly = csr_sketch_kernel, []
-                    chunk = {"max_chunk": queries_per_call(pos.shape[1])}
+                    chunk = {"max_chunk": queries_per_call(pos.shape[1], SKETCH_PAIRS)}
                 else:
                     kernel = csr_distance_kernel
                     extra = side or (np.zeros((m, 0)), np.zeros((V.shape[0], 0)), np.zeros(0))
