@@ -145,6 +145,23 @@ def queries_per_call(n_candidates: int, max_pairs: int = MAX_PAIRS) -> int:
 _WINDOWS = 4096  # buckets of the first pass of :func:`packed_pairs_by_row`
 
 
+@njit(nogil=True, inline="always")
+def window_ends(cand, start, stop, shift, n_windows):
+    """Where each window of ``2^shift`` rows starts when the candidates of queries
+    ``start:stop`` (-1 skipped) are grouped by window: ``ends[b]`` pairs fall in windows
+    before ``b``, ``ends[n_windows]`` is their number (the first pass of a counting sort)."""
+    c = cand.shape[1]
+    ends = np.zeros(n_windows + 1, np.int64)
+    for i in range(start, stop):
+        for j in range(c):
+            p = cand[i, j]
+            if p >= 0:
+                ends[(p >> shift) + 1] += 1
+    for b in range(n_windows):
+        ends[b + 1] += ends[b]
+    return ends
+
+
 @njit(nogil=True, cache=True)
 def packed_pairs_by_row(cand, start, stop, n_rows):  # pragma: no cover
     """The (row, query) pairs of queries ``start:stop`` (-1 skipped; rows below
@@ -165,14 +182,7 @@ def packed_pairs_by_row(cand, start, stop, n_rows):  # pragma: no cover
     while (top >> shift) >= _WINDOWS:
         shift += 1
     n_windows = (top >> shift) + 1
-    ends = np.zeros(n_windows + 1, np.int64)
-    for i in range(start, stop):
-        for j in range(c):
-            p = cand[i, j]
-            if p >= 0:
-                ends[(p >> shift) + 1] += 1
-    for b in range(n_windows):
-        ends[b + 1] += ends[b]
+    ends = window_ends(cand, start, stop, shift, n_windows)
     n = ends[n_windows]
     fill = ends[:-1].copy()
     by_window = np.empty(n, np.int64)

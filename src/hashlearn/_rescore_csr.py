@@ -25,6 +25,7 @@ from hashlearn._rescore import (
     SQEUCLIDEAN,
     _distance_interval,
     keep_smallest,
+    window_ends,
 )
 
 __all__ = [
@@ -239,23 +240,15 @@ def _reach(kind, out_d, i, k, filled):
 
 @njit(nogil=True, cache=True)
 def _slots_by_window(cand, start, stop, n_rows, shift, radii):  # pragma: no cover
-    """The candidates of queries ``start:stop`` (rows below ``n_rows``) grouped by windows of
-    ``2^shift`` rows (a counting sort, queries ascending within a window): ``(keys, ends, slot_bits)``, each
-    int32 key ``(row mod 2^shift) << slot_bits | slot`` (``slot = (i - start) c + j``, the
-    pair's flat position), window ``b``'s keys ``keys[ends[b]:ends[b + 1]]``. Padding is
-    left out, its ``radii[slot]`` set to NaN. Needs ``slot_bits + shift <= 31``."""
+    """The candidates of queries ``start:stop`` (rows below ``n_rows``) grouped by windows
+    of ``2^shift`` rows (a counting sort, queries ascending within a window): ``(keys,
+    ends, slot_bits)``, each int32 key ``(row mod 2^shift) << slot_bits | slot`` (``slot =
+    (i - start) c + j``, the pair's flat position), window ``b``'s keys
+    ``keys[ends[b]:ends[b + 1]]``. Padding is left out, its ``radii[slot]`` set to NaN.
+    Needs ``slot_bits + shift <= 31``."""
     c = cand.shape[1]
     n_windows = ((max(n_rows, 1) - 1) >> shift) + 1
-    ends = np.zeros(n_windows + 1, np.int64)
-    for i in range(start, stop):
-        for j in range(c):
-            p = cand[i, j]
-            if p >= 0:
-                ends[(p >> shift) + 1] += 1
-            else:
-                radii[(i - start) * c + j] = np.nan
-    for b in range(n_windows):
-        ends[b + 1] += ends[b]
+    ends = window_ends(cand, start, stop, shift, n_windows)
     fill = ends[:-1].copy()
     keys = np.empty(ends[n_windows], np.int32)
     slot_bits = 1
@@ -269,6 +262,8 @@ def _slots_by_window(cand, start, stop, n_rows, shift, radii):  # pragma: no cov
                 b = p >> shift
                 keys[fill[b]] = ((p & low) << slot_bits) | ((i - start) * c + j)
                 fill[b] += 1
+            else:
+                radii[(i - start) * c + j] = np.nan
     return keys, ends, slot_bits
 
 
