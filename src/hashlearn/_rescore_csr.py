@@ -45,7 +45,6 @@ SKETCH_PAIRS = 1 << 21
 _LOOKAHEAD = 4  # candidate rows prefetched ahead of the one being scored
 _LOOKAHEAD_PAIRS = 8  # pairs ahead whose row's sketch codes start loading
 _WINDOW_BYTES = 256 * 1024  # sketch codes of the rows of one window of pairs
-_SCAN_BLOCK = 16  # radii a per-query scan tests at once
 
 
 @njit(nogil=True, cache=True)
@@ -313,45 +312,29 @@ def _sketch_radii(q_sketch, x_sketch, step, cand, start, stop):  # pragma: no co
 
 
 @njit(nogil=True, inline="always")
-def _any_in_block(values, j, limit, strict):
-    """Whether one of ``values[j : j + _SCAN_BLOCK]`` is below ``limit`` (``strict``) or at
-    most ``limit`` (NaN is neither): a branch-free test, so a scan skips whole blocks."""
-    hit = False
-    for t in range(_SCAN_BLOCK):
-        v = values[j + t]
-        hit |= (v < limit) if strict else (v <= limit)
-    return hit
-
-
-@njit(nogil=True, inline="always")
 def _nearest_by_sketch(radii, cand_row, k, first, first_radii, vectors):
     """The (at most k) candidates with the smallest ``radii`` into ``first``, ascending,
     their rows prefetched; returns how many."""
     v_data, v_ind, v_ptr = vectors
     n_first = 0
     worst = np.inf
-    c = radii.shape[0]
-    for j0 in range(0, c, _SCAN_BLOCK):
-        j1 = min(c, j0 + _SCAN_BLOCK)
-        if j1 - j0 == _SCAN_BLOCK and not _any_in_block(radii, j0, worst, True):
+    for j in range(radii.shape[0]):
+        r = radii[j]
+        if not r < worst:  # NaN (padding), or no nearer than the k kept
             continue
-        for j in range(j0, j1):
-            r = radii[j]
-            if not r < worst:  # NaN (padding), or no nearer than the k kept
-                continue
-            if n_first < k:
-                pos = n_first
-                n_first += 1
-            else:
-                pos = k - 1
-            while pos > 0 and first_radii[pos - 1] > r:
-                first_radii[pos] = first_radii[pos - 1]
-                first[pos] = first[pos - 1]
-                pos -= 1
-            first_radii[pos] = r
-            first[pos] = j
-            if n_first == k:
-                worst = first_radii[k - 1]
+        if n_first < k:
+            pos = n_first
+            n_first += 1
+        else:
+            pos = k - 1
+        while pos > 0 and first_radii[pos - 1] > r:
+            first_radii[pos] = first_radii[pos - 1]
+            first[pos] = first[pos - 1]
+            pos -= 1
+        first_radii[pos] = r
+        first[pos] = j
+        if n_first == k:
+            worst = first_radii[k - 1]
     for r in range(n_first):
         _prefetch_csr_row(v_data, v_ind, v_ptr, cand_row[first[r]])
     return n_first
@@ -444,20 +427,16 @@ def csr_sketch_kernel(
         reach = _reach(kind, out_d, i, k, state[0])
         cut = _radius_cut(kind, reach, q_err[i], qq, d, out_rel)
         n_rest = 0
-        for j0 in range(0, c, _SCAN_BLOCK):
-            j1 = min(c, j0 + _SCAN_BLOCK)
-            if j1 - j0 == _SCAN_BLOCK and not _any_in_block(radii, j0, cut, False):
+        for j in range(c):
+            radius = radii[j]
+            if not radius <= cut:  # padding or scored (NaN), or its bound exceeds reach
                 continue
-            for j in range(j0, j1):
-                radius = radii[j]
-                if not radius <= cut:  # padding or scored (NaN), or its bound exceeds reach
-                    continue
-                p = cand[i, j]
-                low = _sketch_lower(kind, radius, q_err[i], qq, x_sq, p, d, out_rel)
-                if low <= reach:
-                    lows[j] = low
-                    rest[n_rest] = j
-                    n_rest += 1
+            p = cand[i, j]
+            low = _sketch_lower(kind, radius, q_err[i], qq, x_sq, p, d, out_rel)
+            if low <= reach:
+                lows[j] = low
+                rest[n_rest] = j
+                n_rest += 1
         for h in range(n_rest // 2 - 1, -1, -1):
             _sift_down(rest, n_rest, h, lows)
         n_heap = n_rest  # scored in ascending order of their bounds (a binary heap)

@@ -113,16 +113,6 @@ def _bucket_norms(
             slack[r] = np.inf
 
 
-def _rows(data, indices, indptr, sketch: Sketch, width, start, stop):
-    out = np.zeros((stop - start, width))
-    tags = np.full((stop - start, width), _EMPTY, np.uint8)
-    slack = np.empty(stop - start)
-    sketch_of = (sketch.bucket_of, sketch.tag_of)
-    _bucket_norms(data, indices, indptr, sketch_of, start, stop, out, tags, slack)
-    tags[tags == _EMPTY] = NO_TAG
-    return out, tags, slack
-
-
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def _sketch_rows(data, indices, indptr, sketch_of, step, codes, err, code_sq):  # pragma: no cover
     """Each CSR row's tagged codes, error bound and sum of squared codes into ``codes``,
@@ -177,7 +167,11 @@ def build_sketch(data, indices, indptr, n_cols: int) -> Sketch:
     sketch = Sketch(bucket_of, tag_of, np.empty((0, width), np.uint16), none, none, 1.0)
     top = 0.0  # the largest finite bucket norm: the grid's end
     for start in range(0, n, _CHUNK):
-        norms, _, _ = _rows(data, indices, indptr, sketch, width, start, min(n, start + _CHUNK))
+        stop = min(n, start + _CHUNK)
+        norms = np.zeros((stop - start, width))
+        tags = np.full((stop - start, width), _EMPTY, np.uint8)
+        slack = np.empty(stop - start)
+        _bucket_norms(data, indices, indptr, (bucket_of, tag_of), start, stop, norms, tags, slack)
         finite = norms[np.isfinite(norms)]
         top = max(top, float(finite.max()) if finite.size else 0.0)
     step = top / WIDE_LEVELS
