@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 
-from hashlearn._sysinfo import cpu_description  # noqa: E402
+from hashlearn._utils.sysinfo import cpu_description  # noqa: E402
 from hashlearn.experiments._common import markdown_table  # noqa: E402, F401
 from hashlearn.experiments._common import write_section as _write_section  # noqa: E402
 

@@ -15,7 +15,7 @@ binarised 4x4 patches (65536-d L2-normalised CSR histograms, as in Jain, Kulis &
 Fig. 2), Gaussian random hyperplanes at 64 bits, Euclidean re-ranking over CSR. The target
 is ``index / end-to-end >= 0.67`` (end to end within 1.5x of the index alone). The searcher
 screens its candidates by default (an 8-bit copy of dense vectors; for CSR vectors a
-bucket-norm sketch, ``hashlearn._sketch``); the last two columns time the same searcher with
+bucket-norm sketch, ``hashlearn.rerank._sketch``); the last two columns time the same searcher with
 the screen switched off.
 
 Table 2 -- the learned metric (Jain, Kulis & Grauman, "Fast Image Search for Learned
@@ -64,7 +64,7 @@ from _common import (  # noqa: E402
     markdown_table,
     write_section,
 )
-from hashlearn._vote import majority_vote  # noqa: E402
+from hashlearn._utils.vote import majority_vote  # noqa: E402
 from hashlearn.datasets import load_fashion_mnist  # noqa: E402
 from hashlearn.experiments.learned_metric import bag_of_patches  # noqa: E402
 from hashlearn.hashers import MetricLSH, RandomHyperplaneLSH  # noqa: E402

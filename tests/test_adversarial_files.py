@@ -459,7 +459,7 @@ def test_huge_k_is_a_value_error_naming_k(flat64, k):
 
 
 def test_check_k_bounds_k_by_int32_and_by_memory():
-    from hashlearn._validation import K_MAX, check_k
+    from hashlearn._utils.validation import K_MAX, check_k
 
     assert check_k(10, 5) == 10 and check_k(2**20, 1) == 2**20
     for bad in (0, -1, K_MAX + 1, True, 2.0, "3", None):
@@ -729,7 +729,7 @@ def _run_without_numba_cache_dir(tmp_path: Path, code: str) -> tuple[str, Path]:
     )
     script = (
         "import hashlearn\n"
-        "from hashlearn import _numba_config\n"
+        "from hashlearn._utils import numba_config as _numba_config\n"
         f"assert hashlearn.__file__.startswith({str(site)!r}), hashlearn.__file__\n"
         "print(_numba_config.CACHE_FALLBACK)\n" + code
     )

@@ -1,4 +1,4 @@
-"""The CSR x dense product of sparse encoding (hashlearn._csr_product): scipy's arithmetic,
+"""The CSR x dense product of sparse encoding (hashlearn.hashers._csr_product): scipy's arithmetic,
 bit for bit, on any CPU (each output summed over the stored non-zeros in their order, a
 product then a sum)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from hashlearn._csr_product import csr_dense_product
+from hashlearn.hashers._csr_product import csr_dense_product
 
 
 def _in_order(X, start, stop, dense):

@@ -520,7 +520,7 @@ def test_row_dot_has_one_order_of_operations(d, order):
     order on floats of mixed magnitudes, where another order would round differently."""
     import numba
 
-    from hashlearn._dense import row_dot
+    from hashlearn._utils.dense import row_dot
 
     rng = np.random.default_rng(d)
     A = np.asarray(rng.standard_normal((6, d)) * 10.0 ** rng.integers(-8, 8, (6, d)), order=order)

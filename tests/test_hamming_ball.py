@@ -82,7 +82,7 @@ def test_key_collisions_are_verified():
     them and no other probe finds any. Results at radius 0 stay exact: each item is kept
     only at its true distance; at larger radii the items are unreachable by design of this
     degenerate table, which the collision rule must not turn into wrong distances."""
-    from hashlearn._postings import build_table
+    from hashlearn._utils.postings import build_table
     from hashlearn.codes import as_words
     from hashlearn.index import hamming_ball
 
@@ -254,7 +254,7 @@ def test_pilot_sends_a_hopeless_batch_straight_to_the_scan(monkeypatch, pilot_fi
 def test_sort_ids_equals_np_sort(n):
     """The ball's per-level sort: insertion, byte-wise radix (odd and even pass counts) and
     the comparison fallback for negative or large ids."""
-    from hashlearn._primitives import sort_ids
+    from hashlearn._utils.primitives import sort_ids
 
     rng = np.random.default_rng(n)
     tmp, counts = np.empty(max(n, 1), np.int64), np.empty(256, np.int64)

@@ -434,7 +434,7 @@ def test_files_saved_with_gamma_still_load(blobs, tmp_path):
 
 
 def test_knn_accuracy_matches_a_per_row_vote_with_ties_to_the_nearest_voter():
-    """knn_accuracy votes through hashlearn._vote.majority_vote; the oracle counts each
+    """knn_accuracy votes through hashlearn._utils.vote.majority_vote; the oracle counts each
     row's votes and breaks ties by the first (nearest) voter."""
     rng = np.random.RandomState(1)
     for k in (1, 2, 4, 6):

@@ -1,6 +1,6 @@
 """The Hamming primitives and the k-NN scan, on the host CPU and on a generic x86-64 build.
 
-The vector popcount in :mod:`hashlearn._popcount` is LLVM IR that each CPU lowers its own
+The vector popcount in :mod:`hashlearn._utils.popcount` is LLVM IR that each CPU lowers its own
 way (``VPOPCNTQ`` with AVX-512 VPOPCNTDQ, a nibble table with AVX2, scalar POPCNT or bit
 tricks otherwise). Both the build numba makes for this machine and one for a baseline
 x86-64 CPU must agree exactly with numpy.
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from hashlearn._knn_scan import knn_scan
-from hashlearn._popcount import code_distance
+from hashlearn._utils.popcount import code_distance
+from hashlearn.index._knn_scan import knn_scan
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24)
 
@@ -95,7 +95,7 @@ def test_knn_scan_with_k_equal_to_and_near_the_database_size(n_words):
 _GENERIC_CHECK = textwrap.dedent(
     """
     import numpy as np
-    from hashlearn._knn_scan import knn_scan
+    from hashlearn.index._knn_scan import knn_scan
 
     rng = np.random.default_rng(0)
     for n_words in (1, 5, 16):  # lanes, run-time width, vector popcount

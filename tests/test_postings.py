@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hashlearn._postings import build_table, find, find_many, merge_tables, remove_from_table
+from hashlearn._utils.postings import build_table, find, find_many, merge_tables, remove_from_table
 
 
 def _as_dict(table):

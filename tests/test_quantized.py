@@ -1,4 +1,4 @@
-"""The 8-bit screening copy (hashlearn._quantized): exact code distances, certified errors,
+"""The 8-bit screening copy (hashlearn.rerank._quantized): exact code distances, certified errors,
 and the screened re-ranking that keeps the exact kernel's top k."""
 
 from __future__ import annotations
@@ -9,15 +9,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from hashlearn._quantized import (
-    COLUMN_BLOCK,
-    MAX_WIDE_COLUMNS,
-    WIDE_LEVELS,
-    code_sqdist,
-    quantize,
-    quantize_rows,
-)
-from hashlearn._rescore import (
+from hashlearn.rerank._kernels import (
     COSINE,
     EUCLIDEAN,
     NEG_INNER,
@@ -25,6 +17,14 @@ from hashlearn._rescore import (
     distance_kernel,
     quantized_screen_kernel,
     rescore_runner,
+)
+from hashlearn.rerank._quantized import (
+    COLUMN_BLOCK,
+    MAX_WIDE_COLUMNS,
+    WIDE_LEVELS,
+    code_sqdist,
+    quantize,
+    quantize_rows,
 )
 
 
@@ -233,7 +233,7 @@ def test_code_cutoff_is_the_last_sum_whose_bound_can_reach_the_threshold():
     """Every code sum above the cutoff bounds the distance above the threshold (the test
     pass 1 skips pairs by), and the cutoff itself still may not: the integer shortcut drops
     exactly the pairs the bounds would."""
-    from hashlearn._rescore import _code_cutoff, _code_interval
+    from hashlearn.rerank._kernels import _code_cutoff, _code_interval
 
     rng = np.random.default_rng(8)
     out_rel = 2.0 * (784 + 8) * 2.0**-53

@@ -7,16 +7,16 @@ import pytest
 import scipy.sparse as sp
 from numba import njit
 
-from hashlearn._quantized import tagged_sqdist
-from hashlearn._rescore import COSINE, EUCLIDEAN, NEG_INNER, SQEUCLIDEAN
-from hashlearn._rescore_csr import (
+from hashlearn.rerank._csr_kernels import (
     _sketch_radii,
     csr_distance_kernel,
     csr_scratch,
     csr_sketch_kernel,
     row_sqnorms,
 )
-from hashlearn._sketch import build_sketch, sketch_rows
+from hashlearn.rerank._kernels import COSINE, EUCLIDEAN, NEG_INNER, SQEUCLIDEAN
+from hashlearn.rerank._quantized import tagged_sqdist
+from hashlearn.rerank._sketch import build_sketch, sketch_rows
 
 
 def _arrays(X):

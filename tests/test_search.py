@@ -594,7 +594,7 @@ def _brute_top_k(full: np.ndarray, allowed: np.ndarray, k: int):
 def test_distance_kernel_keeps_the_k_nearest_by_distance_then_row(kind, dtype):
     """Integer-valued vectors (exact in any summation order) with duplicated rows (ties),
     zero rows (cosine 1), candidate lists with -1 padding and fewer than k real entries."""
-    from hashlearn._rescore import distance_kernel
+    from hashlearn.rerank._kernels import distance_kernel
     from hashlearn.search import _EXACT_KIND
 
     rng = np.random.default_rng(5)
@@ -632,7 +632,7 @@ def test_distance_kernel_keeps_the_k_nearest_by_distance_then_row(kind, dtype):
 
 
 def _screened_and_exact(Q, V, cand, kind, k):
-    from hashlearn._rescore import distance_kernel, rescore_runner, screened_distance_kernel
+    from hashlearn.rerank._kernels import distance_kernel, rescore_runner, screened_distance_kernel
 
     m = Q.shape[0]
     want = np.full((m, k), np.inf), np.full((m, k), -1, np.int64)
@@ -685,7 +685,7 @@ def test_float32_screening_returns_the_float64_kernels_rows_and_distances(kind, 
 def test_float32_screening_runs_and_prunes():
     """On Gaussian data the screen leaves about k pairs per query for float64 (called
     directly, so the test fails if the runner stops choosing it)."""
-    from hashlearn._rescore import SQEUCLIDEAN
+    from hashlearn.rerank._kernels import SQEUCLIDEAN
 
     rng = np.random.default_rng(2)
     V = rng.standard_normal((2000, 64)).astype(np.float32)
@@ -705,7 +705,7 @@ def test_float32_screening_runs_and_prunes():
 def test_pairs_by_row_sorts_by_row_then_query(n_rows):
     """The rescoring order: every (row, query) pair once, -1 skipped, by row then query
     (one, two and three radix passes)."""
-    from hashlearn._rescore import pairs_by_row
+    from hashlearn.rerank._kernels import pairs_by_row
 
     rng = np.random.default_rng(n_rows)
     cand = rng.integers(-1, n_rows, (40, 30))

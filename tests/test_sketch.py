@@ -1,4 +1,4 @@
-"""The bucket-norm sketch of CSR vectors (hashlearn._sketch): its width, its buckets, its
+"""The bucket-norm sketch of CSR vectors (hashlearn.rerank._sketch): its width, its buckets, its
 certified errors, and the lower bound it gives, checked in 60-digit decimal arithmetic."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import scipy.sparse as sp
 from numba import njit
 
-from hashlearn._quantized import NO_TAG, WIDE_LEVELS, tagged_sqdist
-from hashlearn._sketch import build_sketch, sketch_rows, sketch_width
+from hashlearn.rerank._quantized import NO_TAG, WIDE_LEVELS, tagged_sqdist
+from hashlearn.rerank._sketch import build_sketch, sketch_rows, sketch_width
 
 
 def _arrays(X):

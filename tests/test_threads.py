@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import hashlearn
-from hashlearn import _parallel
-from hashlearn._parallel import available_cores, parallel_chunks
+from hashlearn._utils import parallel as _parallel
+from hashlearn._utils.parallel import available_cores, parallel_chunks
 
 
 @pytest.fixture(autouse=True)

@@ -5,10 +5,10 @@ Learn binary codes from data (``hashlearn.hashers``), index a database of codes
 truth (``hashlearn.evaluate``). See ``DESIGN.md`` for how the papers map to modules.
 """
 
-# first: makes numba's cache optional before any kernel is compiled (see _numba_config)
-from hashlearn import _numba_config  # noqa: F401, I001
+# first: makes numba's cache optional before any kernel is compiled (see _utils/numba_config.py)
+from hashlearn._utils import numba_config  # noqa: F401, I001
 from hashlearn import codes, datasets, evaluate, io, kernels, supervision
-from hashlearn._parallel import get_num_threads, set_num_threads
+from hashlearn._utils.parallel import get_num_threads, set_num_threads
 from hashlearn.codes import hamming_cdist, hamming_distance, pack_bits, unpack_bits
 from hashlearn.datasets import load_digits, load_fashion_mnist, load_stdlib_docstrings
 from hashlearn.distributed import ShardedIndex

@@ -26,8 +26,8 @@ from pathlib import Path
 import click
 
 from hashlearn import __version__
-from hashlearn._parallel import available_cores
-from hashlearn._sysinfo import cpu_description
+from hashlearn._utils.parallel import available_cores
+from hashlearn._utils.sysinfo import cpu_description
 from hashlearn.datasets import FASHION_MNIST_DIR, FASHION_MNIST_INSTALL, fashion_mnist_available
 from hashlearn.demo import DATASETS, OUTPUT_FILES, DemoParameterError, format_table, run_demo
 from hashlearn.experiments import EXPERIMENTS, get_experiment

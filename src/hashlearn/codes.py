@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hashlearn import _range_scan
-from hashlearn._parallel import parallel_chunks
-from hashlearn._validation import check_codes, check_int, n_bytes_for
+from hashlearn._utils import range_scan as _range_scan
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.validation import check_codes, check_int, n_bytes_for
 
 __all__ = [
     "n_bytes_for",

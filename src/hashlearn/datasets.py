@@ -30,7 +30,7 @@ import scipy.sparse as sp
 from sklearn import datasets as sk_datasets
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_int, check_real
+from hashlearn._utils.validation import check_int, check_real
 
 __all__ = [
     "ANNDataset",

@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 
 from hashlearn import evaluate as ev
-from hashlearn._parallel import available_cores
-from hashlearn._validation import check_int
+from hashlearn._utils.parallel import available_cores
+from hashlearn._utils.validation import check_int
 from hashlearn.codes import hamming_cdist
 from hashlearn.datasets import load_digits, load_fashion_mnist
 from hashlearn.hashers import available_hashers, make_hasher

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hashlearn._validation import check_codes, check_ids, check_int
+from hashlearn._utils.validation import check_codes, check_ids, check_int
 from hashlearn.index.base import make_index
 
 __all__ = ["connect", "encode", "ShardedIndex", "merge_topk"]

@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from hashlearn import io as _io
-from hashlearn._kernel_args import frozen
-from hashlearn._parallel import parallel_chunks
-from hashlearn._rescore import NEG_INNER, queries_per_call, rescore_runner
-from hashlearn._validation import as_plain_array, check_int
+from hashlearn._utils.kernel_args import frozen
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
+from hashlearn.rerank._kernels import NEG_INNER, queries_per_call, rescore_runner
 
 __all__ = [
     "EmbeddingIndex",

@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from hashlearn._validation import DEPRECATED
+from hashlearn._utils.validation import DEPRECATED
 
 __all__ = [
     "FORMAT_VERSION",
@@ -1001,7 +1001,7 @@ def renamed_params(cls: type, params: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` of a saved ``cls`` with the parameters renamed since under their new names.
 
     ``cls._renamed_params`` maps old to new names (see
-    :func:`hashlearn._validation.renamed_param`); a file saved before the rename, or with the
+    :func:`hashlearn._utils.validation.renamed_param`); a file saved before the rename, or with the
     deprecated keyword set, loads as the estimator that passes the new keyword.
     """
     params = dict(params)

@@ -44,10 +44,20 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_array, check_is_fitted
 
 from hashlearn import io as _io
-from hashlearn._kernel_args import frozen
-from hashlearn._parallel import parallel_chunks
-from hashlearn._quantized import Quantized, quantize
-from hashlearn._rescore import (
+from hashlearn._utils.kernel_args import frozen
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.validation import check_int
+from hashlearn.hashers.base import BaseHasher
+from hashlearn.hashers.metric_lsh import KernelMetricLSH, MetricLSH
+from hashlearn.index.base import BinaryIndex, make_index
+from hashlearn.rerank._csr_kernels import (
+    SKETCH_PAIRS,
+    csr_distance_kernel,
+    csr_scratch,
+    csr_sketch_kernel,
+    row_sqnorms,
+)
+from hashlearn.rerank._kernels import (
     COSINE,
     EUCLIDEAN,
     NEG_INNER,
@@ -55,18 +65,8 @@ from hashlearn._rescore import (
     queries_per_call,
     rescore_runner,
 )
-from hashlearn._rescore_csr import (
-    SKETCH_PAIRS,
-    csr_distance_kernel,
-    csr_scratch,
-    csr_sketch_kernel,
-    row_sqnorms,
-)
-from hashlearn._sketch import build_sketch, sketch_rows
-from hashlearn._validation import check_int
-from hashlearn.hashers.base import BaseHasher
-from hashlearn.hashers.metric_lsh import KernelMetricLSH, MetricLSH
-from hashlearn.index.base import BinaryIndex, make_index
+from hashlearn.rerank._quantized import Quantized, quantize
+from hashlearn.rerank._sketch import build_sketch, sketch_rows
 
 __all__ = ["Searcher", "register_reranker", "available_rerankers"]
 
@@ -115,8 +115,8 @@ def _cosine(queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     return 1.0 - np.nan_to_num(sim)
 
 
-# The built-in exact re-rankers run as batched kernels (``_rescore.distance_kernel`` for dense
-# vectors, ``_rescore_csr.csr_distance_kernel`` for CSR) that keep each query's top k as they
+# The built-in exact re-rankers run as batched kernels (``rerank._kernels.distance_kernel`` for dense
+# vectors, ``rerank._csr_kernels.csr_distance_kernel`` for CSR) that keep each query's top k as they
 # score; both screen the candidates first where they can (``Searcher(screen=True)``).
 _EXACT_KIND = {
     "sqeuclidean": SQEUCLIDEAN,
@@ -182,9 +182,9 @@ class Searcher:
         the vectors (built at the first search, never saved) and screen the candidates with
         it: pass 1 bounds every candidate's distance from the copy, and only those that can
         still be among the k nearest are scored in full precision. Dense vectors get an
-        8-bit copy (``d`` bytes each, a quarter of float32; :mod:`hashlearn._quantized`),
+        8-bit copy (``d`` bytes each, a quarter of float32; :mod:`hashlearn.rerank._quantized`),
         CSR vectors a bucket-norm sketch (12-bit codes, about 8 bytes per non-zero of a
-        row; :mod:`hashlearn._sketch`). The results are those of the exact re-ranking (the
+        row; :mod:`hashlearn.rerank._sketch`). The results are those of the exact re-ranking (the
         bounds are certified; where they fix a float32 distance and its rank, that pair's
         full-precision score is skipped); a copy that spares too few exact scores is
         dropped until the vectors change; ``False`` saves the memory.
@@ -701,7 +701,7 @@ class Searcher:
 
     def _csr_screen_for(self, V: sp.csr_matrix, arrays) -> tuple | None:
         """``(sketch, |x|^2)`` of the CSR re-rank vectors ``V`` (their bucket-norm sketch,
-        :func:`~hashlearn._sketch.build_sketch` of their kernel ``arrays``, and each row's
+        :func:`~hashlearn.rerank._sketch.build_sketch` of their kernel ``arrays``, and each row's
         squared norm), built once per set of vectors like :meth:`_screen_for`; None with
         ``screen=False`` or once dropped (:meth:`_judge_screen`)."""
         if not self.screen:

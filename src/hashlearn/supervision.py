@@ -17,7 +17,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array
 
-from hashlearn._validation import check_int
+from hashlearn._utils.validation import check_int
 
 __all__ = [
     "check_pairs",

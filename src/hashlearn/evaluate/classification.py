@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from hashlearn._validation import check_int
-from hashlearn._vote import majority_vote
+from hashlearn._utils.validation import check_int
+from hashlearn._utils.vote import majority_vote
 from hashlearn.evaluate._common import (
     _check_distances,
     _check_int_array,

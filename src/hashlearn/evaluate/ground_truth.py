@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from sklearn.utils.extmath import row_norms, safe_sparse_dot
 
-from hashlearn._validation import check_int
+from hashlearn._utils.validation import check_int
 from hashlearn.evaluate._common import (
     _METRICS,
     _check_choice,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_int
+from hashlearn._utils.validation import check_int
 from hashlearn.evaluate._common import (
     _AGGREGATES,
     _AP_TIES,

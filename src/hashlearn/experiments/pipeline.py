@@ -50,7 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_int
+from hashlearn._utils.validation import check_int
 from hashlearn.codes import hamming_cdist
 from hashlearn.evaluate import (
     exact_knn,
@@ -663,7 +663,7 @@ _FORKED: dict[str, Any] = {}
 def _forked_init() -> None:
     from threadpoolctl import threadpool_limits
 
-    from hashlearn._parallel import set_num_threads
+    from hashlearn._utils.parallel import set_num_threads
 
     threadpool_limits(1)  # the workers share the cores: one BLAS thread each
     set_num_threads(1)

@@ -26,9 +26,9 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from hashlearn._dense import row_dot
-from hashlearn._parallel import available_cores, parallel_chunks
-from hashlearn._validation import check_y
+from hashlearn._utils.dense import row_dot
+from hashlearn._utils.parallel import available_cores, parallel_chunks
+from hashlearn._utils.validation import check_y
 from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
 from hashlearn.io import Persistable, check_estimator_state, estimator_from_state, estimator_state
 
@@ -220,7 +220,7 @@ def _score(X, i, f, proj):
 
     The one place a split score is computed, at fit time (:func:`node_scores`) and at query
     time (:func:`tree_leaves`), so a training point reaches the same leaf in both. The sum
-    runs in one fixed order (:func:`hashlearn._dense.row_dot`: four interleaved partial
+    runs in one fixed order (:func:`hashlearn._utils.dense.row_dot`: four interleaved partial
     sums, combined pairwise), so the result depends neither on the caller nor on the CPU.
     """
     if f >= 0:

@@ -76,8 +76,8 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
-from hashlearn._dense import dot, matvec, rank_one_update
-from hashlearn._validation import check_int, check_real
+from hashlearn._utils.dense import dot, matvec, rank_one_update
+from hashlearn._utils.validation import check_int, check_real
 from hashlearn.forest.base import BaseBucketer, TreeBuilder, _score, node_scores, tree_leaves
 from hashlearn.io import persistable
 from hashlearn.kernels import log_message

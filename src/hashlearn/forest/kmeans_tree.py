@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_int
+from hashlearn._utils.validation import check_int
 from hashlearn.forest.base import BaseBucketer, TreeBuilder, node_scores, tree_leaves
 from hashlearn.io import persistable
 

@@ -15,8 +15,8 @@ import numba
 import numpy as np
 from sklearn.utils import check_random_state
 
-from hashlearn._parallel import parallel_chunks
-from hashlearn._validation import check_int
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.validation import check_int
 from hashlearn.forest.base import BaseBucketer, _score
 from hashlearn.io import persistable
 

@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import assert_all_finite
 
-from hashlearn._csr_product import csr_dense_product
+from hashlearn.hashers._csr_product import csr_dense_product
 
 __all__ = ["LinearForm", "block_rows", "blas_threads"]
 
@@ -136,7 +136,7 @@ class LinearForm:
                     total = values.sum()
                 if not np.isfinite(total):
                     assert_all_finite(values, estimator_name=check_finite, input_name="X")
-            if sparse:  # scipy's arithmetic, in place (see hashlearn._csr_product)
+            if sparse:  # scipy's arithmetic, in place (see hashlearn.hashers._csr_product)
                 dense = self.weights_t if self.weights_t is not None else weights_t
                 dense = np.ascontiguousarray(dense, dtype=dtype)
                 csr_dense_product(X, start, stop, dense, products)

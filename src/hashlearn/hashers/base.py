@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from hashlearn._validation import as_plain_array, check_int, check_y
+from hashlearn._utils.validation import as_plain_array, check_int, check_y
 from hashlearn.codes import pack_bits
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.io import Persistable, estimator_from_state, estimator_state

@@ -40,7 +40,7 @@ import numba
 import numpy as np
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_int, check_real
+from hashlearn._utils.validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 from hashlearn.kernels import kernel_matrix, log_message

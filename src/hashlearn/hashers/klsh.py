@@ -39,7 +39,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from hashlearn._validation import check_int
+from hashlearn._utils.validation import check_int
 from hashlearn.codes import pack_bits
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable

@@ -40,10 +40,10 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from hashlearn._kernel_args import frozen
-from hashlearn._postings import find
-from hashlearn._primitives import GOLDEN_GAMMA, mix64, splitmix64
-from hashlearn._validation import DEPRECATED, check_int, renamed_param
+from hashlearn._utils.kernel_args import frozen
+from hashlearn._utils.postings import find
+from hashlearn._utils.primitives import GOLDEN_GAMMA, mix64, splitmix64
+from hashlearn._utils.validation import DEPRECATED, check_int, renamed_param
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable

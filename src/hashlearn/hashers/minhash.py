@@ -36,8 +36,8 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from hashlearn._primitives import splitmix64
-from hashlearn._validation import check_int
+from hashlearn._utils.primitives import splitmix64
+from hashlearn._utils.validation import check_int
 from hashlearn.io import Persistable, persistable, require_array
 
 __all__ = ["MinHash", "as_token_csr", "jaccard_similarity"]

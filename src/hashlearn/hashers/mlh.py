@@ -43,8 +43,8 @@ import numpy as np
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from hashlearn._dense import matvec
-from hashlearn._validation import check_int, check_real
+from hashlearn._utils.dense import matvec
+from hashlearn._utils.validation import check_int, check_real
 from hashlearn.codes import hamming_distance, pack_bits
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher

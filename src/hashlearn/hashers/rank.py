@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_int, check_real, check_y
+from hashlearn._utils.validation import check_int, check_real, check_y
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable

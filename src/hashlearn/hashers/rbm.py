@@ -35,7 +35,7 @@ from scipy.special import expit
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from hashlearn._validation import check_int, check_real
+from hashlearn._utils.validation import check_int, check_real
 from hashlearn.hashers.base import BaseHasher, estimator_state, register_hasher
 from hashlearn.io import estimator_from_state, persistable
 from hashlearn.kernels import log_message

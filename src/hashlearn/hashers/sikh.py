@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from hashlearn._validation import check_real
+from hashlearn._utils.validation import check_real
 from hashlearn.hashers.base import BaseHasher, register_hasher
 from hashlearn.io import persistable
 from hashlearn.supervision import sample_pairs

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from hashlearn import _primitives
-from hashlearn._validation import check_ids
+from hashlearn._utils import primitives as _primitives
+from hashlearn._utils.validation import check_ids
 from hashlearn.io import require_array, require_state
 
 __all__ = [

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hashlearn._validation import check_codes, check_int, check_k
+from hashlearn._utils.validation import check_codes, check_int, check_k
 from hashlearn.codes import as_words
 from hashlearn.index._storage import IdStore
 from hashlearn.io import Persistable
@@ -132,7 +132,7 @@ class BinaryIndex(IndexBase):
         return check_codes(queries, self.n_bits, "queries")
 
     def _check_k(self, k, m: int, n: int | None = None) -> int:
-        """``k`` for ``m`` queries (:func:`hashlearn._validation.check_k`; ``k`` above the
+        """``k`` for ``m`` queries (:func:`hashlearn._utils.validation.check_k`; ``k`` above the
         ``n`` stored codes is allowed and pads with -1)."""
         return check_k(k, m, f"{type(self).__name__}.search")
 

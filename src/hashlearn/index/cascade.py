@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from hashlearn._popcount import popcount64
-from hashlearn._primitives import grow_hits
-from hashlearn._validation import check_codes, check_int, check_k
+from hashlearn._utils.popcount import popcount64
+from hashlearn._utils.primitives import grow_hits
+from hashlearn._utils.validation import check_codes, check_int, check_k
 from hashlearn.codes import as_words
 from hashlearn.index._storage import IdStore, check_ids_array, check_next_id, check_words
 from hashlearn.index.base import IndexBase

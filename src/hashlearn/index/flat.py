@@ -2,7 +2,7 @@
 
 Every query is compared with every database code by XOR + popcount over 64-bit words; the k
 nearest are selected by counting over the ``b + 1`` possible distances rather than sorting
-(see :mod:`hashlearn._primitives`). This is the exact reference every other index is tested
+(see :mod:`hashlearn._utils.primitives`). This is the exact reference every other index is tested
 against, and the index to use up to a few million codes.
 """
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hashlearn import _range_scan, io
-from hashlearn._knn_scan import knn_scan
-from hashlearn._parallel import parallel_chunks
-from hashlearn._validation import check_codes
+from hashlearn import io
+from hashlearn._utils import range_scan as _range_scan
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.validation import check_codes
 from hashlearn.codes import as_words
+from hashlearn.index._knn_scan import knn_scan
 from hashlearn.index._storage import Snapshot, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index
 from hashlearn.io import persistable

@@ -9,7 +9,7 @@ of distance, and looks each one up. A ball of radius ``r`` around a ``b``-bit co
 :math:`\\sum_{i \\le r} \\binom{b}{i}` codes (529 for b = 32, r = 2), so a query costs that
 many lookups whatever the database size.
 
-Storage is :mod:`hashlearn._postings` (sorted int64 keys + CSR posting lists of positions),
+Storage is :mod:`hashlearn._utils.postings` (sorted int64 keys + CSR posting lists of positions),
 laid out for lookups: rows ``(key, first entry)`` side by side, the entries ``(id, code)``
 in bucket order so a bucket's codes are verified by one sequential read, a
 *directory* over the top ``p`` bits of the keys (``2^p`` about a quarter of the number of
@@ -45,11 +45,11 @@ import math
 import numba
 import numpy as np
 
-from hashlearn._parallel import parallel_chunks
-from hashlearn._popcount import popcount64
-from hashlearn._postings import build_table, check_table, find_in
-from hashlearn._primitives import grow_hits, prefetch, sort_ids, splitmix64
-from hashlearn._validation import check_real
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.popcount import popcount64
+from hashlearn._utils.postings import build_table, check_table, find_in
+from hashlearn._utils.primitives import grow_hits, prefetch, sort_ids, splitmix64
+from hashlearn._utils.validation import check_real
 from hashlearn.codes import as_words
 from hashlearn.index._storage import Snapshot, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index

@@ -17,13 +17,13 @@ the k-th best verified distance is below that bound: the result is *exact*, and 
 
 The default ``m`` is the paper's ``round(b / log2 n)`` (§5), so substrings are about
 ``log2 n`` bits long. Tables are the sorted-keys + CSR posting lists of
-:mod:`hashlearn._postings`, holding database *positions*; a table whose key space ``2**len``
+:mod:`hashlearn._utils.postings`, holding database *positions*; a table whose key space ``2**len``
 is at most ``8 n`` (and ``len <= 24``) is dense, direct-addressed by the substring value.
 Beside the positions each table keeps a copy of the codes in posting order (``m`` copies of
 the codes in all), so a bucket is verified by one sequential read, a block of 64 distances at
 a time, instead of a cache miss per candidate; a candidate is looked at only when it is
 within the current k-th distance, and a repeat (a code found again in another table) is
-dropped against the k results, so no visited set is kept (:mod:`hashlearn._mih_kernels`).
+dropped against the k results, so no visited set is kept (:mod:`hashlearn.index._mih_kernels`).
 
 A cost model, in units of one code word scanned by FlatIndex, decides between probing and
 scanning: a probed bucket and a verified code word each have a cost measured against the
@@ -46,12 +46,12 @@ import math
 
 import numpy as np
 
-from hashlearn import _mih_kernels
-from hashlearn._kernel_args import frozen
-from hashlearn._parallel import parallel_chunks
-from hashlearn._postings import build_table
-from hashlearn._validation import check_int
+from hashlearn._utils.kernel_args import frozen
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.postings import build_table
+from hashlearn._utils.validation import check_int
 from hashlearn.codes import as_words
+from hashlearn.index import _mih_kernels
 from hashlearn.index._storage import Snapshot, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index
 from hashlearn.index.flat import scan_range_search, scan_search
@@ -327,7 +327,7 @@ def _bucket_codes(words: np.ndarray, postings: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
-# the saved tables, in the order of the kernels' arguments (hashlearn._mih_kernels)
+# the saved tables, in the order of the kernels' arguments (hashlearn.index._mih_kernels)
 _TABLE_NAMES = (
     "sub_start",
     "sub_len",

@@ -14,7 +14,7 @@ candidate filter. Candidates are reported with their band-collision counts, most
 collisions first; re-rank them with the estimated or exact Jaccard similarity.
 
 Storage: the tables are a :class:`hashlearn.index.table.TableIndex` with ``bands`` tables
-(sorted keys + CSR posting lists from :mod:`hashlearn._postings`), so the index saves as
+(sorted keys + CSR posting lists from :mod:`hashlearn._utils.postings`), so the index saves as
 plain ``.npy`` arrays and loads memory-mapped. Band keys are a 64-bit polynomial hash of the
 band's values; two different bands share a key with probability about :math:`2^{-63}`.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hashlearn._validation import as_plain_array, check_int
+from hashlearn._utils.validation import as_plain_array, check_int
 from hashlearn.index._storage import IdStore
 from hashlearn.index.base import IndexBase
 from hashlearn.index.table import TableIndex

@@ -30,8 +30,8 @@ import numba
 import numpy as np
 from sklearn.utils import check_random_state
 
-from hashlearn._popcount import leading_zeros64, popcount64, trailing_zeros64
-from hashlearn._validation import check_codes, check_ids, check_int, check_real
+from hashlearn._utils.popcount import leading_zeros64, popcount64, trailing_zeros64
+from hashlearn._utils.validation import check_codes, check_ids, check_int, check_real
 from hashlearn.codes import unpack_bits
 from hashlearn.index.base import BinaryIndex, register_index
 from hashlearn.io import persistable, require_array, require_state

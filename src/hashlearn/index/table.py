@@ -8,7 +8,7 @@ candidate set of the paper's selection function ``T(q, x) > 0`` is the union of 
 query's postings over the L tables, each candidate with its collision count
 ``sum_l 1(key_l(q) == key_l(x))`` (the unweighted ensemble score).
 
-Storage: each table is sorted keys + CSR posting lists (:mod:`hashlearn._postings`) over
+Storage: each table is sorted keys + CSR posting lists (:mod:`hashlearn._utils.postings`) over
 *internal positions* -- ranks of the ids in ascending order -- stored as int32. All tables
 are concatenated into four flat arrays, so the index saves as ``.npy`` files and loads
 memory-mapped.
@@ -30,9 +30,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hashlearn._parallel import parallel_chunks
-from hashlearn._postings import build_table, check_table, gathered_sizes, posting_range
-from hashlearn._validation import as_plain_array, check_int
+from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.postings import build_table, check_table, gathered_sizes, posting_range
+from hashlearn._utils.validation import as_plain_array, check_int
 from hashlearn.index._storage import IdStore, check_ids_array, check_next_id
 from hashlearn.index.base import IndexBase
 from hashlearn.io import persistable, require_array, require_state

@@ -46,9 +46,9 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
-from hashlearn._dense import dot, matvec, rank_one_update
-from hashlearn._validation import DEPRECATED, check_int, check_real, renamed_param
-from hashlearn._vote import majority_vote
+from hashlearn._utils.dense import dot, matvec, rank_one_update
+from hashlearn._utils.validation import DEPRECATED, check_int, check_real, renamed_param
+from hashlearn._utils.vote import majority_vote
 from hashlearn.io import (
     Persistable,
     check_fitted_items,

@@ -47,7 +47,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted
 
-from hashlearn._validation import DEPRECATED, check_int, check_real, renamed_param
+from hashlearn._utils.validation import DEPRECATED, check_int, check_real, renamed_param
 from hashlearn.io import (
     Persistable,
     check_fitted_items,

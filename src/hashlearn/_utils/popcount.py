@@ -1,6 +1,6 @@
 """Population counts of XORed code words: the Hamming distance primitives of every kernel.
 
-Codes are C-contiguous ``uint64`` word arrays (see :mod:`hashlearn._primitives`). Two
+Codes are C-contiguous ``uint64`` word arrays (see :mod:`hashlearn._utils.primitives`). Two
 primitives, both numba intrinsics so they inline into the kernels that call them:
 
 * :func:`popcount64` -- one word, LLVM's scalar ``ctpop`` (one POPCNT instruction);

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 
-from hashlearn._parallel import available_cores
+from hashlearn._utils.parallel import available_cores
 
 __all__ = ["cpu_description"]
 

@@ -1,6 +1,6 @@
 """Exhaustive Hamming distances: pairwise distance matrices and range search (all codes within
 a radius), serial ``nogil`` loops over a range of queries (codes as in
-:mod:`hashlearn._primitives`). The k-NN scan is :mod:`hashlearn._knn_scan`.
+:mod:`hashlearn._utils.primitives`). The k-NN scan is :mod:`hashlearn.index._knn_scan`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._popcount import popcount64
+from hashlearn._utils.popcount import popcount64
 
 
 @njit(nogil=True, inline="always")
@@ -16,7 +16,7 @@ def _hamming(a, ao, b, bo, n_words):
     """Hamming distance between ``a[ao:ao+W]`` and ``b[bo:bo+W]`` (word arrays, int offsets).
 
     A plain word loop: with ``W`` known only at run time (range search, MIH verification)
-    it beats :func:`hashlearn._popcount.code_distance`, which is for kernels compiled per
+    it beats :func:`hashlearn._utils.popcount.code_distance`, which is for kernels compiled per
     code width (on read-only arrays the vector form ran 12x slower here).
     """
     d = 0

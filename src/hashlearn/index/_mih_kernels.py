@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._popcount import popcount64, trailing_zeros64
-from hashlearn._postings import find_in
-from hashlearn._primitives import prefetch
+from hashlearn._utils.popcount import popcount64, trailing_zeros64
+from hashlearn._utils.postings import find_in
+from hashlearn._utils.primitives import prefetch
 
 __all__ = ["substring_keys", "mih_knn", "mih_range", "mih_check_tables"]
 

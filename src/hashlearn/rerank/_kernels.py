@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._primitives import prefetch
-from hashlearn._quantized import Quantized, code_sqdist, quantize_rows
+from hashlearn._utils.primitives import prefetch
+from hashlearn.rerank._quantized import Quantized, code_sqdist, quantize_rows
 
 __all__ = [
     "distance_kernel",
@@ -637,7 +637,7 @@ def quantized_screen_kernel(
     Q, V, q_screen, x_screen, step, err_cap, cand, kind, k, out_d, out_i, start, stop, settle32
 ):  # pragma: no cover
     """:func:`distance_kernel`'s result -- the top k by the float64 distance, computed by
-    the same inlined loop -- screened by 8-bit codes (:mod:`hashlearn._quantized`).
+    the same inlined loop -- screened by 8-bit codes (:mod:`hashlearn.rerank._quantized`).
 
     Pass 1 reads each pair's codes (``d`` bytes of the row instead of ``4d`` or ``8d``),
     computes the exact integer ``S = sum_j (a_j - c_j)^2`` and bounds the Euclidean
@@ -647,8 +647,8 @@ def quantized_screen_kernel(
     bound; pass 2 (:func:`_score_survivors`) scores in float64 only the pairs whose lower
     bound does not exceed ``T`` -- the others have k pairs strictly nearer. Pairs go by
     row (:func:`packed_pairs_by_row`). ``q_screen = (codes, err, sqnorm)`` of the queries
-    (:func:`hashlearn._quantized.quantize_rows`), ``x_screen`` the same of the rows of ``V``
-    (:func:`hashlearn._quantized.quantize`), on the grid of step ``step``; ``err_cap`` the
+    (:func:`hashlearn.rerank._quantized.quantize_rows`), ``x_screen`` the same of the rows of ``V``
+    (:func:`hashlearn.rerank._quantized.quantize`), on the grid of step ``step``; ``err_cap`` the
     largest finite row error (``Quantized.err_cap``). With ``settle32`` (the caller keeps
     float32 distances, as :class:`hashlearn.Searcher` does) a kept pair whose bounds settle
     its float32 distance and its rank is not scored (see :func:`_needs_exact`): on data the
@@ -719,7 +719,7 @@ def rescore_runner(
 
     With at least 2k candidates per query: the 8-bit screen
     (:func:`quantized_screen_kernel`) when ``screen``, the 8-bit copy of ``V``
-    (:func:`hashlearn._quantized.quantize`), is given; else, over float32 ``V``, the
+    (:func:`hashlearn.rerank._quantized.quantize`), is given; else, over float32 ``V``, the
     float32 screen where it applies -- a screen tight enough to prune (``d`` below ~20k
     columns), finite float32 queries, and for the inner-product kinds queries exact in
     float32; else the float64 kernel. The top k by float64 distance either way; with

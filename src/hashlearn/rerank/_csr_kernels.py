@@ -1,7 +1,7 @@
 """Exact re-ranking over CSR vectors (:class:`hashlearn.Searcher` with scipy.sparse input):
 :func:`csr_distance_kernel` scores every (query, candidate) pair, and
 :func:`csr_sketch_kernel` first bounds every pair from below by a dense sketch
-(:mod:`hashlearn._sketch`) and scores exactly only the pairs that can still be among the k
+(:mod:`hashlearn.rerank._sketch`) and scores exactly only the pairs that can still be among the k
 nearest. Both keep each query's top k by (distance, row) as they score, and both score a
 pair with the same inlined loop (:func:`_pair_distance`), so their results agree.
 
@@ -15,9 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._primitives import prefetch
-from hashlearn._quantized import tagged_sqdist
-from hashlearn._rescore import (
+from hashlearn._utils.primitives import prefetch
+from hashlearn.rerank._kernels import (
     _SUBNORMAL_SLACK,
     _U64,
     EUCLIDEAN,
@@ -27,6 +26,7 @@ from hashlearn._rescore import (
     keep_smallest,
     window_ends,
 )
+from hashlearn.rerank._quantized import tagged_sqdist
 
 __all__ = [
     "SKETCH_PAIRS",
@@ -158,7 +158,7 @@ def _pair_distance(n_q, vectors, p, side, i, kind, qq, scratch, stamp):
 def csr_distance_kernel(
     queries, vectors, side, cand, kind, k, out_d, out_i, start, stop, scratch
 ):  # pragma: no cover - compiled
-    """``_rescore.distance_kernel`` for CSR queries and vectors, ``queries`` and ``vectors``
+    """``rerank._kernels.distance_kernel`` for CSR queries and vectors, ``queries`` and ``vectors``
     each ``(data, indices int32 or int64, indptr int64)`` (canonical: sorted, distinct column
     indices), ``side = (f_q, f_v, f_w)`` the side features (zero-width without);
     ``scratch`` the working arrays (:func:`csr_scratch`). The rows of the candidates
@@ -201,7 +201,7 @@ def row_sqnorms(data, indptr):  # pragma: no cover - compiled
 @njit(nogil=True, inline="always")
 def _sketch_lower(kind, radius, q_err, qq, x_sq, p, d, out_rel):
     """A lower bound on the float64 distance of ``kind`` (squared for ``EUCLIDEAN``, see
-    ``_rescore._distance_interval``) of a pair with ``|q - x| >= radius - q_err``
+    ``rerank._kernels._distance_interval``) of a pair with ``|q - x| >= radius - q_err``
     (:func:`_sketch_radii`) and ``|q - x| <= |q| + |x|``; row ``p``'s ``|x|^2``
     (``x_sq[p]``) is read only for the inner-product kinds."""
     r_lo = max(0.0, radius - q_err)
@@ -275,7 +275,7 @@ def _sketch_radii(q_sketch, x_sketch, step, cand, start, stop):  # pragma: no co
     windows of rows whose codes fit in about a quarter of a 1 MB cache
     (:func:`_slots_by_window`), so each row's codes are read from memory once for all the
     queries that list it. ``q_sketch``, ``x_sketch``: ``(codes, err, code_sq)`` of the
-    queries and the rows (:func:`hashlearn._sketch.sketch_rows`)."""
+    queries and the rows (:func:`hashlearn.rerank._sketch.sketch_rows`)."""
     q_codes, _, q_code_sq = q_sketch
     x_codes, x_err, x_code_sq = x_sketch
     c = cand.shape[1]
@@ -374,7 +374,7 @@ def csr_sketch_kernel(
     queries, vectors, sketches, cand, kind, k, out_d, out_i, start, stop, scratch
 ):  # pragma: no cover - compiled
     """:func:`csr_distance_kernel`'s result (without side features), screened by the
-    bucket-norm sketch (:mod:`hashlearn._sketch`), whose distances bound every candidate's
+    bucket-norm sketch (:mod:`hashlearn.rerank._sketch`), whose distances bound every candidate's
     distance from below: the multi-step k-nearest-neighbour search of Seidl & Kriegel,
     "Optimal Multi-Step k-Nearest Neighbor Search" (SIGMOD 1998).
 
@@ -389,7 +389,7 @@ def csr_sketch_kernel(
        they are kept); the rest have k candidates strictly nearer.
 
     ``sketches = (q_sketch, x_sketch, x_sq, step)``: the queries' and the rows' ``(codes,
-    err, code_sq)`` (:func:`hashlearn._sketch.sketch_rows`), the rows' ``|x|^2``
+    err, code_sq)`` (:func:`hashlearn.rerank._sketch.sketch_rows`), the rows' ``|x|^2``
     (:func:`row_sqnorms`) and the grid step; the other arguments as for
     :func:`csr_distance_kernel`. Returns the number of pairs scored exactly."""
     q_data, q_ind, q_ptr = queries

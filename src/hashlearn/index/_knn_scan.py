@@ -1,13 +1,13 @@
 """Exhaustive Hamming k-NN over packed codes: the numba kernel behind ``FlatIndex``.
 
 Codes are C-contiguous ``uint64`` word arrays (code ``i`` occupies ``words[i*W:(i+1)*W]``,
-see :mod:`hashlearn._primitives`). The scan:
+see :mod:`hashlearn._utils.primitives`). The scan:
 
 * walks the database in blocks of ~16 KiB that a chunk of queries reuses while they sit in
   L1 cache, two queries per pass over a block;
 * computes the distances of a mini-block of 64 codes branch-free into a small array:
   up to 4 words per code the codes sit in SIMD lanes (LLVM vectorises the loop over codes),
-  wider codes go through the vector XOR + popcount of :func:`hashlearn._popcount.code_distance`;
+  wider codes go through the vector XOR + popcount of :func:`hashlearn._utils.popcount.code_distance`;
 * looks item by item only at a mini-block whose minimum beats the current k-th distance
   ``tau``;
 * keeps the top k by counting, not sorting: a per-query candidate buffer accepts an item
@@ -19,7 +19,7 @@ see :mod:`hashlearn._primitives`). The scan:
 The word count ``W`` is a compile-time constant in the kernels for 1, 2, 3, 4, 6, 8 and
 16 words (64 to 1024 bits; 384 bits are one sign bit per dimension of MiniLM embeddings);
 other widths use one kernel with ``W`` at run time. Each kernel is serial and GIL-free over
-a range of queries ``q_start:q_end``: callers run chunks of queries on several threads (:func:`hashlearn._parallel.parallel_chunks`).
+a range of queries ``q_start:q_end``: callers run chunks of queries on several threads (:func:`hashlearn._utils.parallel.parallel_chunks`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._kernel_args import frozen
-from hashlearn._popcount import code_distance, popcount64, trailing_zeros64
+from hashlearn._utils.kernel_args import frozen
+from hashlearn._utils.popcount import code_distance, popcount64, trailing_zeros64
 
 __all__ = ["knn_scan"]
 

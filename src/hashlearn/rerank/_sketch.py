@@ -1,6 +1,6 @@
 """A bucket-norm sketch of sparse vectors: a few hundred 12-bit codes per vector whose
 distances bound Euclidean distances from below, for screening CSR re-ranking candidates
-(:func:`hashlearn._rescore_csr.csr_sketch_kernel`).
+(:func:`hashlearn.rerank._csr_kernels.csr_sketch_kernel`).
 
 The columns are dealt into ``w`` buckets, in descending order of their frequency in the
 database and round robin, so the most frequent columns each lead a bucket of their own. A
@@ -21,9 +21,9 @@ the bucket norms, so the error bounds below carry over unchanged. On the bag-of-
 histograms 92 % of the non-empty buckets hold one column, and the tags halve the
 candidates left to score exactly (below).
 
-The bucket norms are kept as 12-bit codes (:func:`hashlearn._quantized.quantize_row`, one
+The bucket norms are kept as 12-bit codes (:func:`hashlearn.rerank._quantized.quantize_row`, one
 step from 0 to the largest norm), the tag in the top 4 bits of each uint16, so the sketch
-distance is an exact integer sum (:func:`hashlearn._quantized.tagged_sqdist`). Each
+distance is an exact integer sum (:func:`hashlearn.rerank._quantized.tagged_sqdist`). Each
 vector's error bound covers both the quantization and the float64 rounding of its norms, so
 ``|q - x| >= step sqrt(S) - err_q - err_x`` holds for the real numbers.
 
@@ -43,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from hashlearn._quantized import (
+from hashlearn.rerank._quantized import (
     COLUMN_BLOCK,
     MAX_WIDE_COLUMNS,
     NO_TAG,
@@ -117,7 +117,7 @@ def _bucket_norms(
 def _sketch_rows(data, indices, indptr, sketch_of, step, codes, err, code_sq):  # pragma: no cover
     """Each CSR row's tagged codes, error bound and sum of squared codes into ``codes``,
     ``err`` and ``code_sq``, one row at a time: its bucket norms (:func:`_bucket_norms`)
-    quantized on the grid ``0, step, ..`` (:func:`hashlearn._quantized.quantize_row`,
+    quantized on the grid ``0, step, ..`` (:func:`hashlearn.rerank._quantized.quantize_row`,
     norms above it clamped, their error counted), the tags in the top 4 bits."""
     width = codes.shape[1]
     norms = np.zeros((1, width))

@@ -1,6 +1,6 @@
 """Run a GIL-free kernel over chunks of queries on several threads.
 
-Kernels (e.g. :mod:`hashlearn._range_scan`) are serial ``nogil`` functions over a query range; this
+Kernels (e.g. :mod:`hashlearn._utils.range_scan`) are serial ``nogil`` functions over a query range; this
 module splits the queries into chunks and runs them on a shared thread pool. Threads rather
 than numba's ``prange`` keep every call thread-safe, let each call choose its own thread count,
 and keep the hot loops out of parfor bodies (which compile them worse).
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from hashlearn._validation import check_int
+from hashlearn._utils.validation import check_int
 
 __all__ = ["available_cores", "get_num_threads", "parallel_chunks", "set_num_threads"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._primitives import prefetch
+from hashlearn._utils.primitives import prefetch
 
 __all__ = ["csr_dense_product"]
 

@@ -5,9 +5,9 @@ Conventions of every numba loop in the package: packed codes are C-contiguous ``
 words (code ``i`` occupies ``words[i * W:(i + 1) * W]``, bit ``j`` in word ``j // 64`` at bit
 ``j % 64``, which is exactly the LSB-first byte layout read as little-endian words), ids are
 ``int64``. Callers in the public API validate inputs first; loops trust them. The loops
-themselves live by concept: :mod:`hashlearn._popcount` (popcount), :mod:`hashlearn._knn_scan`
-(FlatIndex's k-NN scan), :mod:`hashlearn._range_scan` (pairwise distances and range search),
-:mod:`hashlearn._mih_kernels` (multi-index hashing), :mod:`hashlearn._rescore` (re-ranking).
+themselves live by concept: :mod:`hashlearn._utils.popcount` (popcount), :mod:`hashlearn.index._knn_scan`
+(FlatIndex's k-NN scan), :mod:`hashlearn._utils.range_scan` (pairwise distances and range search),
+:mod:`hashlearn.index._mih_kernels` (multi-index hashing), :mod:`hashlearn.rerank._kernels` (re-ranking).
 """
 
 from __future__ import annotations

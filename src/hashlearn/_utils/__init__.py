@@ -1,0 +1,1 @@
+"""Shared private primitives: argument checks, threads, popcount, posting lists, kernel helpers."""

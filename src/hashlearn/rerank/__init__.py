@@ -1,0 +1,1 @@
+"""Refinement: exact rescoring of candidates (dense, CSR) and the screens that prune it."""
