@@ -188,11 +188,26 @@ def test_claims_and_tables(tmp_path):
 
     from hashlearn.experiments.pipeline import claim, mean_table, write_claims
 
-    rows = [claim("P", "a beats b", "digits", 0.1, 3), claim("P", "c", "d", 0.2, 1, holds=False)]
+    rows = [
+        claim("P", "a beats b", "digits", [0.1, 0.12, 0.08], baseline="LSH(directions='gaussian')"),
+        claim("P", "c", "d", [0.1, -0.1, 0.05]),
+        claim("P", "e", "d", [-0.2, -0.3, -0.25]),
+        claim("P", "exact search", "d", 0.0, 1, holds=True),
+        claim("P", "one run", "d", 0.3, 1),
+    ]
     table = write_claims(tmp_path, rows)
     assert json.loads((tmp_path / "claims.json").read_text()) == rows
-    assert "| P | a beats b | digits | holds | +0.100 | 3 |" in table
-    assert "does not hold" in table
+    assert [r["verdict"] for r in rows] == ["holds", "tie", "fails", "holds", "tie"]
+    half = 4.302652729911275 * 0.02 / 3**0.5  # t_{0.975, 2} * sd / sqrt(n)
+    assert rows[0]["ci_low"] == pytest.approx(0.1 - half) and rows[0]["n"] == 3
+    assert (
+        f"| P | a beats b | digits | holds | +0.100 | [{0.1 - half:+.3f}, {0.1 + half:+.3f}] | 3 "
+        "| LSH(directions='gaussian') |" in table
+    )
+    assert "| exact (deterministic check) | 1 | - |" in table
+    assert "| P | one run | d | tie | +0.300 | none (n = 1) | 1 | - |" in table
+    with pytest.raises(ValueError, match="seeds"):
+        claim("P", "c", "d", [0.1, 0.2], 3)
     records = [
         {"method": "A", "bits": 8, "v": 0.5},
         {"method": "A", "bits": 8, "v": 0.7},

@@ -17,7 +17,20 @@ import pytest
 
 from hashlearn import load_digits
 
-CLAIM_KEYS = {"paper", "claim", "data", "holds", "margin", "seeds"}
+CLAIM_KEYS = {
+    "paper",
+    "claim",
+    "data",
+    "verdict",
+    "holds",
+    "margin",
+    "ci_low",
+    "ci_high",
+    "interval",
+    "n",
+    "seeds",
+    "baseline",
+}
 
 
 def _small_digits(monkeypatch, module, n=500):

@@ -115,7 +115,9 @@ def write_section(path: str | os.PathLike, name: str, markdown: str) -> None:
 # ------------------------------------------------------------------------------ claims overview
 
 CLAIMS_SECTION = "claims"
-CLAIMS_HEADER = ("paper", "claim", "data", "result", "margin", "seeds")
+CLAIMS_HEADER = ("paper", "claim", "data", "result", "margin", "95% CI", "n", "baseline as run")
+#: the header of claims tables written before the intervals (single margins, no baseline)
+LEGACY_CLAIMS_HEADER = ("paper", "claim", "data", "result", "margin", "seeds")
 FINDINGS_HEADER = ("claim", "data", "finding")
 
 
@@ -145,24 +147,51 @@ def claims_overview(text: str) -> str:
     (header :data:`CLAIMS_HEADER`, as :func:`~hashlearn.experiments.pipeline.write_claims`
     writes it) with the section it comes from, and for a claim that does not hold the
     finding of the ablation that explains it (rows of a table headed
-    :data:`FINDINGS_HEADER`, matched on claim and data). Empty when no section has claims."""
+    :data:`FINDINGS_HEADER`, matched on claim and data). Rows of sections written before
+    the intervals (:data:`LEGACY_CLAIMS_HEADER`) are kept, marked as such: their result is
+    a single margin's sign, not a verdict. Empty when no section has claims."""
     claims = _tables(text, CLAIMS_HEADER)
+    legacy = [
+        (
+            section,
+            [
+                *cells[:3],
+                f"{cells[3]} (sign only, no interval)",
+                cells[4],
+                "not computed (run before the intervals)",
+                cells[5],
+                "not recorded",
+            ],
+        )
+        for section, cells in _tables(text, LEGACY_CLAIMS_HEADER)
+    ]
+    claims += legacy
     if not claims:
         return ""
     findings = {(c[0], c[1]): c[2] for _, c in _tables(text, FINDINGS_HEADER)}
-    held = sum(cells[3] == "holds" for _, cells in claims)
+    counts = {v: sum(cells[3] == v for _, cells in claims) for v in ("holds", "fails", "tie")}
     rows = [
         [*cells, section, "" if cells[3] == "holds" else findings.get((cells[1], cells[2]), "")]
         for section, cells in claims
     ]
+    stale = (
+        f" {len(legacy)} rows come from runs made before the intervals (one margin, its sign "
+        "taken as the result): they await a re-run and count in none of these."
+        if legacy
+        else ""
+    )
     return "\n".join(
         [
             "## Claims",
             "",
-            f"Every claim the reproductions check, gathered from their sections below "
-            f"({held} of {len(claims)} hold). A claim holds when its margin (the measured "
-            "advantage, in the claim's units) is positive; 'why not' gives the ablation's "
-            "finding for a claim that does not hold.",
+            f"Every claim the reproductions check, gathered from their sections below: "
+            f"{counts['holds']} hold, {counts['fails']} fail, {counts['tie']} tie, of "
+            f"{len(claims)}.{stale} The margin is the mean paired difference (method minus "
+            "the baseline as run, over n seeds or partitions, signed so that positive is the "
+            "paper's direction); 95% CI is Student's paired t interval of that mean "
+            "(`hashlearn.experiments._stats`). A claim holds when the interval lies above 0, "
+            "fails when it lies below 0, and is a tie otherwise; 'why not' gives the "
+            "ablation's finding for a claim that does not hold.",
             "",
             markdown_table([*CLAIMS_HEADER, "section", "why not (ablation)"], rows),
         ]

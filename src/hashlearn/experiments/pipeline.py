@@ -21,7 +21,8 @@ lives here, once, and uses only the public API (:func:`hashlearn.hashers.make_ha
   (a flat dict) each; a progress bar ``progress(total=, desc=)`` advanced once per model.
 * :func:`summarize` -- mean and standard deviation over seeds, for tables and claims.
 * :func:`claim` / :func:`write_claims` -- the claims a reproduction checks, as rows (paper,
-  claim, data, holds, margin, seeds) in ``claims.json`` and a markdown table.
+  claim, data, verdict, margin with its 95 % paired t interval, n, baseline as run) in
+  ``claims.json`` and a markdown table; the statistic is :mod:`hashlearn.experiments._stats`.
 
 A user runs a paper's protocol on their own data the same way::
 
@@ -39,6 +40,7 @@ A user runs a paper's protocol on their own data the same way::
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -712,24 +714,67 @@ def summarize(
 
 
 def claim(
-    paper: str, text: str, data: str, margin: float, seeds: int, *, holds: bool | None = None
+    paper: str,
+    text: str,
+    data: str,
+    margin,
+    seeds: int | None = None,
+    *,
+    holds: bool | None = None,
+    baseline: str = "",
 ) -> dict[str, Any]:
-    """One row of a reproduction's claims table: the claim ``text`` of ``paper`` on ``data``
-    holds when ``margin`` (the measured advantage, in the claim's units) is positive,
-    unless ``holds`` says otherwise; ``seeds``: the models averaged."""
-    margin = float(margin)
+    """One row of a reproduction's claims table.
+
+    ``margin``: the paired differences of the claim (one per seed or partition, method minus
+    baseline, signed so that positive is the paper's direction), or one number. The verdict
+    (:mod:`hashlearn.experiments._stats`): "holds" when the 95 % paired t interval of their
+    mean excludes 0 above, "fails" when it excludes 0 below, "tie" otherwise (one number has
+    no interval: "tie"). ``holds``, given, is a deterministic check (e.g. exact search finds
+    the true neighbours): its verdict is "holds" or "fails" and its interval "exact".
+    ``seeds``: must equal the number of differences when given with several. ``baseline``:
+    the class and parameters of the row the claim compares against, as run.
+    """
+    from hashlearn.experiments._stats import paired_t_interval, verdict
+
+    diffs = np.atleast_1d(np.asarray(margin, np.float64))
+    if diffs.ndim != 1:
+        raise ValueError(f"margin must be a number or a 1-D sequence. Got shape {diffs.shape}.")
+    if seeds is not None and diffs.size > 1 and int(seeds) != diffs.size:
+        raise ValueError(f"seeds ({seeds}) must equal the number of differences ({diffs.size}).")
+    n = diffs.size if seeds is None or diffs.size > 1 else int(seeds)
+    stat = paired_t_interval(diffs)
+    if holds is not None:
+        result, low, high, interval = ("holds" if holds else "fails"), stat.mean, stat.mean, "exact"
+    else:
+        result, low, high = verdict(stat.low, stat.high), stat.low, stat.high
+        interval = "paired t" if diffs.size > 1 else "none"
     return {
         "paper": paper,
         "claim": text,
         "data": data,
-        "holds": bool(margin > 0 if holds is None else holds),
-        "margin": margin,
-        "seeds": int(seeds),
+        "verdict": result,
+        "holds": result == "holds",
+        "margin": stat.mean,
+        "ci_low": None if math.isnan(low) else low,
+        "ci_high": None if math.isnan(high) else high,
+        "interval": interval,
+        "n": n,
+        "seeds": n,
+        "baseline": baseline,
     }
 
 
+def _interval_cell(c: Mapping[str, Any]) -> str:
+    if c["interval"] == "exact":
+        return "exact (deterministic check)"
+    if c["ci_low"] is None:
+        return "none (n = 1)"
+    return f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]"
+
+
 def write_claims(out_dir: str | os.PathLike, claims: Sequence[Mapping[str, Any]]) -> str:
-    """Write ``claims.json`` into ``out_dir``; return the claims as a markdown table."""
+    """Write ``claims.json`` into ``out_dir``; return the claims as a markdown table (margin,
+    its 95 % paired t interval, n and the baseline as run)."""
     from hashlearn.experiments._common import CLAIMS_HEADER, markdown_table, write_json
 
     write_json(Path(out_dir) / "claims.json", list(claims))
@@ -738,9 +783,11 @@ def write_claims(out_dir: str | os.PathLike, claims: Sequence[Mapping[str, Any]]
             c["paper"],
             c["claim"],
             c["data"],
-            "holds" if c["holds"] else "does not hold",
+            c["verdict"],
             f"{c['margin']:+.3f}",
-            c["seeds"],
+            _interval_cell(c),
+            c["n"],
+            c["baseline"] or "-",
         ]
         for c in claims
     ]
