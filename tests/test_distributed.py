@@ -1,4 +1,5 @@
-"""ShardedIndex on a 2-worker LocalCluster against a single FlatIndex; encode; bad input."""
+"""ShardedIndex on a 2-worker LocalCluster against a single FlatIndex and brute force; encode;
+bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import pytest
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
 
-from hashlearn.distributed import ShardedIndex, connect, encode, merge_topk  # noqa: E402
+from hashlearn.distributed import (  # noqa: E402
+    ShardedIndex,
+    _shard_len,
+    connect,
+    encode,
+    merge_topk,
+)
 from hashlearn.hashers.lsh import RandomHyperplaneLSH  # noqa: E402
 from hashlearn.index.flat import FlatIndex  # noqa: E402
 from hashlearn.index.mih import MultiIndexHashing  # noqa: E402
@@ -116,6 +123,127 @@ def test_unreachable_scheduler_fails_fast_with_a_clear_error():
     assert time.monotonic() - start < 30  # a bounded failure, not a hang
     with pytest.raises(ValueError, match="timeout"):
         connect("tcp://127.0.0.1:9", timeout=0)
+
+
+# ------------------------------------------- an index made empty, like the local ones
+
+
+def _flat_like(adds, n_bits=64):
+    """A FlatIndex given the same ``(codes, ids)`` adds (ids None: numbered by the index)."""
+    flat = FlatIndex(n_bits)
+    for codes, ids in adds:
+        flat.add(codes, ids=ids)
+    return flat
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 3])
+@pytest.mark.parametrize("index", ["flat", "mih"])
+def test_empty_index_filled_by_add_equals_flat(client, problem, n_shards, index):
+    db, q = problem
+    sharded = ShardedIndex(client, n_bits=64, n_shards=n_shards, index=index)
+    assert len(sharded) == 0 and sharded.n_shards == n_shards
+    D, I = sharded.search(q[:3], 4)  # empty: all padding, as FlatIndex
+    assert (D == -1).all() and (I == -1).all()
+    adds = [(db[:4000], None), (db[4000:4001], None), (db[4001:5000], np.arange(9000, 9999))]
+    got_ids = [sharded.add(codes, ids=ids) for codes, ids in adds]
+    assert got_ids[0].tolist() == list(range(4000)) and got_ids[1].tolist() == [4000]
+    assert got_ids[2].dtype == np.int64 and got_ids[2].tolist() == list(range(9000, 9999))
+    assert sharded.add(db[5000:]).tolist() == list(range(9999, 9999 + 1000))  # past the max
+    flat = _flat_like([*adds, (db[5000:], None)])
+    assert len(sharded) == len(flat)
+    for k in (1, 10, 100, 7000):  # many exact ties: the merge breaks them by id
+        _equal(sharded.search(q, k), flat.search(q, k))
+    sizes = client.gather([client.submit(_shard_len, f) for f in sharded.shards])
+    assert max(sizes) - min(sizes) <= 1  # rows are spread evenly
+
+
+def test_range_search_equals_brute_force(client, problem):
+    db, q = problem
+    sharded = ShardedIndex(client, n_bits=64, n_shards=3)
+    ids = sharded.add(db)
+    bits = np.unpackbits(q[:, None, :] ^ db[None, :, :], axis=-1).sum(axis=-1)
+    for radius in (0, 3, 12, 64):
+        lims, D, I = sharded.range_search(q, radius)
+        assert lims.dtype == np.int64 and D.dtype == np.int32 and I.dtype == np.int64
+        for i in range(len(q)):
+            hit = np.flatnonzero(bits[i] <= radius)
+            order = np.lexsort((ids[hit], bits[i, hit]))  # by (distance, id)
+            assert D[lims[i] : lims[i + 1]].tolist() == bits[i, hit][order].tolist()
+            assert I[lims[i] : lims[i + 1]].tolist() == ids[hit][order].tolist()
+    _equal(sharded.range_search(q, 9), _flat_like([(db, None)]).range_search(q, 9))
+    with pytest.raises(ValueError, match="radius"):
+        sharded.range_search(q, 65)
+
+
+def test_remove_and_len_on_an_empty_made_index(client, problem):
+    db, q = problem
+    sharded = ShardedIndex(client, n_bits=64, n_shards=2)
+    sharded.add(db)
+    drop = np.arange(0, len(db), 3)
+    assert sharded.remove(drop) == len(drop)
+    assert sharded.remove(np.array([], np.int64)) == 0
+    assert sharded.remove([drop[0], 1], missing="ignore") == 1  # 1 was still there
+    flat = _flat_like([(db, None)])
+    flat.remove(np.concatenate([drop, [1]]))
+    assert len(sharded) == len(flat)
+    _equal(sharded.search(q, 20), flat.search(q, 20))
+    assert sharded.add(db[:2]).tolist() == [len(db), len(db) + 1]  # removed ids not reused
+    with pytest.raises(ValueError, match="not in the index"):
+        sharded.remove([drop[1]])
+    with pytest.raises(ValueError, match="already in the index"):
+        sharded.add(db[:1], ids=[2])
+    with pytest.raises(ValueError, match="duplicates"):
+        sharded.add(db[:2], ids=[50000, 50000])
+
+
+def test_add_a_dask_array_of_codes_computes_blocks_on_the_workers(client, problem):
+    db, q = problem
+    sharded = ShardedIndex(client, n_bits=64, n_shards=2)
+    sharded.add(db[:100])
+    ids = sharded.add(da.from_array(db[100:], chunks=(1000, 8)))
+    assert ids.tolist() == list(range(100, len(db)))
+    flat = _flat_like([(db, None)])
+    _equal(sharded.search(q, 10), flat.search(q, 10))
+    client.cancel(sharded.shards)  # rebuilt by recomputing the blocks from their graph
+    _equal(sharded.search(q, 10), flat.search(q, 10))
+    with pytest.raises(ValueError, match="uint8"):
+        sharded.add(da.from_array(db[:10].astype(np.int16), chunks=(5, 8)))
+
+
+def test_save_and_load_an_empty_made_index(client, problem, tmp_path):
+    db, q = problem
+    sharded = ShardedIndex(client, n_bits=64, n_shards=2, index="mih")
+    sharded.add(db[:3000])
+    sharded.add(db[3000:], ids=np.arange(3000, len(db)) * 2)
+    sharded.save(tmp_path / "idx")
+    want = sharded.search(q, 10)
+    for loaded in (
+        ShardedIndex.load(tmp_path / "idx", client=client),
+        ShardedIndex.load(client, tmp_path / "idx", mmap=True),  # the older form
+    ):
+        assert loaded.index_name == "mih" and len(loaded) == len(db)
+        _equal(loaded.search(q, 10), want)
+        assert loaded.add(db[:1]).tolist() == [2 * (len(db) - 1) + 1]  # next id survives
+    with pytest.raises(TypeError, match="load"):
+        ShardedIndex.load()
+
+
+def test_refining_needs_a_refiner_attached_first(client, problem):
+    db, q = problem
+    sharded = ShardedIndex(client, n_bits=64, n_shards=2)
+    with pytest.raises(ValueError, match="attach_refiner"):
+        sharded.add(db[:5], vectors=np.zeros((5, 3)))
+    with pytest.raises(ValueError, match="attach_refiner"):
+        sharded.refine_search(np.zeros((2, 3)), q[:2], 3, 10)
+    sharded.add(db[:5])
+    with pytest.raises(ValueError, match="empty index"):
+        sharded.attach_refiner("euclidean", RandomHyperplaneLSH(n_bits=64), True)
+    with pytest.raises(ValueError, match="codes"):
+        sharded.add(None)
+    with pytest.raises(ValueError, match="n_shards"):
+        ShardedIndex(client, n_bits=64, n_shards=0)
+    with pytest.raises(ValueError, match="Unknown index"):
+        ShardedIndex(client, n_bits=64, index="nope")
 
 
 # ------------------------------------------------------- recovery, add / remove, save / load
