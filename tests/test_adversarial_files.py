@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -294,6 +295,65 @@ def test_stale_temp_dirs_of_a_killed_first_save_are_removed(tmp_path):
     assert alive.is_dir() and (foreign / "thesis.pdf").exists()
     index.save(tmp_path / "idx")  # saves over an existing save clean up too
     assert len(FlatIndex.load(tmp_path / "idx")) == 5
+
+
+def _killed_first_save(save, after: int = 1) -> None:
+    """Run ``save()`` in a forked child that SIGKILLs itself once it has written ``after``
+    array files, so the temporary directory of the first save is left behind half-written."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            write_array, written = np.lib.format.write_array, []
+
+            def write_then_die(*args, **kwargs):
+                write_array(*args, **kwargs)
+                written.append(1)
+                if len(written) == after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            np.lib.format.write_array = write_then_die
+            save()
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def _temp_dirs(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if ".tmp-" in p.name)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("then", ["save", "load"])
+def test_killed_first_saves_are_removed_by_the_next_save_or_load_beside_them(tmp_path, then):
+    """Issue 29: 13 killed first saves left 234 MiB of temporaries until the next save of
+    the same path. Now a save or load of any path in the directory removes those of dead
+    processes, composites' (a temporary holding component directories) included."""
+    index = FlatIndex(64)
+    index.add(_codes(0, 1000))
+    index.save(tmp_path / "kept")
+    X = np.random.default_rng(0).standard_normal((50, 8))
+    searcher = hashlearn.Searcher(RandomHyperplaneLSH(64, random_state=0), rerank="euclidean")
+    searcher.fit(X).add(X)
+    _killed_first_save(lambda: index.save(tmp_path / "a"))
+    assert len(_temp_dirs(tmp_path)) == 1
+    _killed_first_save(lambda: index.save(tmp_path / "b"))  # removes a's
+    assert len(_temp_dirs(tmp_path)) == 1
+    # a composite killed once its own arrays and one component are on disk: removes b's
+    _killed_first_save(lambda: searcher.save(tmp_path / "searcher"), after=4)
+    (temp,) = _temp_dirs(tmp_path)
+    assert temp.startswith(".searcher.tmp-") and (tmp_path / temp / "meta.json").is_file()
+    assert any(p.is_dir() for p in (tmp_path / temp).iterdir())
+    alive = tmp_path / f".d.tmp-{os.getpid()}@{io._host_tag()}-01234567"  # a save under way
+    alive.mkdir()
+    elsewhere = tmp_path / f".e.tmp-{_dead_pid()}@00000000-01234567"  # another machine's
+    elsewhere.mkdir()
+    if then == "save":
+        index.save(tmp_path / "z")
+    else:
+        assert len(hashlearn.load(tmp_path / "kept")) == 1000
+    assert _temp_dirs(tmp_path) == sorted([alive.name, elsewhere.name])
+    assert not any((tmp_path / name).exists() for name in ("a", "b", "searcher"))
 
 
 # ----------------------------------------------------------- Files 3: hasher state

@@ -36,7 +36,8 @@ following symbolic links and created exclusively (``O_CREAT | O_EXCL | O_NOFOLLO
 directory holding a link is refused, so nothing is ever written through a link. A save
 deletes only files hashlearn wrote: those the previous ``meta.json`` named (or recorded as
 superseded), array files of generations never committed, and its own temporaries, including
-the ``.NAME.tmp-PID-XXXXXXXX`` directories of interrupted first saves whose process is gone.
+the ``.NAME.tmp-PID@HOST-XXXXXXXX`` directories of interrupted first saves (of any path in
+the same directory, removed at the next save or load there) whose process is gone.
 Writers of one directory are serialised by an advisory lock (``flock``).
 """
 
@@ -46,12 +47,15 @@ import contextlib
 import copy
 import errno
 import hashlib
+import importlib
+import inspect
 import json
 import numbers
 import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import time
 import tokenize
@@ -73,6 +77,7 @@ __all__ = [
     "save",
     "load",
     "persistable",
+    "register_composite",
     "write_dir",
     "write_composite",
     "read_dir",
@@ -82,6 +87,7 @@ __all__ = [
     "estimator_state",
     "estimator_from_state",
     "renamed_params",
+    "check_params",
     "check_fitted_items",
     "check_estimator_state",
 ]
@@ -92,6 +98,14 @@ FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 _META = "meta.json"
 _REGISTRY: dict[str, type] = {}
+#: class name -> "module:Class" of the objects saved as components plus their own
+#: ``meta.json`` (:func:`write_composite`), loaded by their own ``load`` classmethod. Strings,
+#: resolved when such a save is loaded: ``io`` imports none of them (no import cycle).
+_COMPOSITES: dict[str, str] = {
+    "Searcher": "hashlearn.search:Searcher",
+    "EmbeddingIndex": "hashlearn.embeddings:EmbeddingIndex",
+    "ShardedIndex": "hashlearn.distributed:ShardedIndex",
+}
 
 
 def persistable(cls: type) -> type:
@@ -102,6 +116,24 @@ def persistable(cls: type) -> type:
     """
     _REGISTRY[cls.__name__] = cls
     return cls
+
+
+def register_composite(class_name: str, target: str) -> None:
+    """Make :func:`load` hand a save of class ``class_name`` to ``target``'s ``load``.
+
+    ``target`` is ``"module:Class"``, imported only when such a save is loaded; the class's
+    ``load(path, *, mmap=..., verify=..., **kwargs)`` classmethod reads its own components.
+    For objects saved with :func:`write_composite` (e.g. ``Searcher``, ``EmbeddingIndex``).
+    """
+    module, sep, attr = target.partition(":")
+    if not (sep and module and attr.isidentifier()):
+        raise ValueError(f"target must be 'module:Class', got {target!r}")
+    _COMPOSITES[class_name] = target
+
+
+def _composite_class(class_name: str) -> type:
+    module, _, attr = _COMPOSITES[class_name].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 class Persistable:
@@ -118,6 +150,9 @@ class Persistable:
         Every array's sha256 is verified by default; ``verify=False`` is the explicit fast
         path that trusts the bytes on disk (the structure is checked either way).
         """
+        found = _read_meta(Path(path))["class"]
+        if found in _COMPOSITES and not issubclass(_composite_class(found), cls):
+            raise TypeError(f"{path} holds a {found}, not a {cls.__name__}.")
         obj = load(path, mmap=mmap, verify=verify)
         if not isinstance(obj, cls):
             raise TypeError(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}.")
@@ -133,17 +168,35 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     write_dir(path, cls_name, params, state, arrays)
 
 
-def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) -> Any:
-    """Load what :func:`save` wrote. ``mmap=True`` maps the arrays read-only instead of
-    reading them; ``verify`` (the default) checks every array's sha256 (reads each file
-    once); ``verify=False`` is the explicit fast path that trusts the bytes on disk.
+def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True, **kwargs: Any) -> Any:
+    """Load anything hashlearn saved: a model, an index, or a composite (``Searcher``,
+    ``EmbeddingIndex``, ``ShardedIndex``; see :func:`register_composite`), whose own
+    ``load`` classmethod then reads its components. ``kwargs`` go to that ``load``: a
+    ``ShardedIndex`` needs ``client=`` (a ``dask.distributed.Client``).
 
-    Every structural check (``meta.json`` types, ``.npy`` headers, sizes, the class's own
-    invariants in ``_from_state``) runs either way, so a damaged save raises ``ValueError``.
-    A load that races with another process's save of the same path returns the old or the
-    new state: when the files it read were superseded meanwhile, it reads again.
+    ``mmap=True`` maps the arrays read-only instead of reading them; ``verify`` (the
+    default) checks every array's sha256 (reads each file once); ``verify=False`` is the
+    explicit fast path that trusts the bytes on disk.
+
+    Every structural check (``meta.json`` types, parameters the class takes, ``.npy``
+    headers, sizes, the class's own invariants in ``_from_state``) runs either way, so a
+    damaged save raises ``ValueError``. A load that races with another process's save of the
+    same path returns the old or the new state: when the files it read were superseded
+    meanwhile, it reads again. Temporaries of interrupted saves beside ``path`` whose process
+    is gone are removed first (see :func:`write_dir`).
     """
     path = Path(path)
+    _remove_stale_temp_dirs(path)
+    head = _read_meta(path)
+    if head["class"] in _COMPOSITES:
+        cls = _composite_class(head["class"])
+        check_params(cls, head["params"], path)
+        return _load_composite(cls, path, dict(kwargs, mmap=mmap, verify=verify))
+    if kwargs:
+        raise TypeError(
+            f"load() got unexpected keyword arguments {sorted(kwargs)}: {path} holds a "
+            f"{head['class']}, which takes only mmap and verify."
+        )
     for attempt in range(_LOAD_RETRIES):
         seen: list[dict[str, Any]] = []
         try:
@@ -156,12 +209,65 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True) ->
     cls = _REGISTRY.get(meta["class"])
     if cls is None:
         raise ValueError(
-            f"{path}: unknown class {meta['class']!r} in {_META}; known: {sorted(_REGISTRY)}."
+            f"{path}: unknown class {meta['class']!r} in {_META}; known: "
+            f"{sorted({*_REGISTRY, *_COMPOSITES})}."
         )
+    check_params(cls, meta["params"], path)
     try:
         return cls._from_state(meta["params"], meta["state"], arrays)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ValueError(f"{path}: the saved {meta['class']} is inconsistent: {exc}") from None
+
+
+def _load_composite(cls: type, path: Path, options: dict[str, Any]) -> Any:
+    """``cls.load(path, **options)``; ``verify`` is dropped where that ``load`` has no such
+    argument, and a missing required one (a ``ShardedIndex``'s ``client``) is named."""
+    parameters = inspect.signature(cls.load).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        if "verify" not in parameters and options["verify"] is True:
+            del options["verify"]  # a load without the option verifies anyway
+    missing = [
+        name
+        for name, p in parameters.items()
+        if name != "path"
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and name not in options
+    ]
+    if missing:
+        needed = ", ".join(f"{name}=..." for name in missing)
+        raise TypeError(
+            f"{path} holds a {cls.__name__}: load it with hashlearn.load(path, {needed})."
+        )
+    if "path" in parameters:
+        return cls.load(path=path, **options)
+    return cls.load(path, **options)
+
+
+def _constructor_params(cls: type) -> set[str] | None:
+    """The parameter names ``cls(...)`` takes, plus the old names of renamed ones; ``None``
+    when it takes any keyword."""
+    if hasattr(cls, "_get_param_names"):
+        names = set(cls._get_param_names())
+    else:
+        parameters = inspect.signature(cls.__init__).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return None
+        names = {n for n, p in parameters.items() if p.kind is not p.VAR_POSITIONAL} - {"self"}
+    return names | set(getattr(cls, "_renamed_params", {}))
+
+
+def check_params(cls: type, params: Mapping[str, Any], path: str | os.PathLike = "") -> None:
+    """Refuse saved ``params`` that ``cls``'s constructor does not take (old names of renamed
+    parameters, see :func:`renamed_params`, are accepted): a ``ValueError`` naming them."""
+    allowed = _constructor_params(cls)
+    unknown = sorted(set(params) - allowed) if allowed is not None else []
+    if unknown:
+        where = f"{path}: " if str(path) else ""
+        raise ValueError(
+            f"{where}the saved {cls.__name__} has unknown parameters {unknown} in {_META}; "
+            f"{cls.__name__} takes {sorted(allowed)}."
+        )
 
 
 _LOAD_RETRIES = 5
@@ -494,38 +600,61 @@ def _stale(pid: int | None, mtime: float) -> bool:
     return (pid is not None and not _pid_alive(pid)) or time.time() - mtime > STALE_TEMP_AGE_S
 
 
-def _ours_only(directory: Path) -> bool:
-    """Whether ``directory`` holds only regular files named as a save's files are."""
+def _ours_only(directory: Path, depth: int = 2) -> bool:
+    """Whether ``directory`` holds only regular files named as a save's files are, and (a
+    composite's components, ``depth`` levels down) directories holding only such files."""
     with os.scandir(directory) as it:
         for e in it:
-            if e.is_symlink() or not e.is_file(follow_symlinks=False):
+            if e.is_symlink():
                 return False
-            if not (
-                e.name == _META or _ARRAY_FILE.fullmatch(e.name) or _META_TMP.fullmatch(e.name)
+            if e.is_dir(follow_symlinks=False):
+                if depth == 0 or not _ours_only(Path(e.path), depth - 1):
+                    return False
+            elif not (
+                e.is_file(follow_symlinks=False)
+                and (
+                    e.name == _META or _ARRAY_FILE.fullmatch(e.name) or _META_TMP.fullmatch(e.name)
+                )
             ):
                 return False
     return True
 
 
-def _temp_dir_pattern(name: str) -> re.Pattern:
-    return re.compile(re.escape(f".{name}.tmp-") + r"(?P<pid>[0-9]{1,10})-[0-9a-f]{8}")
+def _host_tag() -> str:
+    """8 hex digits naming this machine in temporary names: a process id is checked only
+    on the machine that wrote it (a shared filesystem is seen by several)."""
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+#: ``.NAME.tmp-PID@HOST-TOKEN``: a save's temporary directory beside its target (older
+#: versions wrote ``.NAME.tmp-PID-TOKEN``, without the host)
+_TEMP_DIR = re.compile(
+    r"\.(?P<name>.+)\.tmp-(?P<pid>[0-9]{1,10})(?:@(?P<host>[0-9a-f]{8}))?-[0-9a-f]{8}(?:[0-9a-f]{8})?"
+)
+
+
+def _temp_sibling(path: Path) -> Path:
+    """A fresh name for the temporary directory of a first save of ``path``."""
+    return path.parent / f".{path.name}.tmp-{os.getpid()}@{_host_tag()}-{secrets.token_hex(4)}"
 
 
 def _remove_stale_temp_dirs(path: Path) -> None:
-    """Remove the temporary siblings ``.NAME.tmp-PID-XXXXXXXX`` of interrupted first saves of
-    ``path``: only real directories holding only a save's files, whose process is gone (or
-    that are older than :data:`STALE_TEMP_AGE_S`). Anything else is left alone."""
-    pattern = _temp_dir_pattern(path.name)
+    """Remove the temporary siblings (``.NAME.tmp-PID@HOST-TOKEN``) of interrupted first saves
+    of any path in ``path``'s directory: only real directories holding only a save's files,
+    whose process is gone (by its id, on this machine), or that are older than
+    :data:`STALE_TEMP_AGE_S`. Anything else is left alone. Runs at every save and load, so
+    a killed save's files last until the next save or load beside it."""
     try:
         with os.scandir(path.parent) as it:
-            candidates = [e for e in it if pattern.fullmatch(e.name)]
+            candidates = [(e, m) for e in it if (m := _TEMP_DIR.fullmatch(e.name))]
     except OSError:
         return
-    for e in candidates:
+    host = _host_tag()
+    for e, match in candidates:
         try:
             if e.is_symlink() or not e.is_dir(follow_symlinks=False):
                 continue
-            pid = int(pattern.fullmatch(e.name)["pid"])
+            pid = int(match["pid"]) if match["host"] in (None, host) else None
             if _stale(pid, e.stat(follow_symlinks=False).st_mtime) and _ours_only(Path(e.path)):
                 shutil.rmtree(e.path)
         except OSError:
@@ -742,7 +871,7 @@ def write_composite(
                 shutil.rmtree(child, ignore_errors=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    tmp = _temp_sibling(path)
     try:
         write_dir(tmp, class_name, params, state, arrays)
         for name, component in components.items():
@@ -767,7 +896,7 @@ def _new_meta(class_name, params, state, generation) -> dict[str, Any]:
 def _write_new_dir(path, class_name, params, state, arrays) -> None:
     meta = _new_meta(class_name, params, state, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = _temp_sibling(path)
     tmp.mkdir()  # unlike mkdtemp (0700) this honours the umask, like any directory
     try:
         meta["arrays"] = _write_arrays(tmp, arrays, 1)
