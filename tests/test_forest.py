@@ -286,6 +286,8 @@ def test_kmeans_tree_leaves_are_nearest_centroid_cells(blobs):
 def test_boosting_reweights_and_tree_weights_follow_eq15(blobs):
     bsf = small_forest(n_trees=4).fit(blobs)
     assert bsf.tree_weights_.shape == (4,) and np.all(bsf.tree_weights_ > 0)
+    # the weights used are eq. 15's, clipped to [1e-3, 50]; the raw ones are kept
+    assert np.array_equal(bsf.tree_weights_, np.clip(bsf.raw_tree_weights_, 1e-3, 50.0))
     # later trees differ from the first (pairs are reweighted and resampled)
     leaves = bsf.leaves(blobs)
     assert not np.array_equal(leaves[:, 0], leaves[:, 1])

@@ -48,6 +48,11 @@ def _claims(path):
     for c in claims:
         assert set(c) == CLAIM_KEYS
         assert isinstance(c["holds"], bool) and math.isfinite(c["margin"]) and c["seeds"] >= 1
+        assert c["holds"] == (c["verdict"] == "holds") and c["n"] == c["seeds"]
+        if c["interval"] == "paired t":  # the verdict rests on the interval, not the margin
+            assert c["ci_low"] <= c["margin"] <= c["ci_high"]
+            want = "holds" if c["ci_low"] > 0 else "fails" if c["ci_high"] < 0 else "tie"
+            assert c["verdict"] == want
     return claims
 
 
@@ -102,7 +107,15 @@ def test_mlh_produces_every_table_and_plot(tmp_path, monkeypatch):
     auc = mlh.summarize(digits, "pr_auc")
     # robust at this scale: the supervised MLH ranks neighbours far better than SH and LSH
     assert auc[("MLH", 16)][0] > max(auc[("SH", 16)][0], auc[("LSH", 16)][0]) + 0.05
-    assert len(_claims(tmp_path)) == 8
+    claims = _claims(tmp_path)
+    assert len(claims) == 8 and all(c["n"] == 2 for c in claims)
+    # the paper's LSH (Gaussian, through the origin) and the library's as an extra row
+    assert "`RandomHyperplaneLSH(directions='gaussian', center=False)`" in report
+    assert sum(r["method"].startswith("LSH (library default") for r in digits) == 2
+    # MLH trained as the paper (quick: 20 epochs of 10^4 pairs) after its held-out choice
+    paper = [r for r in digits if r["method"] == "MLH (paper §5 training)"]
+    assert len(paper) == 2 and all(r["n_epochs_"] == 20 for r in paper)
+    assert all(r["rho_"] in (1.0, 2.0, 4.0) for r in paper)  # 16 x (1/16, 1/8, 1/4)
 
 
 def test_search_forest_curves_never_fall(tmp_path, monkeypatch):
@@ -295,7 +308,7 @@ def test_ablations_explain_the_claims_they_name(tmp_path, monkeypatch):
     assert claim.endswith("within 0.02 of the learned linear scan")
     assert finding.split(":")[0] in ("protocol", "noise", "method")
     # the claim text is the reproduction's own, so the overview can match it
-    texts = [c["claim"] for c in learned_metric._claims("x", _fake_records(), (32,), 1)]
+    texts = [c["claim"] for c in learned_metric._claims("x", _fake_records(), (32,))]
     assert claim in texts
     assert "| claim | data | finding |" in report and "fraction searched" in report
     with pytest.raises(ValueError, match="--data is not supported"):
@@ -304,4 +317,41 @@ def test_ablations_explain_the_claims_they_name(tmp_path, monkeypatch):
 
 def _fake_records():
     names = ["euclidean, linear scan", "euclidean, LSH", "learned, linear scan", "learned, LSH"]
-    return [{"method": m, "bits": 32, "seed": 0, "knn_accuracy": 0.5} for m in names]
+    return [
+        {"method": m, "bits": 32, "seed": s, "knn_accuracy": 0.5 + 0.01 * i + 0.003 * s}
+        for s in range(3)
+        for i, m in enumerate(names)
+    ]
+
+
+def test_learned_metric_claims_are_paired_over_partitions():
+    from hashlearn.experiments import learned_metric
+
+    claims = learned_metric._claims("x", _fake_records(), (32,))
+    # learned - Euclidean scan is +0.02 in every partition: an interval of one point
+    assert [c["verdict"] for c in claims] == ["holds", "holds", "holds"]
+    assert claims[0]["margin"] == pytest.approx(0.02) and claims[0]["n"] == 3
+    assert "RandomHyperplaneLSH(directions='gaussian', center=False)" in claims[1]["baseline"]
+
+
+@pytest.mark.slow
+def test_mlh_large_ablation_varies_one_factor_at_a_time():
+    from hashlearn.experiments import ablations, mlh
+    from hashlearn.experiments.pipeline import RunOptions, Split
+
+    X = np.asarray(load_digits()[0], np.float64)
+    A, B = mlh.prepare(X[:400], X[400:480], normalise=True, n_pca=40)
+    split = Split(A, B).with_threshold_relevance(20)
+    cfg = dict(ablations.settings(True), large_bits=(8,))
+    findings, md = ablations.mlh_large_cause(cfg, RunOptions(quick=True), split=split)
+    assert [f[0] for f in findings] == [
+        mlh.large_claim(8),
+        mlh.large_claim(8, "MLH (paper §5 training)"),
+    ]
+    assert findings[0][2].split(":")[0] in ("none", "protocol", "method")
+    for factor in ("training length", "rho per code length", "pair sampling", "loss"):
+        assert factor in findings[0][2]
+    variants = ablations.mlh_large_variants(mlh.settings(True)["paper"], 0.25)
+    assert variants["pair sampling"].similar_fraction == 0.0
+    assert variants["loss"].params["loss"] == "bre"
+    assert "MLH, uniform pairs" in md and "Rows as run" in md

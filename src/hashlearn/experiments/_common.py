@@ -22,9 +22,28 @@ __all__ = [
     "claims_overview",
     "write_json",
     "markdown_table",
+    "PAPER_LSH",
+    "LIBRARY_LSH",
+    "lsh_specs",
 ]
 
 REAL_DATASETS = ("digits", "fashion-mnist")
+
+#: LSH as every reproduced paper defines it: Charikar's random hyperplanes, normals drawn
+#: i.i.d. from N(0, I), through the origin (Charikar, STOC 2002, Sec. 3; the survey's
+#: Sec. 4.1 eq. for h_r; Norouzi & Fleet 2011, Sec. 6; Jain et al. 2008, eq. 6 with A = I)
+PAPER_LSH = {"directions": "gaussian", "center": False}
+#: the name of the extra row running the library's stronger default (orthogonal, centred)
+LIBRARY_LSH = "LSH (library default: orthogonal, centred)"
+
+
+def lsh_specs(name: str = "LSH", **kw) -> list:
+    """The papers' LSH (``name``, :data:`PAPER_LSH`) and the library's default as an extra,
+    clearly named row (:data:`LIBRARY_LSH`); ``kw`` go to both
+    :class:`~hashlearn.experiments.pipeline.MethodSpec`."""
+    from hashlearn.experiments.pipeline import MethodSpec
+
+    return [MethodSpec(name, "lsh", PAPER_LSH, **kw), MethodSpec(LIBRARY_LSH, "lsh", **kw)]
 
 
 def available_real(data_dir: str | os.PathLike | None = None) -> list[str]:

@@ -91,6 +91,7 @@ __all__ = [
     "candidate_recall_curve",
     "claim",
     "write_claims",
+    "rows_as_run",
     "mean_table",
     "RunOptions",
     "reproduction",
@@ -106,6 +107,23 @@ Measure = Callable[[Any, "Split", int], Mapping[str, Any]]
 def _resolve(params: Mapping[str, Any], n_bits: int) -> dict[str, Any]:
     """Parameters with callables of the code length evaluated."""
     return {k: (v(n_bits) if callable(v) else v) for k, v in params.items()}
+
+
+def _call_text(name: str, params: Mapping[str, Any]) -> str:
+    """``name(k=v, ...)``; a parameter given as a callable of the code length shows as
+    ``f(bits)``."""
+    args = ", ".join(f"{k}={'f(bits)' if callable(v) else repr(v)}" for k, v in params.items())
+    return f"{name}({args})"
+
+
+def rows_as_run(specs: Iterable[Any]) -> str:
+    """Markdown table naming the class and parameters behind every row of a report
+    (library defaults for the parameters not shown; ``n_bits`` and ``random_state`` set per
+    column and seed)."""
+    from hashlearn.experiments._common import markdown_table
+
+    rows = {s.name: f"`{s.as_run()}`" for s in specs}
+    return markdown_table(["row", "as run"], [[k, v] for k, v in rows.items()])
 
 
 def _set_seed(estimator, seed: int):
@@ -156,6 +174,27 @@ class MethodSpec:
         """The hasher for ``n_bits`` bits and ``seed`` (``random_state`` where it takes one)."""
         hasher = make_hasher(self.hasher, n_bits=n_bits, **_resolve(self.params, n_bits))
         return _set_seed(hasher, seed)
+
+    def as_run(self) -> str:
+        """The class and parameters behind this row, e.g.
+        ``RandomHyperplaneLSH(directions='gaussian', center=False)``."""
+        from hashlearn.hashers import available_hashers
+
+        text = _call_text(available_hashers()[self.hasher].__name__, self.params)
+        if self.supervision == "labels":
+            text += " on labels"
+        elif self.supervision == "all-pairs":
+            text += f" on all training pairs ({self.n_neighbors}-NN threshold)"
+        elif self.supervision == "neighbors":
+            share = (
+                "uniform"
+                if self.similar_fraction == 0
+                else f"{self.similar_fraction:.0%} joining neighbours"
+            )
+            text += f" on {self.n_pairs} pairs ({self.n_neighbors}-NN threshold, {share})"
+        if self.n_train is not None:
+            text += f", fitted on {self.n_train} rows"
+        return text
 
     def applies(self, n_bits: int, split: Split) -> bool:
         """Whether the method runs at ``n_bits`` on ``split`` (see ``max_bits_dim``)."""
@@ -318,6 +357,10 @@ class BucketerSpec:
 
     def applies(self, n_bits: int, split: Split) -> bool:
         return True
+
+    def as_run(self) -> str:
+        """The class and parameters behind this row (the depth set per column)."""
+        return _call_text(self.bucketer.__name__, self.params)
 
     def evaluate(
         self, split: Split, depth: int, seed: int, fits: dict | None = None

@@ -18,7 +18,11 @@ gain it. The tree weight minimising the exponential loss (eq. 14) is
 .. math:: c = \\log \\frac{(1-\\lambda) P_w(t=1, s=1)}{\\lambda P_w(t=1, s=0)}
 
 (eq. 15 as derived from eq. 14; the printed eq. 15 has ``t = 0`` in the denominator, which
-does not follow from setting dL/dc = 0).
+does not follow from setting dL/dc = 0). **Deviation**: ``c`` is clipped to ``[1e-3, 50]``,
+so a tree whose ``c <= 0`` (it joins more weighted dissimilar than similar mass; Algorithm 1
+does not say what to do then) stays in the forest at weight 1e-3: its leaves still add
+candidates (``T > 0``) while it barely moves their ranking. ``raw_tree_weights_`` keeps the
+unclipped values.
 
 **Algorithm 2** (a search tree). The tree objective is additive over leaves,
 ``J = sum_k J_k`` with ``J_k = sum_ij w_ij z_ij t(x_i, x_j; l_k)`` (eq. 16-17); a leaf is
@@ -39,8 +43,17 @@ Implementation choices (documented deviations, all within the paper's framework)
   20 do). This keeps the cost term defined deep in the tree, where a fixed sample of random
   pairs runs out; the gain of a split into ``m_1 + m_2`` is then
   ``2 lam wbar m_1 m_2 - (weight of the similar pairs it cuts)``.
-* The eigenvector of eq. 18 (computed on the node's centred data, plus the node's top
-  principal direction as a fallback candidate) gives the direction; the offset ``b`` is then
+* **Deviation from eq. 18**: the direction is the top eigenvector of ``X~^T (S + S^T) X~``
+  over the node's sampled *similar* pairs only (``S_ab = w_ab`` of those pairs), not of
+  ``M = w z`` over all pairs. Under the cost model above (weight ``wbar`` on each of a
+  node's pairs) the dissimilar pairs' part of ``M`` is ``-lam wbar (1 1^T - I)``, whose
+  term on centred data is ``+lam wbar X~^T X~``, the node's covariance; its top
+  eigenvector, the principal direction, is tried as a second candidate. The split search
+  thus sees the two terms of eq. 18 apart (and picks the better by the exact gain), never
+  their sum.
+* The eigenvector of the similar-pair term (computed on the node's centred data, plus the
+  node's top principal direction as a fallback candidate) gives the direction; the offset
+  ``b`` is then
   chosen exactly, by scanning ``n_thresholds`` quantiles for the largest gain (eq. 17's
   "choose the split that maximises J_k(1) + J_k(2)").
 * Trees grow best-first (largest gain first) up to ``max_leaves`` leaves / ``max_depth``.
@@ -60,7 +73,9 @@ ranked by the learned ensemble selection function itself,
 ``T(q, x) = sum_m c_m 1(leaf_m(q) == leaf_m(x))`` (eq. 8), i.e. by the summed weights
 ``c_m`` (``tree_weights_``) of the trees in which ``x`` shares ``q``'s leaf, descending, ties
 by id: :meth:`BoostedSearchForest.candidates`. (``TableIndex.candidates_csr`` alone ranks by
-the unweighted collision count.)
+the unweighted collision count; which ranking finds more true neighbours among the first
+M candidates is measured by ``hashlearn reproduce search-forest``, see
+``docs/results.md``.)
 """
 
 from __future__ import annotations
@@ -448,7 +463,10 @@ class BoostedSearchForest(BaseBucketer):
     Attributes
     ----------
     tree_weights_ : ndarray (n_trees,)
-        ``c_m`` of eq. 15.
+        ``c_m`` of eq. 15, clipped to ``[1e-3, 50]``.
+    raw_tree_weights_ : ndarray (n_trees,)
+        ``c_m`` of eq. 15 before clipping (``<= 0`` for a tree that joins more weighted
+        dissimilar than similar mass; it stays in the forest at weight 1e-3).
     roots_, left_, right_, feature_, threshold_, leaf_id_, proj_, n_leaves_ : ndarray
         The trees (see :class:`hashlearn.forest.base.TreeBuilder`).
 
@@ -559,7 +577,7 @@ class BoostedSearchForest(BaseBucketer):
         n_rand = max(1, self.n_pairs - n_sim)
         builder = TreeBuilder(X.shape[1])
         train_leaves = np.zeros((n, 0), np.int64)
-        weights = []
+        weights, raw_weights = [], []
         start = time.process_time()
         for m in range(self.n_trees):
             # --- pairs for this tree, with importance weights (sums estimate all pairs)
@@ -599,8 +617,9 @@ class BoostedSearchForest(BaseBucketer):
                 sum(node.wbar * len(node.rows) * (len(node.rows) - 1.0) for node in leaf_nodes)
             )
             w_dis_t = max(w_all_t - w_sim_t, 1e-12 * max(w_all_t, 1.0))
-            c_m = float(np.log(max((1.0 - lam) * w_sim_t, 1e-300) / (lam * w_dis_t)))
-            c_m = float(np.clip(c_m, 1e-3, 50.0))
+            raw_c = float(np.log(max((1.0 - lam) * w_sim_t, 1e-300) / (lam * w_dis_t)))
+            raw_weights.append(raw_c)
+            c_m = float(np.clip(raw_c, 1e-3, 50.0))  # see the module docstring
             weights.append(c_m)
             # leaf numbers as finish_tree assigned them
             train_leaves = np.concatenate([train_leaves, leaves_m[:, None]], axis=1)
@@ -618,6 +637,7 @@ class BoostedSearchForest(BaseBucketer):
         for key, value in builder.arrays().items():
             setattr(self, key, value)
         self.tree_weights_ = np.asarray(weights, np.float64)
+        self.raw_tree_weights_ = np.asarray(raw_weights, np.float64)
 
     def _similarity(self, X, y):
         """Which training pairs are similar: same label (``similarity="labels"``) or one in
