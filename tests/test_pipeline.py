@@ -264,3 +264,20 @@ def test_worker_processes_give_the_sequential_records(digits_split):
         np.testing.assert_array_equal(models_par[key].encode(digits_split.X_q), codes)
     with pytest.raises(ValueError, match="n_jobs"):
         run_specs(specs, digits_split, n_jobs=0, **kw)
+
+
+def test_rows_as_run_name_the_class_parameters_and_supervision():
+    from hashlearn.experiments._common import LIBRARY_LSH, lsh_specs
+    from hashlearn.experiments.pipeline import MethodSpec, rows_as_run
+
+    paper, library = lsh_specs()
+    assert paper.as_run() == "RandomHyperplaneLSH(directions='gaussian', center=False)"
+    assert library.name == LIBRARY_LSH and library.as_run() == "RandomHyperplaneLSH()"
+    mlh = MethodSpec(
+        "MLH", "mlh", {"rho": lambda b: b / 4}, "neighbors", 100, 2000, similar_fraction=0.0
+    )
+    assert mlh.as_run() == (
+        "MinimalLossHashing(rho=f(bits)) on 2000 pairs (100-NN threshold, uniform)"
+    )
+    table = rows_as_run([paper, mlh, MethodSpec("BRE", "bre", n_train=300)])
+    assert "| BRE | `BinaryReconstructiveEmbedding(), fitted on 300 rows` |" in table
