@@ -303,3 +303,65 @@ def test_supervision_arguments_are_validated_even_when_ignored(data):
         h.fit(X, similar=good_similar)
     with pytest.raises(ValueError, match="y or pairs"):
         h.fit(X, np.zeros(n), pairs=good_pairs, similar=good_similar)
+
+
+# ------------------------------------------------------------- data of huge magnitude
+
+# Issue 29: SpectralHashing fitted on finite data of magnitude 1e300 gave NaN projections
+# (garbage codes, no error). Every hasher now either fits such data as it fits the same data
+# scaled down (power-of-two scaling is exact, so the codes must be identical), or refuses it
+# with a one-line ValueError, or (learned by gradient steps, not scale-invariant) at least
+# fits a finite model.
+_SCALE_INVARIANT = {"boosted-ssc", "bre", "lsh", "sign", "spectral"}
+_REFUSED = {"itq", "kernel-metric-lsh", "klsh", "metric-lsh", "pca", "sikh"}
+_FINITE = {"mlh", "rbm", "rank"}
+
+
+def test_the_huge_data_expectations_cover_every_hasher():
+    assert _SCALE_INVARIANT | _REFUSED | _FINITE == set(available_hashers())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="rank.py (not changed here): X.std overflows at 1e300, one code for all",
+            ),
+        )
+        if n == "rank"
+        else n
+        for n in sorted(available_hashers())
+    ],
+)
+def test_data_of_magnitude_1e300_fits_exactly_as_scaled_down_or_is_refused(name, tmp_path):
+    from hashlearn import load, load_digits
+    from test_load_any import FAST_PARAMS
+
+    X, y = load_digits()
+    X, y = X[:150].astype(np.float64) / 16.0, y[:150]
+    huge = X * 2.0**997  # largest magnitude 1.3e300; the scaling is exact
+
+    def make():
+        return make_hasher(name, n_bits=16, random_state=0, **FAST_PARAMS.get(name, {}))
+
+    if name in _REFUSED:
+        with pytest.raises(ValueError) as info:
+            make().fit(huge, y)
+        assert "\n" not in str(info.value)
+        assert "float64" in str(info.value) or "infinite kernel values" in str(info.value)
+        return
+    with np.errstate(all="ignore"):
+        hasher = make().fit(huge, y)
+    for key, value in vars(hasher).items():
+        if key.endswith("_") and isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            assert np.isfinite(value).all(), key
+    codes = hasher.encode(huge)
+    assert len(np.unique(codes, axis=0)) > 1, "every row got the same code"
+    hasher.save(tmp_path / "h")  # a finite model saves and loads (non-finite ones cannot)
+    np.testing.assert_array_equal(load(tmp_path / "h").encode(huge), codes)
+    if name in _SCALE_INVARIANT:
+        np.testing.assert_array_equal(codes, make().fit(X, y).encode(X))

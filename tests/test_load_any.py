@@ -23,7 +23,7 @@ from hashlearn.metric import ITML, KernelITML
 from hashlearn.search import Searcher
 
 # small settings, so that every fit takes well under a second
-_FAST = {
+FAST_PARAMS = {
     "boosted-ssc": {"n_pairs": 400, "n_thresholds": 8},
     "bre": {"n_landmarks": 16, "n_iter": 1},
     "itq": {"n_iter": 5},
@@ -69,7 +69,7 @@ def _round_trip(obj, path: Path, results, **load_kwargs):
 @pytest.mark.parametrize("name", sorted(available_hashers()))
 def test_every_hasher(name, digits, tmp_path):
     X, y = digits
-    hasher = make_hasher(name, n_bits=16, random_state=0, **_FAST.get(name, {})).fit(X, y)
+    hasher = make_hasher(name, n_bits=16, random_state=0, **FAST_PARAMS.get(name, {})).fit(X, y)
     _round_trip(hasher, tmp_path / name, lambda h: h.encode(X))
 
 
@@ -210,7 +210,7 @@ def test_keywords_for_a_plain_save_are_refused(tmp_path):
 def _every_persistable(digits):
     X, y = digits
     yield "hasher", make_hasher("lsh", n_bits=16, random_state=0).fit(X)
-    yield "rbm", make_hasher("rbm", n_bits=8, random_state=0, **_FAST["rbm"]).fit(X, y)
+    yield "rbm", make_hasher("rbm", n_bits=8, random_state=0, **FAST_PARAMS["rbm"]).fit(X, y)
     yield "minhash", MinHash(n_hashes=8, random_state=0).fit([{1, 2}, {3}])
     for name in sorted(available_indexes()):
         index = make_index(name, n_bits=64)
@@ -246,7 +246,7 @@ def test_a_renamed_parameter_still_loads_under_its_old_name(digits, tmp_path):
     """``io.renamed_params``: a file saved before a rename (``gamma`` -> ``slack`` in
     MetricLSH) loads; only names that were never parameters are refused."""
     X, y = digits
-    hasher = make_hasher("metric-lsh", n_bits=8, random_state=0, **_FAST["metric-lsh"])
+    hasher = make_hasher("metric-lsh", n_bits=8, random_state=0, **FAST_PARAMS["metric-lsh"])
     assert "gamma" in type(hasher)._renamed_params
     hasher.fit(X, y).save(tmp_path / "m")
 

@@ -69,6 +69,41 @@ def available_hashers() -> dict[str, type[BaseHasher]]:
     return dict(sorted(_HASHERS.items()))
 
 
+def power_of_two_scale(X: np.ndarray) -> float:
+    """The power of two ``2**e`` with ``max|X| / 2**e`` in ``[0.5, 1)`` (1.0 for zeros).
+
+    Dividing by it is exact, so a computation on ``X / scale`` gives the same numbers, scaled,
+    as on ``X`` wherever ``X``'s own would not overflow (the squares of 1e300 do): the one
+    way a hasher's fit is made to hold for data of any finite magnitude."""
+    biggest = float(np.max(np.abs(X))) if X.size else 0.0
+    return float(np.ldexp(1.0, int(np.frexp(biggest)[1]))) if biggest > 0 else 1.0
+
+
+def _check_finite_model(est, X) -> None:
+    """Refuse a fit whose model is not finite (data whose magnitude overflows float64 in the
+    family's computation, e.g. the variances of 1e300 values): a ``ValueError`` naming the
+    attribute, instead of a model that encodes garbage (and could not be loaded back)."""
+    for key, value in vars(est).items():
+        if not key.endswith("_") or key.startswith("_"):
+            continue
+        if isinstance(value, np.ndarray) and value.dtype.kind in "fc":
+            finite = bool(np.isfinite(value).all())
+        else:
+            finite = not isinstance(value, float) or bool(np.isfinite(value))
+        if not finite:
+            values = X.data if sp.issparse(X) else X
+            biggest = (
+                f" (largest magnitude {np.abs(values).max():.3g})"
+                if isinstance(values, np.ndarray) and values.size
+                else ""
+            )
+            raise ValueError(
+                f"{type(est).__name__}.fit: its fitted {key} is not finite: X{biggest} "
+                "overflows float64 in this computation. Rescale X (e.g. "
+                "sklearn.preprocessing.MaxAbsScaler)."
+            )
+
+
 class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
     """Base class of binary hash function families.
 
@@ -101,6 +136,7 @@ class BaseHasher(Persistable, TransformerMixin, BaseEstimator):
                 "it is supervised, call fit(X, y) with labels or fit(X, pairs=P, similar=s)."
             )
         self._fit(X, y, pairs, similar)
+        _check_finite_model(self, X)
         return self
 
     def encode(self, X) -> np.ndarray:

@@ -36,7 +36,7 @@ from sklearn.utils import check_random_state
 
 from hashlearn._utils.validation import check_int
 from hashlearn.hashers._linear import LinearForm
-from hashlearn.hashers.base import BaseHasher, register_hasher
+from hashlearn.hashers.base import BaseHasher, power_of_two_scale, register_hasher
 from hashlearn.io import persistable
 
 __all__ = ["PCAHashing", "IterativeQuantization", "principal_directions"]
@@ -49,7 +49,9 @@ def principal_directions(
 
     Raises ``ValueError`` when ``n_components > min(n_samples, n_features)``. The sign of each
     direction is fixed (largest-magnitude entry positive) so results do not depend on the
-    LAPACK build.
+    LAPACK build. Computed on ``X / power_of_two_scale(X)`` (exact), so the directions of
+    data of any finite magnitude (1e300 too) are those of the same data scaled down; the
+    mean and variances are scaled back (a variance beyond float64's range is ``inf``).
     """
     n, d = X.shape
     if n_components > min(n, d):
@@ -58,6 +60,8 @@ def principal_directions(
             f"{min(n, d)} principal directions; got n_bits={n_components}. Use fewer bits or "
             "a hasher without this limit (e.g. RandomHyperplaneLSH, SpectralHashing)."
         )
+    scale = power_of_two_scale(X)
+    X = X / np.asarray(scale, X.dtype)
     mean = X.mean(axis=0)
     Xc = np.asarray(X - mean, dtype=np.float64)
     # eigendecomposition of the d x d covariance (d is small after PCA-style preprocessing)
@@ -71,7 +75,8 @@ def principal_directions(
         comps, var = vt[:n_components].T, s[:n_components] ** 2 / max(n - 1, 1)
     signs = np.sign(comps[np.argmax(np.abs(comps), axis=0), np.arange(comps.shape[1])])
     signs[signs == 0] = 1.0
-    return mean, comps * signs, var
+    with np.errstate(over="ignore"):  # an overflowing variance is reported by fit
+        return mean * scale, comps * signs, var * np.float64(scale) ** 2
 
 
 class _PrincipalHasher(BaseHasher):

@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from hashlearn.hashers.base import BaseHasher, register_hasher
+from hashlearn.hashers.base import BaseHasher, power_of_two_scale, register_hasher
 from hashlearn.io import persistable
 
 __all__ = ["SignHashing"]
@@ -110,7 +110,8 @@ class SignHashing(BaseHasher):
         elif self.select == "first":
             dims = np.arange(n_bits, dtype=np.int64)
         else:
-            var = ((X - mean) ** 2).mean(axis=0)
+            # ranked on X / scale (exact): squares of 1e300 would overflow to equal infinities
+            var = (((X - mean) / power_of_two_scale(X)) ** 2).mean(axis=0)
             dims = np.sort(np.argsort(-var, kind="stable")[:n_bits]).astype(np.int64)
         self.n_bits_ = n_bits
         self.dims_ = dims

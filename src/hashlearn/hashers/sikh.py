@@ -100,7 +100,15 @@ class ShiftInvariantKernelHashing(BaseHasher):
                     f"gamma from the data; got n_samples={n}. Pass gamma=... explicitly."
                 )
             a, b = sample_pairs(n, 1000, rng).T
-            med = float(np.median(np.sum((X[a] - X[b]) ** 2, axis=1)))
+            with np.errstate(over="ignore"):
+                med = float(np.median(np.sum((X[a] - X[b]) ** 2, axis=1)))
+            if not np.isfinite(med):
+                raise ValueError(
+                    "ShiftInvariantKernelHashing: the median squared distance between training "
+                    f"points overflows float64 (X's largest magnitude is {np.abs(X).max():.3g}), "
+                    "so gamma = 1 / median would be 0 and every code the same. Rescale X (e.g. "
+                    "sklearn.preprocessing.MaxAbsScaler)."
+                )
             gamma = 1.0 / med if med > 0 else 1.0
         else:
             gamma = check_real(self.gamma, "gamma", type(self).__name__, low=0.0, low_open=True)

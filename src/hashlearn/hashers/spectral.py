@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hashlearn.hashers.base import BaseHasher, register_hasher
+from hashlearn.hashers.base import BaseHasher, power_of_two_scale, register_hasher
 from hashlearn.hashers.pca import principal_directions
 from hashlearn.io import persistable
 
@@ -73,21 +73,26 @@ class SpectralHashing(BaseHasher):
     def _fit(self, X, y, pairs, similar) -> None:
         n, d = X.shape
         n_pca = min(self.n_bits, d, n)
+        # computed on X / scale (a power of two: exact), then scaled back, so the model of
+        # 2**k X is that of X with mean_, min_ times 2**k and frequency_ over 2**k: finite
+        # for data of any finite magnitude (the variances of 1e300 data overflow)
+        scale = power_of_two_scale(X)
+        X = X / np.asarray(scale, X.dtype)
         mean, comps, _ = principal_directions(X, n_pca, type(self).__name__)
         V = (X - mean) @ comps
         lo, hi = V.min(axis=0), V.max(axis=0)
-        width = np.maximum(hi - lo, 1e-12)
+        width = np.maximum(hi - lo, 1e-12)  # relative to the data's magnitude
         # candidate modes m = 1..n_bits along each direction; frequency m * pi / width
         modes = np.arange(1, self.n_bits + 1, dtype=np.float64)
         freq = modes[None, :] * np.pi / width[:, None]  # (n_pca, n_bits)
         direction = np.repeat(np.arange(n_pca), self.n_bits)
         flat = freq.ravel()
         order = np.lexsort((direction, flat))[: self.n_bits]  # ties: smaller direction first
-        self.mean_ = mean
+        self.mean_ = mean * scale
         self.components_ = comps.T.copy()
-        self.min_ = lo
+        self.min_ = lo * scale
         self.direction_ = direction[order].astype(np.int64)
-        self.frequency_ = flat[order]
+        self.frequency_ = flat[order] / scale
 
     def _project(self, X) -> np.ndarray:
         V = (X - self.mean_) @ self.components_.T
