@@ -677,6 +677,7 @@ def _cli_cases(f):
         ([*bench, str(f["good"]), "--out", out, "--results", under_file], "--results"),
         ([*bench, str(f["good"]), "--index", "nope"], "--index"),
         ([*bench, str(f["good"]), "-k", "0"], "-k"),
+        ([*bench, str(f["good"]), "--out", out, "-k", "6"], "k=6 exceeds the 5 ground-truth"),
         ([*bench, str(f["good"]), "--bits", "0"], "--bits"),
     ]
 

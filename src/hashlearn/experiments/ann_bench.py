@@ -34,7 +34,7 @@ from hashlearn.index.flat import FlatIndex
 from hashlearn.index.mih import MultiIndexHashing
 from hashlearn.search import Searcher
 
-__all__ = ["HashlearnANN", "sweep", "run_file", "query_argument_groups"]
+__all__ = ["HashlearnANN", "check_k", "sweep", "run_file", "query_argument_groups"]
 
 _INDEXES = {"mih": MultiIndexHashing, "flat": FlatIndex}
 
@@ -146,6 +146,18 @@ def recall_at_k(metric, train, test, found, true_distances, k, epsilon=1e-3):
     return float(np.mean((d <= threshold).sum(axis=1) / k))
 
 
+def check_k(dataset, k: int, name: str = "the file") -> None:
+    """Refuse ``k`` beyond the file's ground truth: recall@k needs each query's k-th true
+    distance, and the file lists only ``neighbors.shape[1]`` (clipping would measure
+    another k than the one asked for, so it is an error, not a warning)."""
+    width = dataset.neighbors.shape[1]
+    if k > width:
+        raise ValueError(
+            f"k={k} exceeds the {width} ground-truth neighbours per query in {name} "
+            f"(recall@k needs the k-th true distance); use k <= {width}."
+        )
+
+
 def sweep(
     dataset,
     *,
@@ -160,6 +172,7 @@ def sweep(
     metric = dataset.distance.lower()
     if metric not in ("hamming", "euclidean", "angular"):
         raise ValueError(f"unsupported ann-benchmarks distance {dataset.distance!r}.")
+    check_k(dataset, k)
     test = dataset.test if n_queries is None else dataset.test[:n_queries]
     true_d = dataset.distances[: len(test)].astype(np.float64)
     if metric == "hamming":  # ann-benchmarks stores Jaccard-style fractions for some sets
@@ -241,8 +254,9 @@ def run_file(
     from hashlearn.experiments._common import markdown_table
 
     path, out_dir = Path(path), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     dataset = load_ann_benchmarks(path)
+    check_k(dataset, k, path.name)  # before any work
+    out_dir.mkdir(parents=True, exist_ok=True)
     rows = sweep(dataset, index=index, n_bits=n_bits, k=k, n_queries=n_queries, progress=progress)
     stem = f"ann_{path.stem}"
     (out_dir / f"{stem}.json").write_text(json.dumps(rows, indent=1))
