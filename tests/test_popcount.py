@@ -94,11 +94,16 @@ def test_knn_scan_with_k_equal_to_and_near_the_database_size(n_words):
 
 _GENERIC_CHECK = textwrap.dedent(
     """
+    import sys
+
     import numpy as np
+    from hashlearn._utils import popcount
+    from hashlearn.index import _knn_scan
     from hashlearn.index._knn_scan import knn_scan
 
+    popcount.set_kernel_path(sys.argv[1])
     rng = np.random.default_rng(0)
-    for n_words in (1, 5, 16):  # lanes, run-time width, vector popcount
+    for n_words in (1, 2, 5, 16):  # lanes, run-time width, vector popcount
         db = rng.integers(0, 2**64, (700, n_words), dtype=np.uint64, endpoint=False)
         db[100:200] = db[:100]
         q = np.concatenate([db[:2], rng.integers(0, 2**63, (3, n_words), np.uint64)])
@@ -112,27 +117,40 @@ _GENERIC_CHECK = textwrap.dedent(
         assert np.array_equal(out_d, np.take_along_axis(d, order, axis=1)), n_words
     import numba
 
+    stats = _knn_scan.knn_scan_wide.stats
+    print("wide cache hits", sum(stats.cache_hits.values()))
     print("generic ok", numba.config.CPU_NAME)
     """
 )
 
 
-@pytest.mark.slow  # compiles three kernels from scratch for another CPU: ~30-90 s
+@pytest.mark.slow  # compiles the kernels from scratch for another CPU: ~1-3 min
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 CPU names")
 def test_scan_is_exact_when_built_for_a_cpu_without_vector_popcount(tmp_path):
-    """The portable path: numba compiles for baseline x86-64 (SSE2, no POPCNT, no AVX)."""
-    env = dict(
-        os.environ,
-        NUMBA_CPU_NAME="generic",
-        NUMBA_CPU_FEATURES="",
-        NUMBA_CACHE_DIR=str(tmp_path),
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", _GENERIC_CHECK],
+    """Both paths built for baseline x86-64 (SSE2, no POPCNT, no AVX): the portable one, and
+    the wide one's 8-codes-per-step logic lowered without VPOPCNTQ, so the wide path's logic
+    is checked on every CPU. Then the host build with the same cache directory must compile
+    its own wide kernel, not load the generic one (numba keys its cache by CPU name and
+    features)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("HASHLEARN_KERNEL", None)
+    generic = dict(env, NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES="")
+    for path in ("portable", "wide"):
+        result = subprocess.run(
+            [sys.executable, "-c", _GENERIC_CHECK, path],
+            env=generic,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "generic ok generic" in result.stdout
+    host = subprocess.run(
+        [sys.executable, "-c", _GENERIC_CHECK, "wide"],
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "generic ok generic" in result.stdout
+    assert host.returncode == 0, host.stderr[-3000:]
+    assert "wide cache hits 0" in host.stdout

@@ -127,3 +127,229 @@ def code_distance(a, ao, b, bo, n_words):
         d += popcount64(a[ao + w] ^ b[bo + w])
         w += _U1
     return d
+
+
+# ------------------------------------------------------------------ the wide (AVX-512) path
+#
+# Eight codes per step, as faiss's AVX-512 build does (``hamming_distance/avx512-inl.h``):
+# the ``8 W`` words of 8 consecutive ``W``-word codes are ``W`` vectors of 8 words; one XOR
+# with the query's words laid out the same way, one ``VPOPCNTQ`` each, then lane shuffles and
+# adds fold the ``W`` per-word counts of each code into one lane, giving the 8 distances in one
+# vector; a vector compare with the acceptance bound gives 8 bits of a pass mask. Unlike the
+# portable form this does not depend on LLVM's loop vectoriser (which kept 256-bit vectors
+# and per-code shuffles on AVX-512 CPUs). Plain LLVM IR again, so it is exact on any CPU,
+# but fast only where ``ctpop.v8i64`` is one instruction: :func:`wide_path_enabled` says
+# whether the kernels take it.
+
+KERNEL_ENV_VAR = "HASHLEARN_KERNEL"
+_KERNEL_CHOICES = ("auto", "wide", "portable")
+
+
+def target_has_vpopcntdq() -> bool:
+    """Whether the CPU numba compiles for has AVX-512 VPOPCNTDQ (one ``VPOPCNTQ`` per 8 words).
+
+    The host CPU's features as LLVM reports them, or, when ``NUMBA_CPU_NAME`` names another
+    target, the features in ``NUMBA_CPU_FEATURES``. numba's on-disk cache keys every kernel by
+    target triple, CPU name and feature string (``codegen.magic_tuple()``), so a kernel
+    compiled on one CPU is never loaded on another.
+    """
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_NAME:
+        return "+avx512vpopcntdq" in (config.CPU_FEATURES or "").split(",")
+    return bool(binding.get_host_cpu_features().get("avx512vpopcntdq", False))
+
+
+def _kernel_choice() -> str:
+    import os
+
+    raw = os.environ.get(KERNEL_ENV_VAR, "auto").strip().lower() or "auto"
+    if raw not in _KERNEL_CHOICES:
+        raise ValueError(
+            f"The environment variable {KERNEL_ENV_VAR} must be one of {_KERNEL_CHOICES}. "
+            f"Got {raw!r} instead."
+        )
+    return raw
+
+
+_WIDE: bool | None = None  # None: decide on first use (environment, then the CPU)
+
+
+def wide_path_enabled() -> bool:
+    """Whether the Hamming scans take the wide path: ``HASHLEARN_KERNEL`` (read once, on first
+    use) ``=wide`` forces it (exact on any CPU, fast only with VPOPCNTDQ), ``=portable``
+    forbids it, ``auto`` (default) takes it where :func:`target_has_vpopcntdq`."""
+    global _WIDE
+    if _WIDE is None:
+        choice = _kernel_choice()
+        _WIDE = choice == "wide" or (choice == "auto" and target_has_vpopcntdq())
+    return _WIDE
+
+
+def set_kernel_path(path: str | None) -> None:
+    """Force the wide (``"wide"``) or portable (``"portable"``) path, or ``None`` to decide again
+    from the environment and the CPU. For tests and benchmarks comparing the two."""
+    global _WIDE
+    if path not in (None, "wide", "portable"):
+        raise ValueError(f"path must be 'wide', 'portable' or None. Got {path!r} instead.")
+    _WIDE = None if path is None else path == "wide"
+
+
+def kernel_path_description() -> str:
+    """One line for ``hashlearn info``: which Hamming kernel path this process uses and why."""
+    has = target_has_vpopcntdq()
+    choice = _kernel_choice()
+    if wide_path_enabled():
+        how = "wide: 512-bit XOR + VPOPCNTQ over 8 codes per step"
+        if not has:
+            how += f" (forced by {KERNEL_ENV_VAR}=wide; this CPU lacks VPOPCNTDQ: slow)"
+    else:
+        how = "portable: LLVM-lowered popcount"
+        how += (
+            f" (forced by {KERNEL_ENV_VAR}={choice})"
+            if choice == "portable"
+            else " (this CPU lacks AVX-512 VPOPCNTDQ)"
+        )
+    return how
+
+
+_LANES = 8  # codes per step: 8 x 64-bit lanes, one 512-bit vector
+
+
+def _gather_lanes(builder, vectors, flat):
+    """A ``<8 x i64>`` whose lane ``c`` is lane ``flat[c]`` of the concatenated ``vectors``,
+    built by two-source ``shufflevector`` s (``VPERMT2Q``), one per further source vector."""
+    i32 = ir.IntType(32)
+
+    def mask(lanes):
+        return ir.Constant(ir.VectorType(i32, _LANES), [ir.Constant(i32, x) for x in lanes])
+
+    sources = sorted({f // _LANES for f in flat})
+    first = sources[0]
+    second = sources[1] if len(sources) > 1 else first
+    lanes = [
+        f % _LANES if f // _LANES == first else _LANES + f % _LANES if f // _LANES == second else 0
+        for f in flat
+    ]
+    acc = builder.shuffle_vector(vectors[first], vectors[second], mask(lanes))
+    for s in sources[2:]:
+        lanes = [_LANES + f % _LANES if f // _LANES == s else c for c, f in enumerate(flat)]
+        acc = builder.shuffle_vector(acc, vectors[s], mask(lanes))
+    return acc
+
+
+def _fold_codes(builder, counts, n_words):
+    """Per-code sums of the per-word counts of 8 codes of ``n_words`` words (``n_words``
+    vectors, the codes' words in order): one ``<8 x i64>`` of distances, code ``c`` in lane c.
+
+    Codes over 8 words first add their vectors (a code is whole vectors); pairs of vectors
+    then fold adjacent lanes (even + odd lanes) while a code spans an even count of lanes;
+    an odd span left over (3 words) is gathered lane by lane.
+    """
+    vectors, span = list(counts), n_words
+    if span > _LANES and span % _LANES == 0:
+        per_code = span // _LANES
+        vectors = [_sum(builder, vectors[c * per_code : (c + 1) * per_code]) for c in range(_LANES)]
+        span = _LANES
+    while span % 2 == 0:
+        evens = [2 * j for j in range(_LANES)]
+        odds = [2 * j + 1 for j in range(_LANES)]
+        vectors = [
+            builder.add(_gather_lanes(builder, pair, evens), _gather_lanes(builder, pair, odds))
+            for pair in zip(vectors[0::2], vectors[1::2], strict=True)
+        ]
+        span //= 2
+    if span > 1:
+        vectors = [
+            _sum(
+                builder,
+                [
+                    _gather_lanes(builder, vectors, [c * span + w for c in range(_LANES)])
+                    for w in range(span)
+                ],
+            )
+        ]
+    return vectors[0]
+
+
+def _sum(builder, values):
+    total = values[0]
+    for v in values[1:]:
+        total = builder.add(total, v)
+    return total
+
+
+@intrinsic
+def wide_mini_block(typingctx, db, o, queries, qo, tau, out, width):
+    """Distances of 64 consecutive codes to one query, 8 codes per 512-bit step, and the mask
+    of those below ``tau`` (bit ``u`` for code ``u``).
+
+    ``db`` and ``queries`` are uint64 word arrays, ``o`` and ``qo`` the word offsets of the
+    first code and of the query (callers guarantee ``64 W`` and ``W`` words); ``out`` an
+    int64 array of at least 64 receiving the distances; ``width`` a tuple whose *length* is
+    the word count ``W`` (a compile-time constant: one straight-line body per width).
+    """
+    n_words = len(width)
+    sig = types.uint64(db, o, queries, qo, tau, out, width)
+
+    def codegen(context, builder, signature, args):
+        db_v, o_v, q_v, qo_v, tau_v, out_v = args[:6]
+        i64 = ir.IntType(64)
+        vec = ir.VectorType(i64, _LANES)
+        vec_ptr = vec.as_pointer()
+
+        def data(array_type, value):
+            return context.make_array(array_type)(context, builder, value).data
+
+        db_data = data(signature.args[0], db_v)
+        q_data = data(signature.args[2], q_v)
+        out_data = data(signature.args[5], out_v)
+        ctpop = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vec, [vec]), f"llvm.ctpop.v{_LANES}i64"
+        )
+        # the query's words laid out as 8 codes' words: lane l of vector j is word
+        # (8 j + l) mod W; the pattern repeats every W / gcd(W, 8) vectors
+        q_words = [
+            builder.load(builder.gep(q_data, [builder.add(qo_v, ir.Constant(i64, w))]))
+            for w in range(n_words)
+        ]
+        patterns = {}
+        for j in range(n_words):
+            key = tuple((_LANES * j + lane) % n_words for lane in range(_LANES))
+            if key not in patterns:
+                v = ir.Constant(vec, None)
+                for lane, w in enumerate(key):
+                    v = builder.insert_element(v, q_words[w], ir.Constant(ir.IntType(32), lane))
+                patterns[key] = v
+        query = [
+            patterns[tuple((_LANES * j + lane) % n_words for lane in range(_LANES))]
+            for j in range(n_words)
+        ]
+        bound = builder.insert_element(
+            ir.Constant(vec, None), tau_v, ir.Constant(ir.IntType(32), 0)
+        )
+        bound = builder.shuffle_vector(
+            bound,
+            ir.Constant(vec, None),
+            ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES),
+        )
+        mask = ir.Constant(i64, 0)
+        for step in range(64 // _LANES):
+            counts = []
+            for j in range(n_words):
+                offset = builder.add(o_v, ir.Constant(i64, (step * n_words + j) * _LANES))
+                ptr = builder.bitcast(builder.gep(db_data, [offset]), vec_ptr)
+                words = builder.load(ptr, align=8)
+                counts.append(builder.call(ctpop, [builder.xor(words, query[j])]))
+            dist = _fold_codes(builder, counts, n_words)
+            out_ptr = builder.bitcast(
+                builder.gep(out_data, [ir.Constant(i64, step * _LANES)]), vec_ptr
+            )
+            builder.store(dist, out_ptr, align=8)
+            below = builder.icmp_signed("<", dist, bound)
+            bits = builder.zext(builder.bitcast(below, ir.IntType(_LANES)), i64)
+            mask = builder.or_(mask, builder.shl(bits, ir.Constant(i64, step * _LANES)))
+        return mask
+
+    return sig, codegen

@@ -28,7 +28,13 @@ import numpy as np
 from numba import njit
 
 from hashlearn._utils.kernel_args import frozen
-from hashlearn._utils.popcount import code_distance, popcount64, trailing_zeros64
+from hashlearn._utils.popcount import (
+    code_distance,
+    popcount64,
+    trailing_zeros64,
+    wide_mini_block,
+    wide_path_enabled,
+)
 
 __all__ = ["knn_scan"]
 
@@ -120,13 +126,13 @@ def _passing(dist, tau):
 
 
 @njit(nogil=True, inline="always")
-def _accept(dist, first, tau, kept, base, buf_d, buf_p, cap, k, hist):
-    """Buffer the codes of a mini-block closer than ``tau``; returns ``(tau, kept)``.
+def _accept(dist, first, tau, kept, base, buf_d, buf_p, cap, k, hist, mask):
+    """Buffer the codes of a mini-block whose bit is set in ``mask`` (those closer than
+    ``tau``); returns ``(tau, kept)``.
 
     One step per accepted code (a set bit of the mask), none per rejected one: a branch per
     code would mispredict whenever many pass, as in the first blocks or with a large k.
     """
-    mask = _passing(dist, tau)
     if mask == 0:
         return tau, kept
     if kept + popcount64(mask) > cap:  # make room: shrink to k and tighten tau
@@ -143,42 +149,70 @@ def _accept(dist, first, tau, kept, base, buf_d, buf_p, cap, k, hist):
 
 
 @njit(nogil=True, inline="always")
-def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, vector):
-    """Body of every ``knn_scan_*`` kernel; ``n_words`` is a constant in the specialised ones."""
+def _top_k_state(n_q, k, n_bits):
+    """Per-query candidate buffers (``cap`` slots each), counts and bounds, and the histogram."""
     cap = 4 * k + 64
-    n_q = q_end - q_start
-    # slot n_q is a scratch partner for an odd query out
-    buf_d = np.empty((n_q + 1) * cap, np.int32)
-    buf_p = np.empty((n_q + 1) * cap, np.int64)
-    kept = np.zeros(n_q + 1, np.int64)
-    tau = np.full(n_q + 1, n_bits + 1, np.int64)
+    buf_d = np.empty(n_q * cap, np.int32)
+    buf_p = np.empty(n_q * cap, np.int64)
+    kept = np.zeros(n_q, np.int64)
+    tau = np.full(n_q, n_bits + 1, np.int64)
     hist = np.zeros(n_bits + 1, np.int64)
+    return cap, buf_d, buf_p, kept, tau, hist
+
+
+@njit(nogil=True, inline="always")
+def _emit_all(buf_d, buf_p, cap, kept, k, hist, out_d, out_p, q_start):
+    """Write every query's top k (shrinking the buffers that hold more) to its output row."""
+    for qi in range(kept.shape[0]):
+        c = kept[qi]
+        if c > k:
+            _shrink(buf_d, buf_p, qi * cap, c, k, hist)
+            c = k
+        _emit_sorted(buf_d, buf_p, qi * cap, c, hist, out_d, out_p, q_start + qi)
+
+
+@njit(nogil=True, inline="always")
+def _tail(db, i0, m, queries, oq, n_words, vector, n_bits, dist):
+    """Distances of a mini-block's ``m <= 64`` codes; the slots past ``m`` never pass."""
+    _mini_block_distances(db, i0, m, queries, oq, n_words, vector, dist)
+    if m < _MINI_BLOCK:  # the database's last codes
+        dist[m:] = n_bits + 1
+
+
+@njit(nogil=True, inline="always")
+def _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, vector):
+    """Body of the portable ``knn_scan_*`` kernels; ``n_words`` is a constant in the
+    specialised ones. Queries go two per pass over a mini-block (the second reuses the
+    codes' words from registers); an odd one out, or a lone query, passes alone."""
+    n_q = q_end - q_start
+    cap, buf_d, buf_p, kept, tau, hist = _top_k_state(n_q, k, n_bits)
     dist_a = np.empty(_MINI_BLOCK, np.int64)
     dist_b = np.empty(_MINI_BLOCK, np.int64)
     wu = np.uint64(n_words)
     for b0 in range(0, n, block):
         b1 = min(n, b0 + block)
         for qa in range(0, n_q, 2):
-            qb = qa + 1 if qa + 1 < n_q else n_q
             oa = np.uint64(q_start + qa) * wu
-            ob = np.uint64(q_start + min(qa + 1, n_q - 1)) * wu
-            ta, ka, tb, kb = tau[qa], kept[qa], tau[qb], kept[qb]
-            for i0 in range(b0, b1, _MINI_BLOCK):
-                m = min(_MINI_BLOCK, b1 - i0)
-                _mini_block_distances(db, i0, m, queries, oa, n_words, vector, dist_a)
-                _mini_block_distances(db, i0, m, queries, ob, n_words, vector, dist_b)
-                if m < _MINI_BLOCK:  # the database's last codes: the tail never passes
-                    dist_a[m:] = n_bits + 1
-                    dist_b[m:] = n_bits + 1
-                ta, ka = _accept(dist_a, i0, ta, ka, qa * cap, buf_d, buf_p, cap, k, hist)
-                tb, kb = _accept(dist_b, i0, tb, kb, qb * cap, buf_d, buf_p, cap, k, hist)
-            tau[qa], kept[qa], tau[qb], kept[qb] = ta, ka, tb, kb
-    for qi in range(n_q):
-        c = kept[qi]
-        if c > k:
-            _shrink(buf_d, buf_p, qi * cap, c, k, hist)
-            c = k
-        _emit_sorted(buf_d, buf_p, qi * cap, c, hist, out_d, out_p, q_start + qi)
+            ta, ka = tau[qa], kept[qa]
+            if qa + 1 < n_q:
+                qb = qa + 1
+                tb, kb = tau[qb], kept[qb]
+                for i0 in range(b0, b1, _MINI_BLOCK):
+                    m = min(_MINI_BLOCK, b1 - i0)
+                    _tail(db, i0, m, queries, oa, n_words, vector, n_bits, dist_a)
+                    _tail(db, i0, m, queries, oa + wu, n_words, vector, n_bits, dist_b)
+                    ma, mb = _passing(dist_a, ta), _passing(dist_b, tb)
+                    ta, ka = _accept(dist_a, i0, ta, ka, qa * cap, buf_d, buf_p, cap, k, hist, ma)
+                    tb, kb = _accept(dist_b, i0, tb, kb, qb * cap, buf_d, buf_p, cap, k, hist, mb)
+                tau[qb], kept[qb] = tb, kb
+            else:
+                for i0 in range(b0, b1, _MINI_BLOCK):
+                    m = min(_MINI_BLOCK, b1 - i0)
+                    _tail(db, i0, m, queries, oa, n_words, vector, n_bits, dist_a)
+                    ma = _passing(dist_a, ta)
+                    ta, ka = _accept(dist_a, i0, ta, ka, qa * cap, buf_d, buf_p, cap, k, hist, ma)
+            tau[qa], kept[qa] = ta, ka
+    _emit_all(buf_d, buf_p, cap, kept, k, hist, out_d, out_p, q_start)
 
 
 @njit(nogil=True, cache=True)
@@ -194,6 +228,37 @@ def knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p
 def knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words):
     """The kernel for word counts without a specialisation (``n_words`` at run time)."""
     _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, False)
+
+
+@njit(nogil=True, cache=True)
+def knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width):
+    """The wide path's kernel (CPUs with AVX-512 VPOPCNTDQ) for a word count given as the
+    length of ``width``: whole mini-blocks through
+    :func:`hashlearn._utils.popcount.wide_mini_block` (8 codes per 512-bit step, the pass
+    mask from a vector compare), one query per pass over a block (a code's words are one
+    load per 8 words, so pairing queries saves little), the last partial mini-block
+    the portable way."""
+    n_words = len(width)
+    n_q = q_end - q_start
+    cap, buf_d, buf_p, kept, tau, hist = _top_k_state(n_q, k, n_bits)
+    dist = np.empty(_MINI_BLOCK, np.int64)
+    wu = np.uint64(n_words)
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        whole = b0 + (b1 - b0) // _MINI_BLOCK * _MINI_BLOCK
+        for qi in range(n_q):
+            oq = np.uint64(q_start + qi) * wu
+            t, c = tau[qi], kept[qi]
+            for i0 in range(b0, whole, _MINI_BLOCK):
+                mask = wide_mini_block(db, np.uint64(i0) * wu, queries, oq, t, dist, width)
+                if mask:
+                    t, c = _accept(dist, i0, t, c, qi * cap, buf_d, buf_p, cap, k, hist, mask)
+            if whole < b1:
+                _tail(db, whole, b1 - whole, queries, oq, n_words, True, n_bits, dist)
+                mask = _passing(dist, t)
+                t, c = _accept(dist, whole, t, c, qi * cap, buf_d, buf_p, cap, k, hist, mask)
+            tau[qi], kept[qi] = t, c
+    _emit_all(buf_d, buf_p, cap, kept, k, hist, out_d, out_p, q_start)
 
 
 #: word counts with a kernel of their own, each keyed by a tuple of that length
@@ -215,5 +280,7 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
     width = _WIDTH_TAGS.get(n_words)
     if width is None:
         knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
+    elif wide_path_enabled():
+        knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
     else:
         knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)

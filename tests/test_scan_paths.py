@@ -1,0 +1,94 @@
+"""The two Hamming kernel paths: wide (8 codes per 512-bit step) and portable, bit for bit.
+
+``FlatIndex`` takes the wide path on CPUs with AVX-512 VPOPCNTDQ and the portable one
+elsewhere (:func:`hashlearn._utils.popcount.wide_path_enabled`). Both are plain LLVM IR, so
+either can be forced on any CPU: the wide one then runs the same logic lowered to whatever
+the CPU has (slow, exact). These tests force each in turn, on every CPU, and compare them to
+numpy brute force and to each other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hashlearn._utils import popcount
+from hashlearn.index import FlatIndex
+from hashlearn.index._knn_scan import knn_scan
+
+PATHS = ("wide", "portable")
+
+
+@pytest.fixture
+def path_restored():
+    yield
+    popcount.set_kernel_path(None)
+
+
+def _brute_knn(db, queries, k):
+    d = np.bitwise_count(queries[:, None, :] ^ db[None, :, :]).sum(axis=2)
+    order = np.lexsort((np.broadcast_to(np.arange(len(db)), d.shape), d), axis=1)[:, :k]
+    return np.take_along_axis(d, order, axis=1), order
+
+
+def _scan(path, db, queries, k):
+    popcount.set_kernel_path(path)
+    n, n_words = db.shape
+    m = len(queries)
+    out_d = np.empty((m, k), np.int32)
+    out_p = np.empty((m, k), np.int64)
+    knn_scan(db.ravel(), n, queries.ravel(), 0, m, k, 64 * n_words, n_words, out_d, out_p)
+    return out_d, out_p
+
+
+@pytest.mark.parametrize("n_words", [1, 2, 3, 4, 6, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 5])  # a lone query, a pair, pairs and an odd one out
+def test_both_paths_equal_brute_force_and_each_other(n_words, m, path_restored):
+    rng = np.random.default_rng(10 * n_words + m)
+    n = 64 * 21 + 13  # whole mini-blocks across several blocks, then a partial one
+    pool = rng.integers(0, 2**64, (30, n_words), dtype=np.uint64, endpoint=False)
+    db = pool[rng.integers(0, len(pool), n)]  # exact ties across blocks
+    db[::4] ^= rng.integers(0, 2**64, (len(db[::4]), n_words), dtype=np.uint64, endpoint=False)
+    db[5] = 0
+    db[6] = np.uint64(2**64 - 1)  # the largest distance to a zero query
+    queries = np.concatenate([np.zeros((1, n_words), np.uint64), db[7:9], pool[:2]])[:m]
+    for k in (1, 10, 100):
+        want_d, want_p = _brute_knn(db, queries, k)
+        got = {path: _scan(path, db, queries, k) for path in PATHS}
+        for path in PATHS:
+            np.testing.assert_array_equal(got[path][0], want_d, err_msg=path)
+            np.testing.assert_array_equal(got[path][1], want_p, err_msg=path)
+
+
+@pytest.mark.parametrize("n_bits", [64, 256])
+def test_flat_index_results_identical_on_both_paths(n_bits, path_restored):
+    rng = np.random.default_rng(n_bits)
+    db = rng.integers(0, 256, (3000, n_bits // 8), dtype=np.uint8)
+    queries = np.concatenate([db[:2], rng.integers(0, 256, (3, n_bits // 8), dtype=np.uint8)])
+    index = FlatIndex(n_bits)
+    index.add(db, ids=rng.permutation(10_000)[:3000])
+    results = {}
+    for path in PATHS:
+        popcount.set_kernel_path(path)
+        results[path] = index.search(queries, 10)
+    for a, b in zip(results["wide"], results["portable"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kernel_path_choice(monkeypatch, path_restored):
+    monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "portable")
+    popcount.set_kernel_path(None)
+    assert not popcount.wide_path_enabled()
+    assert "portable" in popcount.kernel_path_description()
+    monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "wide")
+    popcount.set_kernel_path(None)
+    assert popcount.wide_path_enabled()
+    monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "auto")
+    popcount.set_kernel_path(None)
+    assert popcount.wide_path_enabled() == popcount.target_has_vpopcntdq()
+    monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "fast")
+    popcount.set_kernel_path(None)
+    with pytest.raises(ValueError, match="HASHLEARN_KERNEL"):
+        popcount.wide_path_enabled()
+    with pytest.raises(ValueError, match="path"):
+        popcount.set_kernel_path("avx512")
