@@ -1,29 +1,19 @@
-"""Argument checks, query blocking, tie-aware ranking: shared by every measure."""
+"""Argument checks and Hamming orders shared by every measure (choices, query blocks and
+tie-aware ranking: :mod:`hashlearn._utils.knn`, shared with ``exact_knn``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
-_METRICS = ("euclidean", "sqeuclidean", "cosine", "inner_product")
+from hashlearn._utils.knn import _rank
+
 _AGGREGATES = ("pooled", "per_query")
 _EMPTY = ("zero", "skip")
 _RANK_TIES = ("random", "index")
 _AP_TIES = ("random", "index", "pessimistic", "optimistic")
-# Query blocks of about this many (query, item) pairs bound temporary memory.
-_BLOCK_PAIRS = 1 << 22
-
-
-def _check_choice(value: Any, name: str, owner: str, options: Sequence[str]) -> str:
-    if not isinstance(value, str) or value not in options:
-        raise ValueError(
-            f"The {name!r} parameter of {owner} must be a str among {list(options)}. "
-            f"Got {value!r} instead."
-        )
-    return value
 
 
 def _check_int_array(arr: Any, name: str, owner: str, ndim: int) -> np.ndarray:
@@ -110,36 +100,6 @@ def _check_id_lists(
     return arr
 
 
-def _check_data(X: Any, name: str, owner: str) -> np.ndarray | sp.csr_matrix:
-    """A finite 2-D float array or scipy.sparse matrix, converted to float64 (documented)."""
-    if sp.issparse(X):
-        X = sp.csr_matrix(X)
-        values = X.data
-    elif isinstance(X, np.ndarray):
-        values = X
-    else:
-        raise TypeError(
-            f"{name} of {owner} must be a numpy.ndarray or a scipy.sparse matrix. "
-            f"Got {type(X).__name__} instead."
-        )
-    if X.dtype not in (np.float32, np.float64):
-        raise TypeError(
-            f"{name} of {owner} must have dtype float32 or float64. Got dtype "
-            f"{X.dtype} instead; convert explicitly, e.g. X.astype(np.float32)."
-        )
-    if X.ndim != 2:
-        raise ValueError(f"{name} of {owner} must be a 2-D array. Got shape {X.shape} instead.")
-    if not np.isfinite(values).all():
-        raise ValueError(f"{name} of {owner} contains NaN or infinity.")
-    return X.astype(np.float64, copy=False)
-
-
-def _query_blocks(n_queries: int, n_db: int, rows: int | None = None) -> Iterator[slice]:
-    rows = rows or max(1, _BLOCK_PAIRS // max(n_db, 1))
-    for start in range(0, n_queries, rows):
-        yield slice(start, min(start + rows, n_queries))
-
-
 def _document(conventions: str) -> Callable[[Any], Any]:
     """Append a shared conventions paragraph to a docstring (kept working under ``-OO``)."""
 
@@ -155,28 +115,6 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """``num / den`` with 0 where ``den == 0``."""
     num, den = np.broadcast_arrays(np.asarray(num, dtype=np.float64), den)
     return np.divide(num, den, out=np.zeros(num.shape), where=den > 0)
-
-
-def _rank(keys: np.ndarray, k: int) -> np.ndarray:
-    """Columns of the ``k`` smallest ``keys`` per row, ordered by ``(key, column)``.
-
-    ``np.partition`` finds the k-th key; every key below it is kept and the ties *at* it are
-    filled in column order, so the cut never drops a tied smaller index. The kept columns
-    (ascending) are then stably sorted by key.
-    """
-    if k >= keys.shape[1]:
-        return np.argsort(keys, axis=1, kind="stable")
-    kth = np.partition(keys, k - 1, axis=1)[:, k - 1 : k]
-    tied = keys == kth
-    chosen = tied | (keys < kth)
-    room = k - (chosen.sum(axis=1) - tied.sum(axis=1))
-    crowded = np.flatnonzero(tied.sum(axis=1) > room)  # rows where some ties must go
-    if crowded.size:
-        t = tied[crowded]
-        chosen[crowded] &= ~t | (np.cumsum(t, axis=1) <= room[crowded, None])
-    cols = np.nonzero(chosen)[1].reshape(-1, k)
-    order = np.argsort(np.take_along_axis(keys, cols, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(cols, order, axis=1)
 
 
 def _hamming_order(

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from hashlearn._utils.knn import _query_blocks
 from hashlearn._utils.validation import check_int
 from hashlearn._utils.vote import majority_vote
 from hashlearn.evaluate._common import (
@@ -14,7 +15,6 @@ from hashlearn.evaluate._common import (
     _check_int_array,
     _check_labels,
     _document,
-    _query_blocks,
 )
 from hashlearn.evaluate.ground_truth import exact_knn
 

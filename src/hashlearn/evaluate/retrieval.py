@@ -9,19 +9,18 @@ from typing import Any
 import numpy as np
 from sklearn.utils import check_random_state
 
+from hashlearn._utils.knn import _check_choice, _query_blocks
 from hashlearn._utils.validation import check_int
 from hashlearn.evaluate._common import (
     _AGGREGATES,
     _AP_TIES,
     _EMPTY,
     _RANK_TIES,
-    _check_choice,
     _check_distances,
     _check_id_lists,
     _check_relevant,
     _document,
     _hamming_order,
-    _query_blocks,
     _safe_ratio,
 )
 

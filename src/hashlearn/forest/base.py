@@ -29,7 +29,6 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from hashlearn._utils.dense import row_dot
 from hashlearn._utils.parallel import available_cores, parallel_chunks
 from hashlearn._utils.validation import check_y
-from hashlearn.index.table import KEY_LOCAL_MASK, KEY_TAG_SHIFT
 from hashlearn.io import Persistable, check_estimator_state, estimator_from_state, estimator_state
 
 __all__ = [
@@ -38,7 +37,16 @@ __all__ = [
     "node_scores",
     "tree_leaves",
     "weighted_candidates_csr",
+    "KEY_TAG_SHIFT",
+    "KEY_LOCAL_MASK",
 ]
+
+#: A bucketer's key is ``(tag << KEY_TAG_SHIFT) | local``: ``local`` the leaf or bucket in a
+#: table, in ``[0, 2**40)``; ``tag`` (23 bits, ``KEY_TAG_MASK``) names the fitted bucketer,
+#: so an index built from one bucketer's keys refuses another's (``TableIndex(key_tag=)``).
+KEY_TAG_SHIFT = 40
+KEY_LOCAL_MASK = (1 << KEY_TAG_SHIFT) - 1
+KEY_TAG_MASK = (1 << 23) - 1
 
 
 class BaseBucketer(Persistable, BaseEstimator):
@@ -113,7 +121,7 @@ class BaseBucketer(Persistable, BaseEstimator):
                     if isinstance(value, np.ndarray)
                     else repr(value).encode()
                 )
-        return int.from_bytes(h.digest()[:4], "little") & ((1 << 23) - 1)
+        return int.from_bytes(h.digest()[:4], "little") & KEY_TAG_MASK
 
     # ------------------------------------------------------------------ persistence
 
@@ -396,8 +404,6 @@ def weighted_candidates_csr(
 
     ``weights`` must be positive and finite, one per table.
     """
-    from hashlearn.index.table import TableIndex
-
-    if not isinstance(index, TableIndex):
+    if not callable(getattr(index, "weighted_candidates_csr", None)):  # no upward import
         raise TypeError(f"index must be a TableIndex. Got {type(index).__name__} instead.")
     return index.weighted_candidates_csr(query_keys, weights, n_threads=n_threads)

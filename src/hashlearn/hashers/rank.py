@@ -365,7 +365,7 @@ class RankHashing(BaseHasher):
 
     @staticmethod
     def _training_neighbors(X, n_neighbors: int) -> np.ndarray:
-        from hashlearn.evaluate import exact_knn
+        from hashlearn._utils.knn import exact_knn
 
         _, ids = exact_knn(X, X, n_neighbors + 1)
         return np.sort(ids[:, 1:], axis=1)  # drop the row itself (first, distance 0)

@@ -33,15 +33,12 @@ import numpy as np
 from hashlearn._utils.parallel import parallel_chunks
 from hashlearn._utils.postings import build_table, check_table, gathered_sizes, posting_range
 from hashlearn._utils.validation import as_plain_array, check_int
+from hashlearn.forest.base import KEY_LOCAL_MASK, KEY_TAG_MASK, KEY_TAG_SHIFT
 from hashlearn.index._storage import IdStore, check_ids_array, check_next_id
 from hashlearn.index.base import IndexBase
 from hashlearn.io import persistable, require_array, require_state
 
 __all__ = ["TableIndex", "KEY_TAG_SHIFT", "KEY_LOCAL_MASK"]
-
-KEY_TAG_SHIFT = 40
-KEY_LOCAL_MASK = (1 << KEY_TAG_SHIFT) - 1
-_TAG_MASK = (1 << 23) - 1
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -233,7 +230,7 @@ class TableIndex(IndexBase):
             raise ValueError(f"{name} holds keys above the int64 range.")
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         if self.key_tag is not None and keys.size:
-            tags = (keys >> KEY_TAG_SHIFT) & _TAG_MASK
+            tags = (keys >> KEY_TAG_SHIFT) & KEY_TAG_MASK
             if np.any(tags != self.key_tag):
                 raise ValueError(
                     f"{name} were not made by the bucketer this index was built for (key tag "
@@ -413,7 +410,7 @@ class TableIndex(IndexBase):
         """Every array is checked in O(n L) before use: ids, table layout, offsets, and
         each table holding every item's position exactly once."""
         obj = cls(int(params["n_tables"]))
-        tag = require_state(state, "key_tag", int, low=0, high=_TAG_MASK, optional=True)
+        tag = require_state(state, "key_tag", int, low=0, high=KEY_TAG_MASK, optional=True)
         obj.key_tag = tag
         ids = check_ids_array(arrays)
         next_id = check_next_id(state, ids)
@@ -452,7 +449,7 @@ class TableIndex(IndexBase):
                 what=f"table {i}",
             )
         if tag is not None and len(t["table_keys"]):
-            tags = (t["table_keys"] >> KEY_TAG_SHIFT) & _TAG_MASK
+            tags = (t["table_keys"] >> KEY_TAG_SHIFT) & KEY_TAG_MASK
             if np.any(tags != tag):
                 raise ValueError(f"the tables hold keys without the key tag {tag}")
         obj._store.restore(ids, {}, next_id, {"tables": t})
