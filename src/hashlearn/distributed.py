@@ -24,6 +24,7 @@ Only public Dask APIs are used (``Client.scatter``/``submit``/``gather``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -317,8 +318,9 @@ class ShardedIndex:
     a log of the ``add`` / ``remove`` calls made since. When a worker is lost or the cluster
     restarts (``client.restart()``), the shards whose futures are gone are rebuilt from their
     source and the call is retried, so results stay those of one index over the current
-    codes. Writers are serialised by a lock; a search running meanwhile sees each shard
-    before or after each write.
+    codes. Writers are serialised by a lock, and a search that overlapped a write runs
+    again (a seqlock; the last try waits for the lock), so each result is that of one
+    state of the whole index (for the writers of this client).
 
     Parameters
     ----------
@@ -381,6 +383,7 @@ class ShardedIndex:
         self._next_id = int(next_id)
         self._refiner: tuple | None = None  # (metric, hasher, screen)
         self._lock = threading.RLock()
+        self._version = 0  # odd while a write is under way (a seqlock, see _consistent)
         self._sources: list[_Source | None] = []
         self.shards: list = []
 
@@ -586,7 +589,9 @@ class ShardedIndex:
         k = check_k(k, len(queries), "ShardedIndex.search")
         if len(queries) == 0:
             return np.full((0, k), -1, np.int32), np.full((0, k), -1, np.int64)
-        results = self._run(_search_shard, np.ascontiguousarray(queries), k, n_threads or 1)
+        results = self._consistent(
+            self._run, _search_shard, np.ascontiguousarray(queries), k, n_threads or 1
+        )
         D = np.concatenate([r[0] for r in results], axis=1)
         I = np.concatenate([r[1] for r in results], axis=1)
         return merge_topk(D, I, k)
@@ -600,7 +605,9 @@ class ShardedIndex:
         queries = check_codes(queries, self.n_bits, "queries")
         radius = check_int(radius, "radius", "ShardedIndex.range_search", low=0, high=self.n_bits)
         m = len(queries)
-        results = self._run(_range_shard, np.ascontiguousarray(queries), radius, n_threads or 1)
+        results = self._consistent(
+            self._run, _range_shard, np.ascontiguousarray(queries), radius, n_threads or 1
+        )
         rows = np.concatenate([np.repeat(np.arange(m), np.diff(r[0])) for r in results])
         D = np.concatenate([r[1] for r in results]).astype(np.int32)
         I = np.concatenate([r[2] for r in results]).astype(np.int64)
@@ -614,11 +621,14 @@ class ShardedIndex:
     def attach_refiner(self, metric: str, hasher, screen: bool = True) -> None:
         """Keep each shard's vectors on its worker in a
         :class:`~hashlearn.rerank.refiner.Refiner` ``(metric, hasher, screen)``, for
-        :meth:`refine_search`. Call it once, on an empty index, before the first ``add``;
-        from then on ``add`` takes the vectors of the codes."""
+        :meth:`refine_search`. Call it on an empty index, before the first ``add`` (again
+        with the same arguments: nothing changes); from then on ``add`` takes the vectors of
+        the codes."""
         with self._lock:
             if self._refiner is not None:
-                raise ValueError("attach_refiner was already called on this index.")
+                if self._refiner == (metric, hasher, screen):  # the hasher compared by identity
+                    return
+                raise ValueError("attach_refiner was already called with another refiner.")
             if any(src is None or src.kind != "empty" or src.ops for src in self._sources):
                 raise ValueError(
                     "attach_refiner must be called on an empty index, before the first add."
@@ -635,9 +645,12 @@ class ShardedIndex:
         Round 1: every shard returns its Hamming top-``n_candidates`` and the client merges
         them into the global top-``n_candidates`` by (distance, id) -- what one index over
         all codes returns. Round 2: each shard refines the candidates it holds with its
-        Refiner and returns its top ``k``; the client merges them by (distance, id). Only
-        the queries, ids and distances cross the network, never a database vector.
+        Refiner and returns its top ``k``; the client merges them by (distance, id), or
+        (similarity, id) largest first for ``"inner_product"`` / ``"cosine"``. Only the
+        queries, ids and scores cross the network, never a database vector.
         """
+        from hashlearn.rerank.refiner import MissingVectorsError
+
         if self._refiner is None:
             raise ValueError("refine_search needs attach_refiner(...) before the first add.")
         codes = check_codes(codes, self.n_bits, "codes")
@@ -646,8 +659,14 @@ class ShardedIndex:
             raise ValueError(f"X must have one row per code ({m}). Got {type(X).__name__}.")
         k = check_k(k, m, "ShardedIndex.refine_search")
         n_candidates = check_int(n_candidates, "n_candidates", "ShardedIndex.refine_search")
-        threads = n_threads or 1
-        short = self._run(_search_shard, np.ascontiguousarray(codes), n_candidates, threads)
+        args = (X, np.ascontiguousarray(codes), k, n_candidates, n_threads or 1)
+        return self._consistent(self._refine_once, *args, retry_on=MissingVectorsError)
+
+    def _refine_once(self, X, codes, k, n_candidates, threads):
+        """The two rounds of :meth:`refine_search` on checked arguments."""
+        from hashlearn.rerank.refiner import SIMILARITIES
+
+        short = self._run(_search_shard, codes, n_candidates, threads)
         D = np.concatenate([r[0] for r in short], axis=1)
         I = np.concatenate([r[1] for r in short], axis=1)
         owner = np.repeat(np.arange(self.n_shards), [r[1].shape[1] for r in short])
@@ -664,12 +683,37 @@ class ShardedIndex:
         refined = self._run(_refine_shard, each=each)
         D = np.concatenate([r[0] for r in refined], axis=1)
         I = np.concatenate([r[1] for r in refined], axis=1)
-        from hashlearn.rerank.refiner import SIMILARITIES
-
         if self._refiner[0] in SIMILARITIES:  # largest first, padded with -inf
             D, I = merge_topk(-D, I, k)
             return -D, I
         return merge_topk(D, I, k)
+
+    def _consistent(self, fn, *args, retry_on=()):
+        """``fn(*args)`` as of one state of the whole index: a write touches the shards one
+        by one, so a search that overlapped one (the version moved, or was odd: a seqlock,
+        as :class:`hashlearn.Searcher` uses) or failed with ``retry_on`` runs again; the
+        last try holds the write lock."""
+        for _ in range(_MAX_ATTEMPTS):
+            version = self._version
+            if version % 2 == 0:
+                try:
+                    result = fn(*args)
+                except retry_on:
+                    continue
+                if version == self._version:
+                    return result
+        with self._lock:
+            return fn(*args)
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """One writer at a time (of this client); the version is odd while it writes."""
+        with self._lock:
+            self._version += 1
+            try:
+                yield
+            finally:
+                self._version += 1
 
     # ------------------------------------------------------------------------ mutations
 
@@ -690,7 +734,7 @@ class ShardedIndex:
         the currently smallest shard and is computed, encoded and stored by that shard's
         worker: its data never passes through the client).
         """
-        with self._lock:
+        with self._writing():
             if codes is None and vectors is None:
                 raise ValueError("add needs codes (or, with a refiner, the vectors to encode).")
             if self._refiner is None and vectors is not None:
@@ -786,7 +830,7 @@ class ShardedIndex:
             raise ValueError(f"ids must be a 1-D array of integers. Got shape {arr.shape}.")
         unique = np.unique(arr)
         ids = check_ids(unique, len(unique))
-        with self._lock:
+        with self._writing():
             if not len(ids):
                 return 0
             holders = self._holders(ids)
