@@ -649,10 +649,10 @@ class ShardedIndex:
         (similarity, id) largest first for ``"inner_product"`` / ``"cosine"``. Only the
         queries, ids and scores cross the network, never a database vector.
         """
-        from hashlearn.rerank.refiner import MissingVectorsError
-
         if self._refiner is None:
             raise ValueError("refine_search needs attach_refiner(...) before the first add.")
+        from hashlearn.rerank.refiner import MissingVectorsError
+
         codes = check_codes(codes, self.n_bits, "codes")
         m = len(codes)
         if getattr(X, "shape", (None,))[0] != m:
