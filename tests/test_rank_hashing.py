@@ -179,6 +179,86 @@ def test_bad_input(digits_split):
         RankHashing(8).fit(X[:50], pairs=np.array([[0, 1]]), similar=np.array([True]))
 
 
+def test_class_similarity_eq10_checks_identity_and_save(digits_split, tmp_path):
+    """eq. 10 with F = I is eq. 7 (identical codes); a graded F trains, saves and loads."""
+    X, y, Xq, _ = digits_split
+    kw = dict(n_bits=16, n_epochs=2, docs_per_query=30, random_state=0)
+    flat = RankHashing(**kw).fit(X[:300], y[:300])
+    ident = RankHashing(class_similarity=np.eye(10), **kw).fit(X[:300], y[:300])
+    np.testing.assert_array_equal(flat.encode(Xq), ident.encode(Xq))
+    F = np.where(np.arange(10)[:, None] // 5 == np.arange(10)[None, :] // 5, 0.5, 0.0)
+    np.fill_diagonal(F, 1.0)
+    hier = RankHashing(class_similarity=F, **kw).fit(X[:300], y[:300])
+    np.testing.assert_array_equal(hier.class_similarity_, F)
+    hier.save(tmp_path / "hier")
+    loaded = RankHashing.load(tmp_path / "hier")
+    np.testing.assert_array_equal(loaded.encode(Xq), hier.encode(Xq))
+    np.testing.assert_array_equal(loaded.get_params()["class_similarity"], F)
+    assert not hasattr(flat.fit(X[:300], y[:300]), "class_similarity_")
+    with pytest.raises(ValueError, match="class_similarity"):
+        RankHashing(8, class_similarity=np.eye(3)).fit(X[:50], y[:50])
+    with pytest.raises(ValueError, match="class_similarity"):
+        RankHashing(8, class_similarity=np.eye(10), classification_score="margin").fit(
+            X[:50], y[:50]
+        )
+    with pytest.raises(ValueError, match="finite"):
+        RankHashing(8, class_similarity=np.full((10, 10), np.nan)).fit(X[:50], y[:50])
+
+
+def test_hierarchical_delta_matches_swapping():
+    """eq. 10: |ΔS_Hier| of a straddling swap, against swapping and re-scoring; the
+    RankNet pairs are ordered by F(l_q, .)."""
+    rng = np.random.RandomState(5)
+    Q, D, B = 5, 20, 9
+    F = rng.rand(3, 3)
+    model = RankHashing(n_bits=B, k=2)
+    hq, hd = rng.rand(Q, B), rng.rand(Q, D, B)
+    y = rng.randint(0, 3, 40)
+    queries = rng.choice(40, Q, replace=False)
+    docs = rng.randint(0, 40, (Q, D))
+    gain = model._gain(y, None, queries, docs, F)
+    np.testing.assert_array_equal(gain, F[y[queries][:, None], y[docs]])
+    qi, ai, bi = np.nonzero(gain[:, :, None] > gain[:, None, :])
+    delta = model._delta_score(hq, hd, gain, y, queries, docs, qi, ai, bi)
+    checked = 0
+    for q, a, b, d in zip(qi, ai, bi, delta, strict=True):
+        dist = ((hq[q] >= 0.5) != (hd[q] >= 0.5)).sum(axis=1)
+        bins = np.unique(dist)
+        top, win = bins[:2].max(), bins[: max(B // 3, 3)].max()
+        if (dist[a] <= top) == (dist[b] <= top) or max(dist[a], dist[b]) > win:
+            assert d == 0.0
+            continue
+        swapped = dist.copy()
+        swapped[a], swapped[b] = dist[b], dist[a]
+        rel = F[y[queries[q]], y[docs[q]]]
+        assert np.isclose(d, abs(rel[swapped <= top].sum() - rel[dist <= top].sum()))
+        checked += 1
+    assert checked > 10
+
+
+def test_retrieval_radius_is_absolute():
+    """task="retrieval" with ``radius``: the selected set is every document within the
+    radius (at least the nearest bin), not capped at the k-th non-empty bin."""
+    rng = np.random.RandomState(6)
+    Q, D, B = 4, 30, 12
+    model = RankHashing(n_bits=B, k=1, task="retrieval", radius=5)
+    hq, hd = rng.rand(Q, B), rng.rand(Q, D, B)
+    docs = rng.randint(0, 50, (Q, D))
+    gain = rng.randint(0, 2, (Q, D)).astype(float)
+    qi, ai, bi = np.nonzero(gain[:, :, None] > gain[:, None, :])
+    delta = model._delta_score(hq, hd, gain, None, np.arange(Q), docs, qi, ai, bi)
+    dist = ((hq[:, None, :] >= 0.5) != (hd >= 0.5)).sum(axis=2)
+    top = np.maximum(5, dist.min(axis=1))  # the radius, or the nearest bin if beyond it
+    window = np.array([np.unique(r)[: max(B // 3, 2)].max() for r in dist])
+    within = np.maximum(window, top)[qi]
+    inside = dist <= top[:, None]
+    straddle = inside[qi, ai] != inside[qi, bi]
+    weighed = straddle & (dist[qi, ai] <= within) & (dist[qi, bi] <= within)
+    np.testing.assert_array_equal(delta > 0, weighed)
+    nearest_bin = np.array([(r == r.min()).sum() for r in dist])
+    assert (inside.sum(axis=1) > nearest_bin).any()  # the radius reaches past one bin
+
+
 def _brute_force_delta(model, hq, hd, y, queries, docs, score):
     """|S(O) - S(O')| by actually swapping two documents' Hamming distances (so their
     positions) and re-evaluating S over the selected bins (relative threshold k)."""

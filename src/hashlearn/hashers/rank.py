@@ -26,6 +26,10 @@ query's ``k`` nearest non-empty Hamming bins and one outside them, both within t
   ``classification_score="margin"`` is a variant: the correct label's vote margin capped once the majority
   is right, :math:`\\min(c_{l_q} - \\max_{l \\ne l_q} c_l, 1)`, which ignores swaps that
   only pile up votes after the majority is won;
+* hierarchical classification (eq. 10, ``class_similarity=F``): graded relevance
+  :math:`S_{Hier} = \\sum_{i \\le L} F(l_q, l_{d_i})`, so a straddling swap changes it by
+  :math:`|F(l_q, l_a) - F(l_q, l_b)|` and RankNet orders the documents by :math:`F(l_q, \\cdot)`
+  (eq. 7 is :math:`F = I`);
 * retrieval (eq. 8): :math:`S_R = \\sum_{i \\le L} l_{d_i}`, the number of relevant documents
   retrieved (relevant = among the query's ``n_neighbors`` Euclidean nearest neighbours);
 * regression (eq. 11): :math:`S = -\\frac1L \\sum_i (t_q - t_{d_i})^2`.
@@ -45,11 +49,12 @@ import time
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
 
 from hashlearn._utils.validation import check_int, check_real, check_y
 from hashlearn.hashers._linear import LinearForm
 from hashlearn.hashers.base import BaseHasher, register_hasher
-from hashlearn.io import persistable
+from hashlearn.io import estimator_from_state, estimator_state, persistable
 from hashlearn.kernels import log_message
 
 __all__ = ["RankHashing", "check_triplets"]
@@ -123,9 +128,11 @@ class RankHashing(BaseHasher):
         Relative threshold used by LambdaRank: the query's ``k`` nearest non-empty Hamming
         bins are its selected neighbours.
     radius : int or None, default=None
-        For ``task="retrieval"``: absolute threshold (distance ``<= radius``) of the
-        retrieved set in eq. 8; ``None`` uses the relative threshold ``k`` (as the other
-        tasks). The retrieved set is never empty: the nearest non-empty bin always counts.
+        For ``task="retrieval"``: absolute threshold (distance ``<= radius``, whatever
+        ``k``) of the retrieved set in eq. 8; ``None`` uses the relative threshold ``k`` (as
+        the other tasks). The retrieved set is never empty: the nearest non-empty bin always
+        counts. The swaps LambdaRank weighs then join a document within the radius to one
+        beyond it, both within ``max(B/3, k+1)`` bins or the radius, whichever is further.
     n_neighbors : int, default=50
         Relevant set size of ``task="retrieval"`` (the paper's 50-NN task).
     classification_score : {"count", "margin"}, default="count"
@@ -133,6 +140,12 @@ class RankHashing(BaseHasher):
         selected neighbours with the query's label; ``"margin"`` the capped vote margin
         (see the module docstring). Used only with ``task="classification"``. (Not named
         ``score``: scikit-learn reserves that name for a method.)
+    class_similarity : array-like (n_classes, n_classes) or None, default=None
+        ``F`` of the hierarchical score (eq. 10): ``F[a, b]`` the relevance of a document of
+        class ``b`` to a query of class ``a``, classes in sorted order of the labels (e.g. a
+        decreasing function of the height of their common ancestor). ``None`` is the
+        identity, eq. 7. ``task="classification"`` with ``classification_score="count"``
+        only.
     random_state : int, RandomState or None
         Seeds initialisation and sampling; the same seed gives identical codes.
     verbose : int, default=0
@@ -147,6 +160,8 @@ class RankHashing(BaseHasher):
         The per-feature standardisation folded into :meth:`project`.
     loss_curve_ : ndarray (n_epochs,)
         Mean RankNet cross-entropy (4) of the training pairs per epoch.
+    class_similarity_ : ndarray (n_classes, n_classes)
+        The ``F`` of eq. 10 used (set only when ``class_similarity`` is given).
 
     ``fit(X, y)``, ``fit(X)`` (retrieval), or ``fit(X, triplets=T)`` with explicit
     ``(query, more relevant, less relevant)`` row triplets (RankNet on those triplets).
@@ -183,6 +198,7 @@ class RankHashing(BaseHasher):
         radius: int | None = None,
         n_neighbors: int = 50,
         classification_score: str = "count",
+        class_similarity=None,
         random_state=None,
         verbose: int = 0,
     ):
@@ -198,6 +214,7 @@ class RankHashing(BaseHasher):
         self.radius = radius
         self.n_neighbors = n_neighbors
         self.classification_score = classification_score
+        self.class_similarity = class_similarity
         self.random_state = random_state
         self.verbose = verbose
 
@@ -217,6 +234,18 @@ class RankHashing(BaseHasher):
         y = check_y(y, X.shape[0])
         self._fit(X, y, None, None, triplets=triplets)
         return self
+
+    def _get_state(self):
+        """Saved like every hasher; ``class_similarity`` (an array) travels as the fitted
+        ``class_similarity_``."""
+        check_is_fitted(self)
+        return estimator_state(self, skip_params=("class_similarity",))
+
+    @classmethod
+    def _from_state(cls, params, state, arrays):
+        F = arrays.get("class_similarity_")
+        extra = {"class_similarity": None if F is None else np.array(F)}
+        return estimator_from_state(cls, params, state, arrays, extra_params=extra)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -250,6 +279,27 @@ class RankHashing(BaseHasher):
                 f"Got {self.classification_score!r} instead."
             )
         check_int(self.verbose, "verbose", owner, low=0)
+        if self.class_similarity is not None and (
+            self.task != "classification" or self.classification_score != "count"
+        ):
+            raise ValueError(
+                f"class_similarity of {owner} (eq. 10) needs task='classification' and "
+                "classification_score='count'."
+            )
+
+    def _similarity(self, n_classes: int):
+        """``F`` of eq. 10 as a float ``(n_classes, n_classes)`` array, checked."""
+        owner = type(self).__name__
+        F = np.asarray(self.class_similarity)
+        if F.shape != (n_classes, n_classes) or not np.issubdtype(F.dtype, np.number):
+            raise ValueError(
+                f"class_similarity of {owner} must be a numeric ({n_classes}, {n_classes}) "
+                f"array, one row and column per class of y. Got shape {F.shape}."
+            )
+        F = F.astype(np.float64)
+        if not np.isfinite(F).all():
+            raise ValueError(f"class_similarity of {owner} must be finite.")
+        return F
 
     def _fit(self, X, y, pairs, similar, *, triplets=None) -> None:
         owner = type(self).__name__
@@ -263,6 +313,12 @@ class RankHashing(BaseHasher):
                 "(a query needs other rows to rank)."
             )
         y, triplets = self._check_targets(y, triplets, n)
+        similarity = None
+        if self.class_similarity is not None and triplets is None:
+            similarity = self._similarity(int(y.max()) + 1)
+            self.class_similarity_ = similarity
+        else:
+            vars(self).pop("class_similarity_", None)  # from an earlier fit
         rng = check_random_state(self.random_state)
         Xs = self._standardize_fit(X)
         d, B = X.shape[1], self.n_bits
@@ -293,7 +349,7 @@ class RankHashing(BaseHasher):
                     grad_w, grad_b, loss, n_pairs = self._triplet_gradient(Xs, batch)
                 else:
                     grad_w, grad_b, loss, n_pairs = self._query_gradient(
-                        Xs, y, neighbors, batch, rng
+                        Xs, y, neighbors, batch, rng, similarity
                     )
                 epoch_loss += loss
                 epoch_pairs += n_pairs
@@ -399,7 +455,7 @@ class RankHashing(BaseHasher):
         grad_w, grad_b = self._backward(Xs, rows, np.concatenate([g_q, g_a, g_b]) / m, h)
         return grad_w, grad_b, loss, m
 
-    def _query_gradient(self, Xs, y, neighbors, queries: np.ndarray, rng):
+    def _query_gradient(self, Xs, y, neighbors, queries: np.ndarray, rng, similarity=None):
         n = Xs.shape[0]
         Q, D, B = queries.size, min(self.docs_per_query, n - 1), self.n_bits
         docs = rng.randint(0, n - 1, size=(Q, D))
@@ -408,7 +464,7 @@ class RankHashing(BaseHasher):
         h = self._forward(Xs, rows)
         hq, hd = h[:Q], h[Q:].reshape(Q, D, B)
         score = (hq[:, None, :] + hd - 2 * hq[:, None, :] * hd).sum(axis=2)  # eq. 2
-        gain = self._gain(y, neighbors, queries, docs)  # (Q, D): larger = more relevant
+        gain = self._gain(y, neighbors, queries, docs, similarity)  # (Q, D): more = relevant
         qi, ai, bi = np.nonzero(gain[:, :, None] > gain[:, None, :])  # a should outrank b
         diff = score[qi, ai] - score[qi, bi]  # s_a - s_b
         lam = _sigmoid(diff)  # RankNet dC/ds_a of C = log(1 + exp(s_a - s_b)), eq. 3-4
@@ -425,7 +481,9 @@ class RankHashing(BaseHasher):
         grad_w, grad_b = self._backward(Xs, rows, grad_h, h)
         return grad_w, grad_b, loss, len(qi)
 
-    def _gain(self, y, neighbors, queries, docs) -> np.ndarray:
+    def _gain(self, y, neighbors, queries, docs, similarity=None) -> np.ndarray:
+        if self.task == "classification" and similarity is not None:
+            return similarity[y[queries][:, None], y[docs]]  # eq. 10's F(l_q, l_d)
         if self.task == "classification":
             return (y[docs] == y[queries][:, None]).astype(np.float64)
         if self.task == "regression":
@@ -446,7 +504,9 @@ class RankHashing(BaseHasher):
         window = max(self.n_bits // 3, self.k + 1)
         top, win = _bin_thresholds(dist, self.k, window)
         if self.task == "retrieval" and self.radius is not None:
-            top = np.maximum(np.minimum(top, self.radius), dist.min(axis=1))
+            # absolute threshold; the nearest non-empty bin always counts
+            top = np.maximum(self.radius, dist.min(axis=1))
+            win = np.maximum(win, top)
         inside = dist <= top[:, None]
         in_window = dist <= win[:, None]
         outside = in_window & ~inside
@@ -457,7 +517,8 @@ class RankHashing(BaseHasher):
             delta = np.abs(gain[qi, ai] - gain[qi, bi]) / inside.sum(axis=1)[qi]
         elif self.classification_score == "count":
             # eq. 7: S_C counts the selected same-label documents; a straddling swap of a
-            # same-label and a different-label document changes it by exactly 1
+            # same-label and a different-label document changes it by exactly 1 (eq. 10:
+            # S_Hier sums F(l_q, l_d), a swap changes it by the difference of the gains)
             delta = np.abs(gain[qi, ai] - gain[qi, bi])
         else:
             per_irrelevant = self._classification_delta(y, queries, docs, inside)
