@@ -11,9 +11,36 @@ from sklearn.neighbors import NearestNeighbors
 from conftest import brute_knn, unpack_le
 from hashlearn.hashers import RandomHyperplaneLSH
 from hashlearn.index import FlatIndex
+from hashlearn.rerank.store import VectorStore
 from hashlearn.search import Searcher, available_rerankers
 
 N_BITS = 32
+
+
+def state_of(s):
+    """The snapshot of the vectors the searcher's refine stage holds."""
+    return s.refiner.store.state
+
+
+def vectors_of(s):
+    return VectorStore.vectors_of(state_of(s))
+
+
+def screen_of(s):
+    """``(vectors screened, screen or False once dropped)``, or None before any screen."""
+    return state_of(s).cached("screen")
+
+
+def as_distance(D, name):
+    """The distance the kernels rank by, from a reported similarity (the result convention:
+    inner product and cosine similarity, largest first)."""
+    return {"inner_product": -D, "cosine": 1.0 - D}.get(name, D)
+
+
+def table_of(s):
+    from hashlearn.rerank.store import _id_table
+
+    return state_of(s).derived("id_table", _id_table)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +149,7 @@ def test_other_named_rerankers(split, name, fn):
     assert name in available_rerankers()
     s = make_searcher(db, ids, rerank=name, n_candidates=60)
     D, I = s.search(queries, 7)
+    D = as_distance(D, name)
     cand = hamming_candidates(s.hasher, db, ids, queries, 60)
     eD, eI = rerank_oracle(db, ids, queries, cand, 7, fn)
     np.testing.assert_array_equal(I, eI)
@@ -132,6 +160,7 @@ def test_cosine_reranker(split):
     db, ids, queries = split
     s = make_searcher(db, ids, rerank="cosine", n_candidates=60)
     D, I = s.search(queries, 7)
+    D = as_distance(D, "cosine")
     cand = hamming_candidates(s.hasher, db, ids, queries, 60)
 
     def cos_dist(q, x):
@@ -372,7 +401,7 @@ def test_sparse_rerank_keeps_csr_and_equals_dense(split, rerank):
     s.fit(db)
     for part in np.array_split(np.arange(len(db)), 3):  # batches, CSR concatenated
         s.add(sp.csr_matrix(db[part]), ids=ids[part])
-    assert sp.issparse(s._vectors) and s._vectors.format == "csr"  # no dense copy
+    assert sp.issparse(vectors_of(s)) and vectors_of(s).format == "csr"  # no dense copy
     sD, sI = s.search(sp.csr_matrix(queries), 6)
     dD, dI = dense.search(queries, 6)
     np.testing.assert_allclose(sD, dD, rtol=1e-6, atol=1e-6)
@@ -406,7 +435,7 @@ def test_sparse_metric_rerank_equals_dense(split):
     db, ids, queries = split
     hasher = _EuclideanMetricLSH(n_bits=N_BITS, random_state=0)
     s = Searcher(hasher, rerank="metric").fit(db).add(sp.csr_matrix(db), ids=ids)
-    assert sp.issparse(s._vectors)
+    assert sp.issparse(vectors_of(s))
     plain = make_searcher(db, ids, rerank="euclidean")
     for a, b in zip(s.search(sp.csr_matrix(queries), 5), plain.search(queries, 5), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -422,6 +451,7 @@ def test_batched_kernel_equals_brute_force_on_random_floats():
         s = Searcher(RandomHyperplaneLSH(16, random_state=0), rerank=name, n_candidates=400)
         s.fit(db).add(db)
         D, I = s.search(q, 5)
+        D = as_distance(D, name)
         full = {
             "sqeuclidean": ((q[:, None] - db[None]) ** 2).sum(-1),
             "inner_product": -(q @ db.T),
@@ -451,8 +481,8 @@ def test_save_load_round_trip(split, tmp_path, rerank, mmap):
     assert type(loaded.hasher) is RandomHyperplaneLSH
     _assert_same_results(s, loaded, queries)
     if rerank is not None:
-        np.testing.assert_array_equal(loaded._vector_ids, s._vector_ids)
-        assert isinstance(loaded._vectors, np.memmap) == mmap
+        np.testing.assert_array_equal(state_of(loaded).ids, state_of(s).ids)
+        assert isinstance(vectors_of(loaded), np.memmap) == mmap
     # no pickle anywhere: only JSON and .npy files, each .npy loads with allow_pickle=False
     for f in (tmp_path / "s").rglob("*"):
         if f.is_file():
@@ -475,8 +505,8 @@ def test_save_load_sparse_vectors_as_csr(split, tmp_path):
     assert {"vectors_data", "vectors_indices", "vectors_indptr", "vector_ids"} <= names
     assert "vectors" not in names
     loaded = Searcher.load(tmp_path / "s", mmap=True)
-    assert sp.issparse(loaded._vectors)
-    assert (loaded._vectors != s._vectors).nnz == 0
+    assert sp.issparse(vectors_of(loaded))
+    assert (vectors_of(loaded) != vectors_of(s)).nnz == 0
     _assert_same_results(s, loaded, sp.csr_matrix(queries))
 
 
@@ -595,7 +625,7 @@ def test_distance_kernel_keeps_the_k_nearest_by_distance_then_row(kind, dtype):
     """Integer-valued vectors (exact in any summation order) with duplicated rows (ties),
     zero rows (cosine 1), candidate lists with -1 padding and fewer than k real entries."""
     from hashlearn.rerank._kernels import distance_kernel
-    from hashlearn.search import _EXACT_KIND
+    from hashlearn.rerank.refiner import _BUILTIN
 
     rng = np.random.default_rng(5)
     V = rng.integers(-3, 4, (60, 9)).astype(dtype)
@@ -619,7 +649,7 @@ def test_distance_kernel_keeps_the_k_nearest_by_distance_then_row(kind, dtype):
     k = 7
     out_d = np.full((25, k), np.inf)
     out_i = np.full((25, k), -1, np.int64)
-    distance_kernel(Q, V, cand, _EXACT_KIND[kind], k, out_d, out_i, 0, 25)
+    distance_kernel(Q, V, cand, _BUILTIN[kind][1], k, out_d, out_i, 0, 25)
     D, I_ = _brute_top_k(full[kind], allowed, k)
     np.testing.assert_allclose(out_d, D, rtol=1e-12, atol=1e-12)
     if kind in ("sqeuclidean", "inner_product"):  # exact integers: ties broken by row
@@ -651,7 +681,7 @@ def test_float32_screening_returns_the_float64_kernels_rows_and_distances(kind, 
     exactly the rows of the float64 kernel, and its distances to rounding: near-ties a float32 score cannot
     tell apart (neighbours 1 ulp apart, duplicates), float32 overflow (|x| ~ 1e25) and
     underflow (|x| ~ 1e-30), queries not exact in float32, a row of NaN."""
-    from hashlearn.search import _EXACT_KIND
+    from hashlearn.rerank.refiner import _BUILTIN
 
     rng = np.random.default_rng(11)
     n, d, m, c, k = 300, 40, 30, 60, 7
@@ -675,7 +705,7 @@ def test_float32_screening_returns_the_float64_kernels_rows_and_distances(kind, 
     cand[4, 3:] = -1  # fewer than k candidates
     cand[0, :10] = 5  # a row listed for several queries... and twice for one
     cand[1, :10] = 5
-    want, got, _ = _screened_and_exact(Q, V, cand, _EXACT_KIND[kind], k)
+    want, got, _ = _screened_and_exact(Q, V, cand, _BUILTIN[kind][1], k)
     np.testing.assert_array_equal(got[1], want[1])
     # float64 sums with reassociation: equal to rounding (two compiled loops may order them
     # differently); near-ties here are a float32 ulp apart or exact, so the rows are exact
@@ -734,8 +764,9 @@ def test_sparse_batched_kernel_equals_brute_force_on_random_floats(name):
     ids = np.random.default_rng(4).permutation(300) * 3
     s = Searcher(RandomHyperplaneLSH(16, random_state=0), rerank=name, n_candidates=300)
     s.fit(db).add(db, ids=ids)
-    assert sp.issparse(s._vectors)
+    assert sp.issparse(vectors_of(s))
     D, I_ = s.search(q, 5)
+    D = as_distance(D, name)
     a, b = q.toarray(), db.toarray().astype(np.float64)
     dot = a @ b.T
     norms = np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=1)[None]
@@ -790,7 +821,7 @@ def test_learned_metric_rerank_equals_brute_force(split, sparse, dtype):
     s = Searcher(hasher, rerank="metric", n_candidates=600)
     s.add(sp.csr_matrix(db) if sparse else db, ids=ids)
     D, I_ = s.search(sp.csr_matrix(queries) if sparse else queries, 6)
-    assert s._metric_cache is not None and s._metric_cache[0] is s._vectors
+    assert state_of(s).cached("mapped") is not None
     full = _learned_brute_force(hasher.A_, db.astype(np.float64), queries)
     order = np.argsort(ids)
     _assert_top_k_matches(D, I_, full, lambda I: order[np.searchsorted(ids[order], I)], 6)
@@ -803,6 +834,8 @@ def test_learned_metric_fast_path_equals_the_hashers_metric_distances(split):
     from hashlearn.hashers import MetricLSH
 
     class _OwnMetric(MetricLSH):
+        metric_transform = None  # no kernel form: the general path
+
         def metric_distances(self, queries, candidates):
             return super().metric_distances(queries, candidates)
 
@@ -812,7 +845,8 @@ def test_learned_metric_fast_path_equals_the_hashers_metric_distances(split):
     fast = Searcher(fast_hasher, rerank="metric", n_candidates=80).add(db, ids=ids)
     slow = Searcher(slow_hasher, rerank="metric", n_candidates=80).add(db, ids=ids)
     (Df, If), (Ds, Is) = fast.search(queries, 8), slow.search(queries, 8)
-    assert slow._metric_cache is None and fast._metric_cache is not None
+    assert state_of(slow).cached("mapped") is None
+    assert state_of(fast).cached("mapped") is not None
     np.testing.assert_allclose(Df, Ds, rtol=1e-5)
     untied = np.ones(Df.shape, bool)
     untied[:, 1:] &= ~np.isclose(Ds[:, 1:], Ds[:, :-1], rtol=1e-5)
@@ -836,7 +870,7 @@ def test_learned_metric_vectors_follow_add_remove_and_load(split, tmp_path):
     assert not any("mapped" in n or "metric" in n for n in names)
     for mmap in (False, True):
         loaded = Searcher.load(tmp_path / "s", mmap=mmap)
-        assert loaded._metric_cache is None
+        assert state_of(loaded).cached("mapped") is None
         for a, b in zip(first, loaded.search(queries, 5), strict=True):
             np.testing.assert_array_equal(a, b)
 
@@ -850,18 +884,18 @@ def test_dense_and_sparse_ids_look_up_the_same_rows(split):
     sparse_ids = Searcher(RandomHyperplaneLSH(N_BITS, random_state=0), rerank="sqeuclidean")
     dense_ids.fit(db).add(db)
     sparse_ids.fit(db).add(db, ids=spread)
-    assert dense_ids._id_table() is not None and sparse_ids._id_table() is None
+    assert table_of(dense_ids) is not False and table_of(sparse_ids) is False
     Dd, Id = dense_ids.search(queries, 5)
     Ds, Is = sparse_ids.search(queries, 5)
     np.testing.assert_array_equal(Dd, Ds)
     np.testing.assert_array_equal(spread[Id], Is)
     for s, bad in ((dense_ids, len(db) + 3), (sparse_ids, 7)):
         with pytest.raises(ValueError, match="without vectors"):
-            s._vector_positions(np.array([[0 if s is dense_ids else 5, bad, -1]]))
+            VectorStore.positions(state_of(s), np.array([[0 if s is dense_ids else 5, bad, -1]]))
 
 
 def test_pad_candidates_keeps_each_lists_order_and_limit():
-    from hashlearn.search import _pad_candidates
+    from hashlearn.index._neighbors import pad_candidates as _pad_candidates
 
     lists = [np.array([5, 3, 9]), (np.array([7]), np.array([2])), np.array([], np.int64)]
     np.testing.assert_array_equal(
@@ -891,7 +925,7 @@ def test_implicit_learned_metric_on_csr_equals_brute_force(tmp_path):
     hasher, db, queries = _kernel_metric_split()
     s = Searcher(hasher, rerank="metric", n_candidates=300).add(db)
     D, I_ = s.search(queries, 6)
-    assert s._metric_cache is not None and s._metric_cache[0] is s._vectors
+    assert state_of(s).cached("side") is not None
     G = hasher.metric_factor()
     full = _learned_brute_force(G.T @ G, db.toarray(), queries.toarray())
     _assert_top_k_matches(D, I_, full, lambda I: I, 6)
@@ -907,6 +941,8 @@ def test_implicit_learned_metric_fast_path_equals_the_general_path():
     from hashlearn.hashers import KernelMetricLSH
 
     class _OwnMetric(KernelMetricLSH):
+        metric_kernel_form = None  # no kernel form: the general path
+
         def metric_distances_from_differences(self, Z):
             return super().metric_distances_from_differences(Z)
 
@@ -916,7 +952,8 @@ def test_implicit_learned_metric_fast_path_equals_the_general_path():
     fast = Searcher(hasher, rerank="metric", n_candidates=40).add(db)
     slow = Searcher(slow_hasher, rerank="metric", n_candidates=40).add(db)
     (Df, If), (Ds, Is) = fast.search(queries, 8), slow.search(queries, 8)
-    assert slow._metric_cache is None and fast._metric_cache is not None
+    assert state_of(slow).cached("side") is None
+    assert state_of(fast).cached("side") is not None
     np.testing.assert_allclose(Df, Ds, rtol=1e-5, atol=1e-6)
     untied = np.ones(Df.shape, bool)
     untied[:, 1:] &= ~np.isclose(Ds[:, 1:], Ds[:, :-1], rtol=1e-5)
@@ -960,7 +997,7 @@ def test_the_8bit_screen_changes_no_result(split, rerank):
     _assert_same_results(on, off, queries)
     for Q in (noisy, noisy.astype(np.float32)):
         same(Q)
-    assert on._screen_cache is not None and off._screen_cache is None
+    assert screen_of(on) is not None and screen_of(off) is None
     for s in (on, off):
         s.add(noisy[:20], ids=np.arange(20) + 10**6)
         s.remove(ids[:50])
@@ -1001,16 +1038,16 @@ def test_an_8bit_screen_that_does_not_prune_is_dropped(split):
     ref.add(wide, ids=ids)
     q = wide[1:41] + rng.standard_normal((40, db.shape[1])) * 0.1
     first = s.search(q, 7)
-    assert s._screen_cache[1] is None  # dropped
+    assert screen_of(s)[1] is False  # dropped
     for x, y in zip(first, ref.search(q, 7), strict=True):
         np.testing.assert_array_equal(x, y)
     _assert_same_results(s, ref, q)
     s.add(q[:3], ids=np.arange(3) + 10**6)
     s.search(q[:5], 7)
-    assert s._screen_cache[0] is s._vectors  # a new set of vectors is screened anew
+    assert screen_of(s)[0] is vectors_of(s)  # a new set of vectors is screened anew
     digits = make_searcher(db, ids, rerank="euclidean", n_candidates=100)
     digits.search(queries, 7)
-    assert digits._screen_cache[1] is not None
+    assert screen_of(digits)[1] is not False
 
 
 def _bag_of_digits(X):
@@ -1035,14 +1072,14 @@ def test_the_csr_sketch_screen_changes_no_result(split, rerank):
     for s in (on, off):
         s.add(X, ids=ids)
     _assert_same_results(on, off, Q)
-    sketch = on._screen_cache[1][0]
-    assert on._screen_cache[0] is on._vectors and off._screen_cache is None
+    sketch = screen_of(on)[1][0]
+    assert screen_of(on)[0] is vectors_of(on) and screen_of(off) is None
     assert sketch.codes.shape == (X.shape[0], 64)
     for s in (on, off):
         s.add(Q[:20], ids=np.arange(20) + 10**6)
         s.remove(ids[:50])
     _assert_same_results(on, off, Q)
-    assert on._screen_cache[0] is on._vectors  # rebuilt for the new set of vectors
+    assert screen_of(on)[0] is vectors_of(on)  # rebuilt for the new set of vectors
 
 
 def test_a_csr_sketch_that_does_not_prune_is_dropped(split):
@@ -1064,6 +1101,6 @@ def test_a_csr_sketch_that_does_not_prune_is_dropped(split):
     for searcher in (s, ref):
         searcher.add(X, ids=ids)
     first = s.search(Q, 7)
-    assert s._screen_cache[1] is None  # dropped
+    assert screen_of(s)[1] is False  # dropped
     for x, y in zip(first, ref.search(Q, 7), strict=True):
         np.testing.assert_array_equal(x, y)

@@ -314,6 +314,14 @@ class MetricLSH(_LearnedMetricHasher):
         check_is_fitted(self, "G_")
         return self.G_.T @ self.G_
 
+    def metric_transform(self) -> np.ndarray:
+        """``G_``: the learned distance is ``|G_ (x - q)|^2`` (Jain, Kulis & Grauman 2008,
+        eq. 6), the squared Euclidean distance of the mapped vectors; the refine stage
+        (:class:`hashlearn.rerank.refiner.Refiner`) maps the kept vectors once and runs its
+        Euclidean kernel."""
+        check_is_fitted(self, "G_")
+        return self.G_
+
     def metric_distances(self, queries, candidates) -> np.ndarray:
         """Squared learned distances ``(c - q)^T A (c - q)``: queries (b, d), candidates
         (b, c, d) -> (b, c) (for ``Searcher(rerank="metric")``)."""
@@ -445,6 +453,20 @@ class KernelMetricLSH(_LearnedMetricHasher):
         check_is_fitted(self)
         Phi = self._phi().toarray()
         return np.eye(self.n_features_in_) + Phi.T @ self.S_ @ Phi
+
+    def metric_kernel_form(self):
+        """``(Phi, U, w)`` with the learned distance (Jain, Kulis & Grauman 2008, eq. 8)
+        ``|z|^2 + t^T M t = |z|^2 + sum_j w_j ((Phi z) U)_j^2`` (``z = x - q``, ``Phi`` the c
+        constrained points as CSR rows, ``M = S + S^T + S^T K0 S = U diag(w) U^T``): the
+        refine stage keeps ``(Phi x) U`` as c side features per vector, so a pair costs
+        O(nnz + c) instead of O(nnz + c^2). Computed once per fit (the same tuple object
+        until the next fit)."""
+        check_is_fitted(self, "S_")
+        cached = getattr(self, "_kernel_form", None)
+        if cached is None or cached[0] is not self.S_:
+            w, U = np.linalg.eigh(self.S_ + self.S_.T + self.S_.T @ self.K0_ @ self.S_)
+            cached = self._kernel_form = (self.S_, (self._phi(), U, w))
+        return cached[1]
 
     def metric_distances(self, queries, candidates) -> np.ndarray:
         """Squared learned distances ``|G (c - q)|^2 = |z|^2 + t^T M t`` with ``t = Phi z``,
