@@ -137,7 +137,12 @@ def test_search_forest_curves_never_fall(tmp_path, monkeypatch):
     assert bsf["candidate_recall"][-1] > 0.8  # 8 boosted trees find most of the 20-NN
     sh = results["sh"][0]["recall_curve"]
     assert sh == sorted(sh)
-    _claims(tmp_path)
+    assert all(c["n"] == 2 for c in _claims(tmp_path))  # paired over the quick mode's seeds
+    # the two rankings of one candidate set: recall among the first M only grows with M
+    assert "Ranking the candidates" in report and "trees have c <= 0" in report
+    for how in ("T", "count"):
+        means = [np.mean(results["ranking"][str(m)][how]) for m in search_forest.RANK_AT]
+        assert means == sorted(means) and 0.0 <= means[0] <= means[-1] <= 1.0
 
 
 def test_learned_metric_uses_the_papers_budget(tmp_path, monkeypatch):

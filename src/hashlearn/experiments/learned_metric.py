@@ -59,7 +59,7 @@ EPSILON = 1.5
 
 
 FULL = dict(runs=10, queries_per_class=30, bits=(8, 12, 16, 24, 32, 48, 64), slack="auto")
-FULL.update(fashion_rows=60300, sparse_rows=5000, sparse_runs=3, sparse_bits=(16, 32, 64))
+FULL.update(fashion_rows=60300, sparse_rows=5000, sparse_runs=5, sparse_bits=(16, 32, 64))
 
 
 def settings(quick: bool) -> dict:
@@ -68,7 +68,7 @@ def settings(quick: bool) -> dict:
     if not quick:
         return dict(FULL)
     small = dict(FULL, runs=2, queries_per_class=10, bits=(8, 16, 32), slack=1.0)
-    return dict(small, fashion_rows=10000, sparse_rows=1000, sparse_runs=1, sparse_bits=(32,))
+    return dict(small, fashion_rows=10000, sparse_rows=1000, sparse_runs=2, sparse_bits=(32,))
 
 
 def _permutation_index(n_bits: int, seed: int) -> PermutationIndex:

@@ -20,6 +20,10 @@ Fig. 16 (top left): how many linear-scan neighbours (the exact ranking under the
 which is the Euclidean ranking) are needed to cover KLSH's first 10 / 20 / 30 Hamming
 neighbours: the fraction of KLSH's top-k inside the top-N of the linear scan, per N.
 
+LSH is the survey's (§4.1, Charikar): i.i.d. N(0, I) hyperplanes through the origin; the
+library's default (orthogonal, centred) runs as an extra, named row. The claims (Fig. 11b at
+32 bits, learned codes above LSH) are paired over ``claim_seeds`` model seeds on one split.
+
 Data are scaled to [0, 1] (pixels / max); queries are held out at random; every method is
 fitted on the database only. The fit -> encode -> measure loop is
 :func:`hashlearn.experiments.pipeline.run_specs`. The Fig. 2 timing table is
@@ -293,8 +297,9 @@ def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
         "",
         write_claims(out_dir, claims),
         "",
-        "Rows as run (library defaults elsewhere; `n_bits` and `random_state` per column "
-        "and seed; the supervised rows' parameters are those of the ground truth scored):",
+        "Rows as run for the Euclidean ground truth (library defaults elsewhere; `n_bits` "
+        "and `random_state` per column and seed; for the label ground truth the supervised "
+        "rows train on the labels instead of pairs):",
         "",
         rows_as_run(specs("euclidean", opts.quick)),
     ]
