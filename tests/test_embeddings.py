@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -286,3 +287,69 @@ def test_load_embeddings_missing_and_inconsistent(tmp_path):
     np.save(tmp_path / "neighbors.npy", nn + 100)
     with pytest.raises(ValueError, match="inconsistent"):
         load_embeddings(tmp_path)
+
+
+# ------------------------------------------------------------- the preset over Searcher
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_save_of_the_previous_code_loads_and_searches_the_same():
+    """``tests/data/embedding_index_v1`` was saved by the EmbeddingIndex before it became a
+    preset over Searcher (commit 0b57805), with its search results beside it."""
+    expected = np.load(DATA / "embedding_index_v1_expected.npz")
+    for mmap in (True, False):
+        index = EmbeddingIndex.load(DATA / "embedding_index_v1", mmap=mmap)
+        assert (len(index), index.metric, index.overfetch) == (48, "cosine", 3)
+        np.testing.assert_array_equal(index.vectors, _unit(expected["X"]).astype(np.float32))
+        scores, ids = index.search(expected["Q"], 4)
+        np.testing.assert_array_equal(ids, expected["ids"])
+        np.testing.assert_array_equal(scores, expected["scores"])
+        # and the scores are the cosine similarities of those ids
+        S = _unit(expected["Q"]) @ _unit(expected["X"]).T
+        np.testing.assert_allclose(np.take_along_axis(S, ids, 1), scores, atol=1e-6)
+
+
+@pytest.mark.parametrize("metric", ["ip", "cosine", "euclidean"])
+def test_the_same_search_gives_the_same_numbers_through_searcher(metric):
+    """One result convention: an EmbeddingIndex and a Searcher over the same hasher, codes
+    and candidates report the same ids and scores (cosine: to float32 rounding, as the
+    Searcher normalises inside the kernel)."""
+    from hashlearn.search import Searcher
+
+    X, Q = _data()
+    index = EmbeddingIndex("lsh", n_bits=32, metric=metric, overfetch=5).fit(X).add(X)
+    prepared = _unit(X).astype(np.float32) if metric == "cosine" else X
+    rerank = {"ip": "inner_product", "cosine": "cosine", "euclidean": "euclidean"}[metric]
+    searcher = Searcher(index.hasher_, FlatIndex(32), rerank=rerank, n_candidates=50)
+    searcher.add(prepared)
+    queries = _unit(Q).astype(np.float32) if metric == "cosine" else Q
+    (s1, i1), (s2, i2) = index.search(Q, 10), searcher.search(queries, 10)
+    np.testing.assert_array_equal(i1, i2)
+    if metric == "cosine":
+        np.testing.assert_allclose(s1, s2, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(s1, s2)
+    full = {
+        "ip": Q.astype(np.float64) @ X.T.astype(np.float64),
+        "cosine": _unit(Q) @ _unit(X).T,
+        "euclidean": -np.sqrt(((Q[:, None].astype(np.float64) - X[None]) ** 2).sum(-1)),
+    }[metric]
+    scores, ids = index.search(Q, 10, overfetch=len(X))  # every vector rescored
+    sign = -1.0 if metric == "euclidean" else 1.0  # distances, smallest first
+    _check_topk(full, sign * scores, ids, 10)
+
+
+def test_the_hasher_is_fitted_in_place_and_a_wrong_class_is_a_type_error(tmp_path):
+    from hashlearn.search import Searcher
+
+    X, _ = _data(n=100)
+    hasher = make_hasher("lsh", n_bits=16, random_state=0)
+    index = EmbeddingIndex(hasher, n_bits=None).fit(X).add(X)
+    assert index.hasher_ is hasher and hasattr(hasher, "components_")
+    index.save(tmp_path / "e")
+    Searcher(make_hasher("lsh", n_bits=16), rerank="cosine").fit(X).add(X).save(tmp_path / "s")
+    with pytest.raises(TypeError, match="not a Searcher"):
+        Searcher.load(tmp_path / "e")
+    with pytest.raises(TypeError, match="not an EmbeddingIndex"):
+        EmbeddingIndex.load(tmp_path / "s")

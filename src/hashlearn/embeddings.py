@@ -1,20 +1,26 @@
-"""Binary search over float embeddings: learned codes, Hamming over-fetch, exact rescoring.
+"""Binary search over float embeddings: a preset of :class:`hashlearn.Searcher`.
 
 The workflow vector databases call "binary quantization", with any hashlearn hasher in place
 of the sign bits::
 
     fit a hasher on a sample ─ encode and add the embeddings in chunks (the codes go to a
-    FlatIndex, the float vectors to an array) ─ search: the k * overfetch nearest codes by
-    Hamming distance ─ rescore those candidates exactly with the float vectors ─ top k
+    FlatIndex, the float vectors to the refine stage) ─ search: the k * overfetch nearest
+    codes by Hamming distance ─ rescore those candidates exactly ─ top k
 
-:class:`EmbeddingIndex` does this for cosine similarity (rows are L2-normalised on the way
-in) or inner product. Scores are similarities (larger is nearer). On disk it is a directory
-(:meth:`EmbeddingIndex.save`): ``meta.json`` and the float vectors as one ``.npy`` array
-(:func:`hashlearn.io.write_dir`), the fitted hasher and the FlatIndex of codes each in a
-sub-directory in their own save format. :meth:`EmbeddingIndex.load` memory-maps the vectors
-and the codes, so a search touches only the rows it rescores. :meth:`EmbeddingIndex.open`
-also appends in place (:func:`hashlearn.io.append_rows`): building an index larger than
-memory is ``fit`` on a sample, ``save``, ``open``, then ``add`` chunk by chunk.
+:class:`EmbeddingIndex` is a thin preset over :class:`~hashlearn.search.Searcher`: a hasher
+by name, a :class:`~hashlearn.index.FlatIndex`, the refine stage by inner product on
+L2-normalised rows (``metric="cosine"``), by inner product (``"ip"``) or by Euclidean
+distance (``"euclidean"``), and ``overfetch`` as the candidate budget per multiple of ``k``
+(``Searcher.search(k_factor=...)``). Its results follow the one convention: cosine and inner
+product are similarities (largest first), Euclidean distances (smallest first); the same
+search through a ``Searcher`` gives the same numbers. Like ``Searcher`` it fits the hasher it
+is given in place. On disk it is a directory (:meth:`EmbeddingIndex.save`): ``meta.json`` and
+the float vectors as one ``.npy`` array (:func:`hashlearn.io.write_composite`), the fitted
+hasher and the FlatIndex of codes each in a sub-directory in their own save format.
+:meth:`EmbeddingIndex.load` memory-maps the vectors and the codes, so a search touches only
+the rows it rescores. :meth:`EmbeddingIndex.open` also appends in place
+(:func:`hashlearn.io.append_rows`): building an index larger than memory is ``fit`` on a
+sample, ``save``, ``open``, then ``add`` chunk by chunk.
 
 Memory per vector: the code, ``ceil(n_bits / 8)`` bytes rounded up to whole 64-bit words
 (the scan's layout), plus the int64 id, held in RAM for the Hamming scan; the float32
@@ -36,12 +42,11 @@ from typing import Any
 import numpy as np
 
 from hashlearn import io as _io
-from hashlearn._utils.kernel_args import frozen
-from hashlearn._utils.parallel import parallel_chunks
 from hashlearn._utils.validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
-from hashlearn.rerank._kernels import NEG_INNER, queries_per_call, rescore_runner
+from hashlearn.rerank.refiner import Refiner
+from hashlearn.search import Searcher
 
 __all__ = [
     "EmbeddingIndex",
@@ -51,7 +56,9 @@ __all__ = [
     "DEFAULT_EMBEDDINGS_DIR",
 ]
 
-_METRICS = ("cosine", "ip")
+#: the refine stage of each metric (cosine: inner product of L2-normalised rows)
+_RERANK = {"cosine": "inner_product", "ip": "inner_product", "euclidean": "euclidean"}
+_METRICS = tuple(_RERANK)
 _CLASS = "EmbeddingIndex"
 _COMPONENT = re.compile(r"(hasher|codes)-[0-9a-f]{16}")
 #: Families whose code length is bounded by the dimension (principal directions, one bit per
@@ -59,7 +66,6 @@ _COMPONENT = re.compile(r"(hasher|codes)-[0-9a-f]{16}")
 _BITS_AT_MOST_DIM = ("itq", "pca", "sign")
 
 DEFAULT_EMBEDDINGS_DIR = Path("~/.cache/hashlearn/embeddings/minilm-docs").expanduser()
-
 
 # ------------------------------------------------------------------------------ validation
 
@@ -120,45 +126,35 @@ def rescore(
 
     ``candidates`` (m, c) int64 holds row numbers of ``vectors`` (-1 for none). Returns
     ``(scores float32 (m, k), ids int64 (m, k))`` sorted by (score descending, id ascending),
-    padded with ``-inf`` / ``-1``. One compiled pass over all (query, candidate) pairs, on the
-    shared thread pool; each dot product is accumulated in float64.
+    padded with ``-inf`` / ``-1``: a :class:`~hashlearn.rerank.refiner.Refiner` by inner
+    product over ``vectors`` (not copied) with ids = rows.
     """
-    m = queries.shape[0]
-    out_d = np.full((m, k), np.inf, np.float64)  # distances -q.x: the best score first
-    out_i = np.full((m, k), -1, np.int64)
-    if m and candidates.shape[1] and len(vectors):
-        # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy): one
-        # compiled kernel whatever the arrays' flags
-        Q = frozen(queries, np.float32)
-        V = frozen(vectors, vectors.dtype)
-        cand = frozen(candidates, np.int64)
-        parallel_chunks(
-            rescore_runner(Q, V, cand, NEG_INNER, k, out_d, out_i),
-            m,
-            n_threads,
-            max_chunk=queries_per_call(cand.shape[1]),
-        )
-    return (-out_d).astype(np.float32), out_i
+    refiner = Refiner("inner_product", screen=False)
+    if len(vectors):
+        refiner.store.replace(np.arange(len(vectors)), vectors)
+    return refiner.refine(queries, np.asarray(candidates, np.int64), k, n_threads=n_threads)
 
 
 # ----------------------------------------------------------------------------------- index
 
 
 class EmbeddingIndex:
-    """Learned binary codes + Hamming over-fetch + exact rescoring over float embeddings.
+    """Learned binary codes + Hamming over-fetch + exact rescoring over float embeddings: a
+    preset of :class:`~hashlearn.search.Searcher` (see the module doc).
 
     Parameters
     ----------
     hasher : str or BaseHasher, default="itq"
         A registry name for :func:`hashlearn.hashers.make_hasher` (``"itq"``, ``"sign"``,
         ``"lsh"``, ``"spectral"``, ``"pca"``, ...), or an unfitted hasher instance (its own
-        ``n_bits`` is used; ``n_bits`` must then be None or equal).
+        ``n_bits`` is used; ``n_bits`` must then be None or equal), fitted in place.
     n_bits : int or None, default=256
         Code length. ITQ, PCA hashing and sign bits have at most one bit per dimension
         (``n_bits <= d``, e.g. 384 for MiniLM); LSH and spectral hashing take any length.
-    metric : {"cosine", "ip"}, default="cosine"
-        ``"cosine"`` L2-normalises every vector (stored normalised) and query; ``"ip"`` keeps
-        them as they are and ranks by inner product.
+    metric : {"cosine", "ip", "euclidean"}, default="cosine"
+        ``"cosine"`` L2-normalises every vector (stored normalised) and query and reports
+        cosine similarities; ``"ip"`` keeps them as they are and reports inner products;
+        ``"euclidean"`` reports Euclidean distances.
     overfetch : int, default=16
         Candidates per query taken from the Hamming scan, as a multiple of ``k``; they are
         rescored exactly and the best ``k`` returned. Larger is slower and more accurate. On
@@ -172,6 +168,8 @@ class EmbeddingIndex:
 
     Attributes
     ----------
+    searcher_ : Searcher
+        The searcher this preset builds (hasher, FlatIndex, refine stage).
     hasher_ : BaseHasher
         The fitted hasher.
     codes_ : FlatIndex
@@ -240,25 +238,32 @@ class EmbeddingIndex:
         self.metric = metric
         self.hasher_params = dict(hasher_params or {})
         self.random_state = random_state
-        self.hasher_: BaseHasher | None = None
-        self.codes_: FlatIndex | None = None
+        self.searcher_: Searcher | None = None
         self.dim_: int | None = None
-        self._chunks: list[np.ndarray] = []  # in-memory vectors not yet concatenated
-        self._vectors = np.zeros((0, 0), np.float32)
         self._path: Path | None = None  # set by open(): adds append to the save in place
 
     # ---------------------------------------------------------------------------- building
 
     def _make_hasher(self) -> BaseHasher:
         if isinstance(self.hasher, BaseHasher):
-            from sklearn.base import clone
-
-            return clone(self.hasher)
+            return self.hasher  # fitted in place, as Searcher.fit does
         params = dict(self.hasher_params)
         cls = available_hashers()[self.hasher]
         if "random_state" in cls().get_params() and "random_state" not in params:
             params["random_state"] = self.random_state
         return make_hasher(self.hasher, n_bits=self.n_bits, **params)
+
+    def _searcher(self, hasher: BaseHasher, codes: FlatIndex) -> Searcher:
+        # screen=False: the float32 screen of rescore_runner, as this class always used
+        return Searcher(hasher, codes, rerank=_RERANK[self.metric], screen=False)
+
+    @property
+    def hasher_(self) -> BaseHasher | None:
+        return None if self.searcher_ is None else self.searcher_.hasher
+
+    @property
+    def codes_(self) -> FlatIndex | None:
+        return None if self.searcher_ is None else self.searcher_.index
 
     def _prepare(self, X, name: str, owner: str) -> np.ndarray:
         X = check_embeddings(X, name, owner, self.dim_)
@@ -285,16 +290,13 @@ class EmbeddingIndex:
                 f"{type(hasher).__name__} produced {produced}-bit codes on this sample, not "
                 f"n_bits={self.n_bits}; use n_bits <= {produced}."
             )
-        self.hasher_ = hasher
+        self.searcher_ = self._searcher(hasher, FlatIndex(self.n_bits))
         self.dim_ = d
-        self.codes_ = FlatIndex(self.n_bits)
-        self._chunks = []
-        self._vectors = np.zeros((0, d), np.float32)
         self._path = None
         return self
 
     def _check_fitted(self, owner: str) -> None:
-        if self.hasher_ is None:
+        if self.searcher_ is None:
             raise RuntimeError(f"{owner}: this EmbeddingIndex is not fitted; call fit(sample).")
 
     def add(self, X, *, chunk_size: int = 65536) -> EmbeddingIndex:
@@ -313,15 +315,16 @@ class EmbeddingIndex:
             check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
         for start in range(0, X.shape[0], chunk_size):
             chunk = self._prepare(X[start : start + chunk_size], "X", owner)
-            codes = self.hasher_.encode(chunk)
             if self._path is None:
-                self.codes_.add(codes)
-                self._chunks.append(chunk)
-            else:
+                self.searcher_.add(chunk)
+                continue
+            codes = self.hasher_.encode(chunk)
+            with self.searcher_._writing():  # one published state: codes and vectors
                 # vectors first: a crash leaves more vectors than codes, which load reports
                 _io.append_rows(self._path, {"vectors": chunk}, {"n": len(self) + len(chunk)})
                 self.codes_.add(codes)
-                self._vectors = self._read_vectors(self._path)
+                vectors = self._read_vectors(self._path)
+                self.searcher_.refiner.store.replace(np.arange(len(vectors)), vectors)
         if X.shape[0] == 0:
             check_embeddings(X, "X", owner, self.dim_)
         return self
@@ -329,13 +332,15 @@ class EmbeddingIndex:
     @property
     def vectors(self) -> np.ndarray:
         """The stored float32 vectors ``(len(self), d)`` (normalised for cosine); id = row."""
-        if self._chunks:
-            self._vectors = np.concatenate([self._vectors, *self._chunks])
-            self._chunks = []
-        return self._vectors
+        if self.searcher_ is not None:
+            store = self.searcher_.refiner.store
+            vectors = store.vectors_of(store.state)
+            if vectors is not None:
+                return vectors
+        return np.zeros((0, self.dim_ or 0), np.float32)
 
     def __len__(self) -> int:
-        return 0 if self.codes_ is None else len(self.codes_)
+        return 0 if self.searcher_ is None else len(self.codes_)
 
     @property
     def code_bytes(self) -> int:
@@ -363,13 +368,14 @@ class EmbeddingIndex:
         overfetch: int | None = None,
         n_threads: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` most similar stored vectors of each row of ``Q``: ``(scores, ids)``.
+        """The ``k`` nearest stored vectors of each row of ``Q``: ``(scores, ids)``.
 
         ``k * overfetch`` candidates (``overfetch`` defaults to the index's) are taken by
-        Hamming distance, then rescored exactly: ``scores`` float32 ``(m, k)`` are cosine
-        similarities or inner products, best first (ties by smaller id); ``ids`` int64 are
-        row numbers in the order of :meth:`add`. Rows pad with ``-inf`` / ``-1`` when the
-        index holds fewer than ``k`` vectors.
+        Hamming distance, then rescored exactly (``Searcher.search(k_factor=overfetch)``):
+        ``scores`` float32 ``(m, k)`` are cosine similarities or inner products, largest
+        first, or Euclidean distances, smallest first (ties by smaller id); ``ids`` int64
+        are row numbers in the order of :meth:`add`. Rows pad with ``-1`` ids and ``-inf``
+        (similarities) or ``inf`` (distances) when the index holds fewer than ``k`` vectors.
         """
         owner = "EmbeddingIndex.search"
         self._check_fitted(owner)
@@ -378,10 +384,7 @@ class EmbeddingIndex:
             self.overfetch if overfetch is None else check_int(overfetch, "overfetch", owner)
         )
         Q = self._prepare(Q, "Q", owner)
-        n = len(self)
-        n_cand = min(max(k, k * overfetch), max(n, 1))
-        _, cand = self.codes_.search(self.hasher_.encode(Q), n_cand, n_threads=n_threads)
-        return rescore(Q, self.vectors, cand, k, n_threads=n_threads)
+        return self.searcher_.search(Q, k, k_factor=overfetch, n_threads=n_threads)
 
     # ------------------------------------------------------------------------- persistence
 
@@ -407,22 +410,22 @@ class EmbeddingIndex:
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
         token = secrets.token_hex(8)
         hasher_dir, codes_dir = f"hasher-{token}", f"codes-{token}"
-        state = {
-            "hasher_dir": hasher_dir,
-            "codes_dir": codes_dir,
-            "dim": int(self.dim_),
-            "n": len(self),
-        }
-        arrays = {"vectors": np.ascontiguousarray(self.vectors)}
-        _io.write_composite(
-            path,
-            {hasher_dir: self.hasher_, codes_dir: self.codes_},
-            _COMPONENT.fullmatch,
-            _CLASS,
-            self._params(),
-            state,
-            arrays,
-        )
+        with self.searcher_._lock:  # one state of the codes and the vectors
+            state = {
+                "hasher_dir": hasher_dir,
+                "codes_dir": codes_dir,
+                "dim": int(self.dim_),
+                "n": len(self),
+            }
+            _io.write_composite(
+                path,
+                {hasher_dir: self.hasher_, codes_dir: self.codes_},
+                _COMPONENT.fullmatch,
+                _CLASS,
+                self._params(),
+                state,
+                {"vectors": np.ascontiguousarray(self.vectors)},
+            )
 
     @staticmethod
     def _read_vectors(path: Path) -> np.ndarray:
@@ -434,8 +437,9 @@ class EmbeddingIndex:
         cls, path: str | os.PathLike, *, mmap: bool = True, verify: bool = True
     ) -> EmbeddingIndex:
         """Load what :meth:`save` wrote; ``mmap=True`` (default) memory-maps the vectors and
-        codes read-only; ``verify`` checks every array's sha256. Anything missing, damaged or
-        inconsistent is a ``ValueError`` (``FileNotFoundError`` when there is no save)."""
+        codes read-only; ``verify`` checks every array's sha256. Another class's save is a
+        ``TypeError`` (as for :meth:`Searcher.load`); anything missing, damaged or
+        inconsistent a ``ValueError`` (``FileNotFoundError`` when there is no save)."""
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"No embedding index at {path}.")
@@ -446,7 +450,7 @@ class EmbeddingIndex:
         except (ValueError, OSError) as exc:
             raise ValueError(f"{path}: damaged index: {exc}") from None
         if meta["class"] != _CLASS:
-            raise ValueError(f"{path} holds a {meta['class']}, not an {_CLASS}.")
+            raise TypeError(f"{path} holds a {meta['class']}, not an {_CLASS}.")
         try:
             obj = cls._from_meta(path, meta, arrays, mmap=mmap, verify=verify)
         except (KeyError, TypeError, ValueError, FileNotFoundError, OSError) as exc:
@@ -489,9 +493,15 @@ class EmbeddingIndex:
         ids = codes.ids if hasattr(codes, "ids") else None
         if ids is not None and len(ids) and (ids[0] != 0 or ids[-1] != len(ids) - 1):
             raise ValueError("the code ids are not 0..n-1")
-        obj.hasher_, obj.codes_, obj.dim_ = hasher, codes, int(dim)
-        obj._vectors = vectors
+        obj._attach(hasher, codes, vectors)
+        obj.dim_ = int(dim)
         return obj
+
+    def _attach(self, hasher: BaseHasher, codes: FlatIndex, vectors: np.ndarray) -> None:
+        """Build the searcher over loaded parts (the vectors are not copied)."""
+        self.searcher_ = self._searcher(hasher, codes)
+        if len(vectors):
+            self.searcher_.refiner.store.replace(np.arange(len(vectors)), vectors)
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = True) -> EmbeddingIndex:
@@ -503,7 +513,8 @@ class EmbeddingIndex:
         if path.is_symlink():
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
         meta, _ = _io.read_dir(path, mmap=True, verify=False)
-        obj.codes_ = FlatIndex.open(path / meta["state"]["codes_dir"], verify=verify)
+        codes = FlatIndex.open(path / meta["state"]["codes_dir"], verify=verify)
+        obj._attach(obj.hasher_, codes, obj.vectors)
         obj._path = path
         return obj
 

@@ -221,7 +221,7 @@ class Refiner:
                 f"candidate_ids must be (m, c) for {queries.shape[0]} queries; got {cand.shape}."
             )
         state = self.store.state
-        if not state.n:  # empty database: every candidate is padding
+        if not state.n or not cand.shape[1]:  # nothing to score: padding
             D, I = (
                 np.full((len(cand), k), np.inf, np.float32),
                 np.full((len(cand), k), -1, np.int64),
