@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -99,3 +100,55 @@ def test_search_results_do_not_depend_on_threads():
 def test_exported():
     assert "set_num_threads" in hashlearn.__all__ and "get_num_threads" in hashlearn.__all__
     assert hashlearn.set_num_threads is _parallel.set_num_threads
+
+
+# ------------------------------------------------ n_threads bounds BLAS and OpenMP too
+
+
+def _native_counts() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [info["num_threads"] for info in threadpool_info()]
+
+
+def _blas_and_scan_work(a, b, index, queries) -> None:
+    for _ in range(30):
+        a @ b  # numpy's BLAS: on every core unless bounded
+    index.search(queries, 10, n_threads=1)
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="one CPU: nothing else could run beside")
+def test_one_thread_call_uses_one_cpu():
+    """Inside ``bounded_threads(1)`` a BLAS-heavy call plus a one-thread scan spends its CPU
+    time on the calling thread: other threads (OpenBLAS workers, which otherwise take half
+    the products and spin after each) use under 10 % of it. CPU time of the process minus
+    that of this thread, so a busy machine (less CPU than wall) cannot hide a helper."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1000, 384), dtype=np.float32)
+    b = rng.standard_normal((384, 256), dtype=np.float32)
+    index = hashlearn.FlatIndex(256)
+    index.add(rng.integers(0, 256, (20_000, 32), dtype=np.uint8))
+    queries = rng.integers(0, 256, (50, 32), dtype=np.uint8)
+    _blas_and_scan_work(a, b, index, queries)  # warm: BLAS workers started, kernels compiled
+    before = _native_counts()
+    with _parallel.bounded_threads(1) as threads:
+        assert threads == 1
+        assert max(_native_counts(), default=1) == 1
+        threading.Event().wait(0.3)  # let workers woken before the bound go back to sleep
+        process, own = time.process_time(), time.thread_time()
+        _blas_and_scan_work(a, b, index, queries)
+        own = time.thread_time() - own
+        others = time.process_time() - process - own
+    assert _native_counts() == before  # restored
+    assert own > 0.02
+    assert others <= 0.1 * own, (others, own)
+
+
+def test_bounded_threads_follows_the_library_setting():
+    hashlearn.set_num_threads(1)
+    with _parallel.bounded_threads() as threads:
+        assert threads == 1
+        assert max(_native_counts(), default=1) == 1
+    with pytest.raises(ValueError, match="n_threads"):
+        with _parallel.bounded_threads(0):
+            pass

@@ -200,10 +200,11 @@ def scan_search(snap: Snapshot, queries: np.ndarray, k: int, n_bits: int, n_thre
     The search of :class:`FlatIndex`, shared with the indexes that fall back to a scan.
     """
     m, n = queries.shape[0], snap.n
-    dist = np.full((m, k), -1, np.int32)
-    pos = np.full((m, k), -1, np.int64)
     if m == 0 or n == 0:
-        return dist, pos
+        return np.full((m, k), -1, np.int32), np.full((m, k), -1, np.int64)
+    # the kernel writes every slot (-1 past the n-th); no padding: positions map directly
+    dist = np.empty((m, k), np.int32)
+    pos = np.empty((m, k), np.int64)
     words = snap.rows["words"]
     n_words = words.shape[1]
     db, q_words, k_eff = words.reshape(-1), as_words(queries), min(k, n)
@@ -212,7 +213,7 @@ def scan_search(snap: Snapshot, queries: np.ndarray, k: int, n_bits: int, n_thre
         knn_scan(db, n, q_words, start, stop, k_eff, n_bits, n_words, dist, pos)
 
     parallel_chunks(scan, m, n_threads)
-    return dist, snap.to_ids(pos)
+    return dist, (snap.ids[pos] if k <= n else snap.to_ids(pos))
 
 
 def scan_range_search(
