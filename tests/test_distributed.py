@@ -357,3 +357,201 @@ def test_worker_killed_mid_search_and_restart_on_process_cluster(problem):
             _equal(sharded.search(q, 10), want)
     finally:
         cluster.close()
+
+
+# ------------------------------------------------ refining on the workers (Searcher's path)
+
+
+@pytest.fixture(scope="module")
+def vectors():
+    """Dense rows, rows 100..199 duplicating rows 0..99 (exact ties, broken by id), and
+    queries near some of them; a hasher fitted on them."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(3000, 12)).astype(np.float32)
+    X[100:200] = X[:100]
+    Q = np.concatenate([X[:10] + 0.01, rng.normal(size=(15, 12)).astype(np.float32)])
+    return X, Q, RandomHyperplaneLSH(n_bits=32, random_state=0).fit(X)
+
+
+def brute_refine(X, ids, Q, hasher, k, n_candidates, metric):
+    """Shortlist the ``n_candidates`` nearest codes by (Hamming distance, id), then rank
+    them exactly in float64 numpy by (distance, id), or by (-similarity, id) for cosine."""
+    ham = np.unpackbits(hasher.encode(Q)[:, None] ^ hasher.encode(X)[None], axis=-1).sum(-1)
+    D, I = [], []
+    for i, q in enumerate(Q.astype(np.float64)):
+        short = np.lexsort((ids, ham[i]))[:n_candidates]
+        V = X[short].astype(np.float64)
+        if metric == "euclidean":
+            score = key = np.sqrt(((V - q) ** 2).sum(axis=1))
+        else:
+            score = V @ q / (np.linalg.norm(V, axis=1) * np.linalg.norm(q))
+            key = -score
+        order = np.lexsort((ids[short], key))[:k]
+        D.append(score[order])
+        I.append(ids[short][order])
+    return np.array(D), np.array(I)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_refine_search_on_the_workers_equals_brute_force(client, vectors, metric):
+    """attach_refiner / add (numpy, then a dask array encoded on the workers) / remove /
+    refine_search, as Searcher calls them, against a shortlist-then-refine in numpy."""
+    X, Q, hasher = vectors
+    sharded = ShardedIndex(client, n_bits=32, n_shards=3)
+    sharded.attach_refiner(metric, hasher, True)
+    first = sharded.add(hasher.encode(X[:1000]), vectors=X[:1000])
+    later = np.arange(1000, 3000) * 2
+    assert (
+        sharded.add(None, ids=later, vectors=da.from_array(X[1000:], chunks=(600, 12))).tolist()
+        == later.tolist()
+    )
+    ids = np.concatenate([first, later])
+    drop = ids[5::9]
+    assert sharded.remove(drop) == len(drop)
+    keep = ~np.isin(ids, drop)
+    for k, n_candidates in ((1, 1), (10, 100), (10, 2500)):
+        D, I = sharded.refine_search(Q, hasher.encode(Q), k, n_candidates)
+        assert D.dtype == np.float32 and I.dtype == np.int64 and D.shape == (len(Q), k)
+        want_D, want_I = brute_refine(X[keep], ids[keep], Q, hasher, k, n_candidates, metric)
+        np.testing.assert_array_equal(I, want_I)
+        np.testing.assert_allclose(D, want_D, rtol=1e-5, atol=1e-6)
+    D, I = sharded.refine_search(Q[:2], hasher.encode(Q[:2]), 5, 3)  # fewer candidates than k
+    assert (I[:, 3:] == -1).all() and np.isinf(D[:, 3:]).all()
+    with pytest.raises(ValueError, match="vectors"):
+        sharded.add(hasher.encode(X[:2]))  # a refining index needs the vectors
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
+def test_searcher_over_a_sharded_index_equals_a_local_searcher(client, vectors, metric):
+    from hashlearn import Searcher
+
+    X, Q, hasher = vectors
+    local = Searcher(hasher, "flat", rerank=metric)
+    sharded = Searcher(hasher, ShardedIndex(client, n_bits=32, n_shards=2), rerank=metric)
+    for searcher in (local, sharded):
+        searcher.add(X[:2000])
+        searcher.add(X[2000:], ids=np.arange(5000, 6000))
+        searcher.remove(np.arange(0, 2000, 7))
+    for k, n_candidates in ((10, 100), (3, 1000)):
+        _equal(
+            sharded.search(Q, k, n_candidates=n_candidates),
+            local.search(Q, k, n_candidates=n_candidates),
+        )
+    assert sharded.refiner is None  # the vectors live on the workers only
+
+
+def test_a_refining_sharded_index_saves_and_loads(client, vectors, tmp_path):
+    import hashlearn
+
+    X, Q, hasher = vectors
+    sharded = ShardedIndex(client, n_bits=32, n_shards=2)
+    sharded.attach_refiner("cosine", hasher, False)
+    sharded.add(None, vectors=da.from_array(X, chunks=(1000, 12)))
+    sharded.remove(np.arange(50))
+    want = sharded.refine_search(Q, hasher.encode(Q), 10, 200)
+    sharded.save(tmp_path / "idx")
+    names = sorted(p.name.split("-")[0] for p in (tmp_path / "idx").iterdir() if p.is_dir())
+    assert names == ["hasher", "shard", "shard", "vectors", "vectors"]
+    client.cancel(sharded.shards)  # now reloaded from the save
+    _equal(sharded.refine_search(Q, hasher.encode(Q), 10, 200), want)
+    for loaded in (
+        hashlearn.load(tmp_path / "idx", client=client),
+        ShardedIndex.load(tmp_path / "idx", client=client, mmap=True),
+    ):
+        _equal(loaded.refine_search(Q, hasher.encode(Q), 10, 200), want)
+        assert len(loaded) == len(X) - 50
+        assert loaded.add(None, vectors=X[:1]).tolist() == [len(X)]
+
+
+@pytest.mark.slow
+def test_searcher_over_a_sharded_index_survives_a_worker_killed_mid_search(vectors):
+    """A real 2-process LocalCluster: a worker process is killed while a Searcher over a
+    refining ShardedIndex searches; every result equals a local Searcher's, and after
+    ``client.restart()`` too (the shards, vectors included, are rebuilt from their sources)."""
+    import os
+    import signal
+    import threading
+
+    from hashlearn import Searcher
+
+    X, Q, hasher = vectors
+    local = Searcher(hasher, "flat", rerank="euclidean")
+    local.add(X)
+    want = local.search(Q, 10, n_candidates=300)
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    try:
+        with distributed.Client(cluster) as c:
+            index = ShardedIndex(c, n_bits=32, n_shards=2)
+            searcher = Searcher(hasher, index, rerank="euclidean")
+            searcher.add(X[:1000])
+            index.add(
+                None, ids=np.arange(1000, len(X)), vectors=da.from_array(X[1000:], chunks=(700, 12))
+            )
+            _equal(searcher.search(Q, 10, n_candidates=300), want)
+            victim_pid = next(iter(cluster.workers.values())).process.process.pid
+            killer = threading.Timer(0.2, os.kill, (victim_pid, signal.SIGKILL))
+            killer.start()
+            deadline = time.monotonic() + 8
+            n = 0
+            while time.monotonic() < deadline or n < 3:
+                _equal(searcher.search(Q, 10, n_candidates=300), want)
+                n += 1
+            killer.join()
+            c.restart(timeout=300)
+            _equal(searcher.search(Q, 10, n_candidates=300), want)
+    finally:
+        cluster.close()
+
+
+def test_refined_searches_while_a_writer_removes_and_adds(client, vectors):
+    """Readers search while a writer removes and re-adds a set of ids: every result is
+    that of one state of the index (all ids, or all but the set), never an error."""
+    import threading
+
+    X, Q, hasher = vectors
+    sharded = ShardedIndex(client, n_bits=32, n_shards=2)
+    sharded.attach_refiner("euclidean", hasher, True)
+    ids = sharded.add(hasher.encode(X), vectors=X)
+    churn = ids[::4]
+    codes = hasher.encode(Q)
+    states = [
+        brute_refine(X, ids, Q, hasher, 10, 100, "euclidean")[1],
+        brute_refine(
+            X[~np.isin(ids, churn)], ids[~np.isin(ids, churn)], Q, hasher, 10, 100, "euclidean"
+        )[1],
+    ]
+    failures, stop = [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                I = sharded.refine_search(Q, codes, 10, 100)[1]
+                if not any(np.array_equal(I, s) for s in states):
+                    failures.append("a result of no state")
+            except Exception as exc:  # noqa: BLE001 - any error fails the test
+                failures.append(repr(exc))
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for _ in range(6):
+        sharded.remove(churn)
+        sharded.add(hasher.encode(X[churn]), ids=churn, vectors=X[churn])
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not failures, failures[:3]
+
+
+def test_vectors_of_another_width_are_refused_before_anything_changes(client, vectors):
+    X, Q, hasher = vectors
+    sharded = ShardedIndex(client, n_bits=32, n_shards=2)
+    sharded.attach_refiner("euclidean", hasher, True)
+    sharded.add(hasher.encode(X[:100]), vectors=X[:100])
+    with pytest.raises(ValueError, match="features"):
+        sharded.add(hasher.encode(X[:10]), ids=np.arange(500, 510), vectors=X[:10, :5])
+    assert len(sharded) == 100
+    with pytest.raises(ValueError, match="rows"):
+        sharded.add(hasher.encode(X[:10]), vectors=X[:9])

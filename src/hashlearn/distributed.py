@@ -138,11 +138,13 @@ class _Shard:
         self.refiner = refiner
 
     def add(self, codes, ids, vectors) -> None:
+        if self.refiner is not None:  # checked (features, dtype) before anything changes
+            vectors = self.refiner.store.prepare(vectors, "vectors")
         if codes is None:
             codes = self.hasher.encode(vectors)
         self.index.add(np.ascontiguousarray(codes), ids=ids)
         if self.refiner is not None:
-            self.refiner.add(vectors, ids)
+            self.refiner.store.add(vectors, ids)
 
     def remove(self, ids) -> None:
         self.index.remove(ids)
