@@ -82,15 +82,13 @@ def power_of_two_scale(X: np.ndarray) -> float:
 def _check_finite_model(est, X) -> None:
     """Refuse a fit whose model is not finite (data whose magnitude overflows float64 in the
     family's computation, e.g. the variances of 1e300 values): a ``ValueError`` naming the
-    attribute, instead of a model that encodes garbage (and could not be loaded back)."""
+    fitted array, instead of a model that encodes garbage (and could not be loaded back)."""
     for key, value in vars(est).items():
-        if not key.endswith("_") or key.startswith("_"):
+        # arrays only: a scalar may be a documented NaN sentinel (BoostedSimilarityHashing's
+        # alpha_ with weighted=True)
+        if not key.endswith("_") or key.startswith("_") or not isinstance(value, np.ndarray):
             continue
-        if isinstance(value, np.ndarray) and value.dtype.kind in "fc":
-            finite = bool(np.isfinite(value).all())
-        else:
-            finite = not isinstance(value, float) or bool(np.isfinite(value))
-        if not finite:
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
             values = X.data if sp.issparse(X) else X
             biggest = (
                 f" (largest magnitude {np.abs(values).max():.3g})"
