@@ -92,3 +92,17 @@ def test_kernel_path_choice(monkeypatch, path_restored):
         popcount.wide_path_enabled()
     with pytest.raises(ValueError, match="path"):
         popcount.set_kernel_path("avx512")
+
+
+def test_info_names_the_kernel_path_and_cpu(path_restored):
+    from click.testing import CliRunner
+
+    from hashlearn.cli import main
+
+    for path in PATHS:
+        popcount.set_kernel_path(path)
+        result = CliRunner().invoke(main, ["info"])
+        assert result.exit_code == 0, result.output
+        assert "family" in result.stdout and "model" in result.stdout
+        kernel = [line for line in result.stdout.splitlines() if line.startswith("hamming kernel")]
+        assert len(kernel) == 1 and f" {path}:" in kernel[0], kernel

@@ -27,6 +27,7 @@ import click
 
 from hashlearn import __version__
 from hashlearn._utils.parallel import available_cores
+from hashlearn._utils.popcount import kernel_path_description
 from hashlearn._utils.sysinfo import cpu_description
 from hashlearn.datasets import FASHION_MNIST_DIR, FASHION_MNIST_INSTALL, fashion_mnist_available
 from hashlearn.demo import DATASETS, OUTPUT_FILES, DemoParameterError, format_table, run_demo
@@ -348,7 +349,8 @@ def _module_version(name: str) -> str:
 
 @main.command()
 def info() -> None:
-    """Versions, cores, registered hashers and indexes, optional data and libraries."""
+    """Versions, cores, CPU and Hamming kernel path, registered hashers and indexes, optional
+    data and libraries."""
     fashion = (
         f"installed ({FASHION_MNIST_DIR})"
         if fashion_mnist_available()
@@ -362,6 +364,8 @@ def info() -> None:
         ("numba", _module_version("numba")),
         ("scikit-learn", _module_version("sklearn")),
         ("cores available", str(available_cores())),
+        ("cpu", cpu_description()),
+        ("hamming kernel", kernel_path_description()),
         ("hashers", ", ".join(available_hashers())),
         ("indexes", ", ".join(available_indexes())),
         ("fashion-mnist", fashion),
