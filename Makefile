@@ -23,7 +23,8 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-dev
 	$(BIN)/hashlearn demo
 
-# The fast suite: lint, format check, doctests and every test not marked slow (<= 4 minutes).
+# The fast suite: lint, format and type checks, doctests and every test not marked slow
+# (<= 4 minutes).
 test: lint
 	$(BIN)/python -m pytest -q -m "not slow" --doctest-modules src/hashlearn tests
 
@@ -37,6 +38,7 @@ test-all: test test-slow
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy  # [tool.mypy] in pyproject.toml: src/hashlearn
 
 bench: $(VENV)/.installed-bench
 	for script in bench/[a-z]*.py; do $(BIN)/python $$script || exit 1; done

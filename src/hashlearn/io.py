@@ -63,7 +63,7 @@ import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeGuard
 
 import numpy as np
 
@@ -97,7 +97,7 @@ FORMAT_VERSION = 1
 #: the format versions :func:`load` reads (a positive int; anything else is refused)
 SUPPORTED_VERSIONS = (1,)
 _META = "meta.json"
-_REGISTRY: dict[str, type] = {}
+_REGISTRY: dict[str, Any] = {}  # class name -> class (its _get_state/_from_state)
 #: class name -> "module:Class" of the objects saved as components plus their own
 #: ``meta.json`` (:func:`write_composite`), loaded by their own ``load`` classmethod. Strings,
 #: resolved when such a save is loaded: ``io`` imports none of them (no import cycle).
@@ -131,7 +131,7 @@ def register_composite(class_name: str, target: str) -> None:
     _COMPOSITES[class_name] = target
 
 
-def _composite_class(class_name: str) -> type:
+def _composite_class(class_name: str) -> Any:
     module, _, attr = _COMPOSITES[class_name].partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -162,7 +162,8 @@ class Persistable:
 def save(obj: Any, path: str | os.PathLike) -> None:
     """Save a hashlearn model or index to the directory ``path`` (atomically)."""
     cls_name = type(obj).__name__
-    if _REGISTRY.get(cls_name) is not type(obj):
+    cls = _REGISTRY.get(cls_name)
+    if cls is not type(obj):
         raise TypeError(f"{cls_name} is not a persistable hashlearn class.")
     params, state, arrays = obj._get_state()
     write_dir(path, cls_name, params, state, arrays)
@@ -219,7 +220,7 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True, **
         raise ValueError(f"{path}: the saved {meta['class']} is inconsistent: {exc}") from None
 
 
-def _load_composite(cls: type, path: Path, options: dict[str, Any]) -> Any:
+def _load_composite(cls: Any, path: Path, options: dict[str, Any]) -> Any:
     """``cls.load(path, **options)``; ``verify`` is dropped where that ``load`` has no such
     argument, and a missing required one (a ``ShardedIndex``'s ``client``) is named."""
     parameters = inspect.signature(cls.load).parameters
@@ -250,10 +251,10 @@ def _constructor_params(cls: type) -> set[str] | None:
     if hasattr(cls, "_get_param_names"):
         names = set(cls._get_param_names())
     else:
-        parameters = inspect.signature(cls.__init__).parameters
+        parameters = inspect.signature(cls).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             return None
-        names = {n for n, p in parameters.items() if p.kind is not p.VAR_POSITIONAL} - {"self"}
+        names = {n for n, p in parameters.items() if p.kind is not p.VAR_POSITIONAL}
     return names | set(getattr(cls, "_renamed_params", {}))
 
 
@@ -261,7 +262,9 @@ def check_params(cls: type, params: Mapping[str, Any], path: str | os.PathLike =
     """Refuse saved ``params`` that ``cls``'s constructor does not take (old names of renamed
     parameters, see :func:`renamed_params`, are accepted): a ``ValueError`` naming them."""
     allowed = _constructor_params(cls)
-    unknown = sorted(set(params) - allowed) if allowed is not None else []
+    if allowed is None:
+        return
+    unknown = sorted(set(params) - allowed)
     if unknown:
         where = f"{path}: " if str(path) else ""
         raise ValueError(
@@ -539,7 +542,7 @@ def _read_array(
                         f"{file}: checksum mismatch in bytes {start}:{stop}; the file was "
                         "modified or truncated after saving."
                     )
-        order = "F" if fortran else "C"
+        order: Literal["C", "F"] = "F" if fortran else "C"
         if count == 0:
             return np.zeros(shape, dtype, order=order)
         if mmap:
@@ -998,7 +1001,7 @@ _TOP_KEYS = {"format", "format_version", "class", "generation", "params", "state
 _ENTRY_KEYS = {"file", "shape", "dtype", "sha256", "appended"}
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return type(value) is int
 
 

@@ -111,7 +111,7 @@ def _document(conventions: str) -> Callable[[Any], Any]:
     return decorate
 
 
-def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def _safe_ratio(num: Any, den: Any) -> np.ndarray:
     """``num / den`` with 0 where ``den == 0``."""
     num, den = np.broadcast_arrays(np.asarray(num, dtype=np.float64), den)
     return np.divide(num, den, out=np.zeros(num.shape), where=den > 0)
@@ -127,5 +127,7 @@ def _hamming_order(
         noise = rng.randint(0, 2**31, size=d.shape, dtype=np.int64)
         return _rank((d.astype(np.int64) << 31) | noise, k)
     # pessimistic: irrelevant first within a distance; optimistic: relevant first.
+    if relevant is None:
+        raise ValueError(f"ties={ties!r} needs the relevance of the items")
     second = relevant if ties == "pessimistic" else ~relevant
     return _rank(2 * d.astype(np.int64) + second, k)

@@ -43,7 +43,7 @@ def knn_classify(
             f"{owner} takes exactly one of 'radius' (absolute threshold) and 'k' "
             f"(relative threshold). Got radius={radius!r}, k={k!r}."
         )
-    if radius is not None:
+    if k is None:
         radius = check_int(radius, "radius", owner, low=0)
     else:
         k = check_int(k, "k", owner)
@@ -51,7 +51,7 @@ def knn_classify(
     pred = np.empty(d.shape[0], dtype=np.int64)
     for rows in _query_blocks(*d.shape):
         block = d[rows]
-        if radius is not None:
+        if k is None:
             threshold = np.full((block.shape[0], 1), radius)
         else:  # the distance of the k-th nearest non-empty bin (its largest if fewer)
             threshold = bin_threshold(block, k)[:, None]
@@ -154,7 +154,7 @@ def hamming_neighbors(
             f"'n_bins' (relative threshold). Got radius={radius!r}, "
             f"n_bins={n_bins!r}."
         )
-    if radius is not None:
+    if n_bins is None:
         threshold = np.full(d.shape[0], check_int(radius, "radius", owner, low=0))
     else:
         threshold = bin_threshold(d, n_bins)

@@ -238,9 +238,9 @@ def recall_at_m(
     true_neighbors = _check_id_lists(
         true_neighbors, "true_neighbors", owner, n_rows=d.shape[0], n_db=d.shape[1]
     )
-    m_values = _check_m_values(m_values, owner)
-    ranking = hamming_ranking(d, int(min(m_values.max(), d.shape[1])), random_state, ties)
-    return _recall_at_m(ranking, true_neighbors, m_values)
+    m = _check_m_values(m_values, owner)
+    ranking = hamming_ranking(d, int(min(m.max(), d.shape[1])), random_state, ties)
+    return _recall_at_m(ranking, true_neighbors, m)
 
 
 @_document(_RECALL_CONVENTIONS)

@@ -58,7 +58,7 @@ class HashlearnANN:
             raise ValueError(f"index must be one of {sorted(_INDEXES)}. Got {index!r}.")
         self.metric, self.index_name, self.n_bits = metric, index, int(n_bits)
         self.n_candidates = 100
-        self._results = None
+        self._results: np.ndarray | None = None
         self.name = f"hashlearn-{index}({metric}, {n_bits})"
 
     def fit(self, X: np.ndarray) -> None:
@@ -111,6 +111,8 @@ class HashlearnANN:
         self._results = self._search(X, n, None)
 
     def get_batch_results(self) -> list[np.ndarray]:
+        if self._results is None:
+            raise RuntimeError("get_batch_results() needs a batch_query() first.")
         return [row[row >= 0] for row in self._results]
 
     def __str__(self) -> str:

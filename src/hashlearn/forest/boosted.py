@@ -83,6 +83,7 @@ from __future__ import annotations
 import heapq
 import time
 import warnings
+from typing import Any
 
 import numba
 import numpy as np
@@ -521,7 +522,7 @@ class BoostedSearchForest(BaseBucketer):
         self.verbose = verbose
 
     @property
-    def n_tables(self) -> int:
+    def n_tables(self) -> int:  # type: ignore[override]  # a parameter elsewhere
         return self.n_trees
 
     # ------------------------------------------------------------------ validation
@@ -577,7 +578,8 @@ class BoostedSearchForest(BaseBucketer):
         n_rand = max(1, self.n_pairs - n_sim)
         builder = TreeBuilder(X.shape[1])
         train_leaves = np.zeros((n, 0), np.int64)
-        weights, raw_weights = [], []
+        weights: list[float] = []
+        raw_weights: list[float] = []
         start = time.process_time()
         for m in range(self.n_trees):
             # --- pairs for this tree, with importance weights (sums estimate all pairs)
@@ -753,7 +755,7 @@ class BoostedSearchForest(BaseBucketer):
         pw = np.ascontiguousarray(sim_weight[node.sim], dtype=np.float64)
         rows = np.ascontiguousarray(node.rows, dtype=np.int64)
         use_stump = self.split == "stump" or (self.split == "hybrid" and m > self.stump_above)
-        best = (-np.inf, None)
+        best: tuple[float, tuple[Any, Any, Any] | None] = (-np.inf, None)
         if use_stump:
             features = np.arange(X.shape[1], dtype=np.int64)
             c, theta, gain = _best_split_kernel(

@@ -97,7 +97,7 @@ class KMeansTree(BaseBucketer):
         self.random_state = random_state
 
     @property
-    def n_tables(self) -> int:
+    def n_tables(self) -> int:  # type: ignore[override]  # a parameter elsewhere
         return self.n_trees
 
     def _fit(self, X, y) -> None:

@@ -115,34 +115,35 @@ class LinearForm:
         if sp.issparse(X) and X.format != "csr":
             X = sp.csr_matrix(X)
         weights_t = self.weights.astype(dtype, copy=False).T
-        centre = self.mean is not None
-        if centre and sp.issparse(X):
+        mean = self.mean
+        if mean is not None and sp.issparse(X):
             raise TypeError("a LinearForm with a mean needs dense input; fold it into shift.")
         itemsize = np.dtype(dtype).itemsize
         input_bytes = _input_bytes(X)
-        per_row = scores_per_row_bytes + input_bytes // max(1, n) + (d * itemsize if centre else 0)
+        per_row = scores_per_row_bytes + input_bytes // max(1, n)
+        per_row += 0 if mean is None else d * itemsize
         rows = block_rows(n, per_row, input_bytes, 1 if sp.issparse(X) else blas_threads())
-        if centre:
-            mean = self.mean.astype(dtype, copy=False)
+        if mean is not None:
+            mean = mean.astype(dtype, copy=False)
             centred = np.empty((rows, d), dtype)
         products = np.empty((rows, self.n_bits), dtype)
         sparse = sp.issparse(X)
         for start in range(0, n, rows):
             stop = min(n, start + rows)
-            block = X[start:stop] if not sparse else None
+            # the block's rows (a view), or of a CSR matrix their values (read in place)
+            block = X.data[X.indptr[start] : X.indptr[stop]] if sparse else X[start:stop]
             if check_finite is not None:
-                values = X.data[X.indptr[start] : X.indptr[stop]] if sparse else block
                 with np.errstate(over="ignore", invalid="ignore"):
-                    total = values.sum()
+                    total = block.sum()
                 if not np.isfinite(total):
-                    assert_all_finite(values, estimator_name=check_finite, input_name="X")
+                    assert_all_finite(block, estimator_name=check_finite, input_name="X")
             if sparse:  # scipy's arithmetic, in place (see hashlearn.hashers._csr_product)
                 dense = self.weights_t if self.weights_t is not None else weights_t
                 dense = np.ascontiguousarray(dense, dtype=dtype)
                 csr_dense_product(X, start, stop, dense, products)
                 yield start, stop, products[: stop - start]
                 continue
-            if centre:
+            if mean is not None:
                 block = np.subtract(block, mean, out=centred[: stop - start], dtype=dtype)
             elif block.dtype != dtype:
                 block = block.astype(dtype)

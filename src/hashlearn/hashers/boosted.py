@@ -226,7 +226,7 @@ class BoostedSimilarityHashing(BaseHasher):
         if len(np.unique(z[train])) < 2 or len(train) < 2:
             train = order  # too few pairs to hold some out: score on the training pairs
         seed = rng.randint(2**31 - 1)
-        best = (np.inf, None)
+        best = (np.inf, float(self.ALPHA_GRID[0]))
         for alpha in self.ALPHA_GRID:
             features, thresholds, _, betas, _ = self._boost(
                 xi, xj, lo_pos, hi_pos, z, grid, train, alpha, np.random.RandomState(seed)
@@ -235,8 +235,8 @@ class BoostedSimilarityHashing(BaseHasher):
             F = alpha * same.sum(axis=1) + betas.sum()
             loss = float(np.exp(-z[val] * F).mean())
             if loss < best[0]:
-                best = (loss, alpha)
-        return float(best[1])
+                best = (loss, float(alpha))
+        return best[1]
 
     def _boost(self, xi, xj, lo_pos, hi_pos, z, grid, rows, alpha_fixed, rng):
         """GentleBoost rounds on the pairs ``rows``: eq. 15 per round, with ``alpha`` fixed
@@ -304,7 +304,7 @@ class BoostedSimilarityHashing(BaseHasher):
                 f"The 'alpha' parameter of {type(self).__name__} must be 'auto' or a positive "
                 f"float. Got {alpha!r} instead."
             )
-        if not np.isfinite(alpha) or alpha <= 0:
+        if not np.isfinite(float(alpha)) or alpha <= 0:
             raise ValueError(
                 f"The 'alpha' parameter of {type(self).__name__} must be 'auto' or a positive "
                 f"float. Got {alpha!r} instead."

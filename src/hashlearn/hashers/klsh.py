@@ -139,7 +139,7 @@ class KernelizedLSH(BaseHasher):
 
     # ----------------------------------------------------------------------- validation
 
-    def _check_X(self, X, *, reset: bool):
+    def _check_X(self, X, *, reset: bool, ensure_all_finite: bool = True):
         owner = type(self).__name__
         if callable(self.kernel):
             if isinstance(X, (str, bytes)) or not hasattr(X, "__len__"):
@@ -155,7 +155,7 @@ class KernelizedLSH(BaseHasher):
             return check_kernel_matrix(
                 X, "X (precomputed kernel)", owner, symmetric=reset, shape=(None, n_cols)
             )
-        return super()._check_X(X, reset=reset)
+        return super()._check_X(X, reset=reset, ensure_all_finite=ensure_all_finite)
 
     def _sample_kernel(self, X, rows=None) -> np.ndarray:
         """Raw kernel values between the rows of ``X`` and the sampled items."""
