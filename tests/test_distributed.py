@@ -555,3 +555,24 @@ def test_vectors_of_another_width_are_refused_before_anything_changes(client, ve
     assert len(sharded) == 100
     with pytest.raises(ValueError, match="rows"):
         sharded.add(hasher.encode(X[:10]), vectors=X[:9])
+
+
+def test_a_lost_shard_whose_save_is_gone_is_rebuilt_as_before_the_save(client, vectors, tmp_path):
+    import shutil
+
+    X, Q, hasher = vectors
+    sharded = ShardedIndex(client, n_bits=32, n_shards=2)
+    sharded.attach_refiner("euclidean", hasher, True)
+    sharded.add(hasher.encode(X[:2000]), vectors=X[:2000])
+    sharded.save(tmp_path / "a")
+    sharded.add(hasher.encode(X[2000:]), vectors=X[2000:])  # logged after the save
+    sharded.save(tmp_path / "b")
+    sharded.remove(np.arange(10))
+    want = sharded.refine_search(Q, hasher.encode(Q), 10, 300)
+    shutil.move(tmp_path / "b", tmp_path / "moved")  # as a composite's first save does
+    client.cancel(sharded.shards)
+    _equal(sharded.refine_search(Q, hasher.encode(Q), 10, 300), want)
+    shutil.rmtree(tmp_path / "a")
+    client.cancel(sharded.shards)
+    _equal(sharded.refine_search(Q, hasher.encode(Q), 10, 300), want)
+    assert len(sharded) == len(X) - 10

@@ -296,10 +296,13 @@ class _Source:
     """How to rebuild one shard: a base (nothing, client-side arrays, a dask block's lineage,
     a saved shard on a shared path, or an index object) plus the log of ``add`` / ``remove``
     calls made since (client-side codes and ids, vectors by reference, dask blocks as their
-    lineage)."""
+    lineage). A saved shard keeps the source it had before the save as ``fallback``, used
+    when the save's directory is gone (deleted, or moved, as a composite's first save
+    moves its temporary directory into place)."""
 
-    def __init__(self, kind: str, payload, ops=None):
+    def __init__(self, kind: str, payload, ops=None, fallback: _Source | None = None):
         self.kind, self.payload, self.ops = kind, payload, list(ops or [])
+        self.fallback = fallback
 
 
 class ShardedIndex:
@@ -414,8 +417,7 @@ class ShardedIndex:
     ) -> ShardedIndex:
         """Split ``codes`` into ``n_shards`` contiguous shards and build one index per shard
         on the workers. ``ids`` default to ``0..n-1``. The client keeps each shard's codes
-        (views of ``codes``; do not modify it afterwards) to rebuild a lost shard, until
-        :meth:`save` moves the source to disk."""
+        (views of ``codes``; do not modify it afterwards) to rebuild a lost shard."""
         n_bits = check_int(n_bits, "n_bits", "ShardedIndex.from_codes")
         codes = check_codes(codes, n_bits, "codes")
         n_shards = check_int(n_shards, "n_shards", "ShardedIndex.from_codes")
@@ -495,9 +497,14 @@ class ShardedIndex:
                 f"shard {s} was lost and has no source to rebuild it from (it was passed to "
                 "from_shards as a future); save() the index to make its shards durable."
             )
+        return self._submit(src, s)
+
+    def _submit(self, src: _Source, s: int):
         c = self.client
         build = (self.n_bits, self.index_name, self.index_params)
-        if src.kind == "empty":  # placed round-robin on the workers: one shard per worker
+        if src.kind == "path" and src.fallback is not None and not os.path.isdir(src.payload[0]):
+            base = self._submit(src.fallback, s)  # the save is gone: as before it
+        elif src.kind == "empty":  # placed round-robin on the workers: one shard per worker
             workers = sorted(c.scheduler_info().get("workers", {}))
             where = {"workers": [workers[s % len(workers)]]} if workers else {}
             base = c.submit(
@@ -871,9 +878,9 @@ class ShardedIndex:
         (its Refiner) -- both written *by the worker holding the shard* -- and the hasher
         (``hasher-*``, :func:`hashlearn.io.save`). Over an existing save the new directories
         are written first, then ``meta.json`` is replaced atomically, then the old ones are
-        deleted. Afterwards each shard's source is its saved directory (the client drops its
-        copies), so a lost shard is reloaded from disk (memory-mapped when
-        ``mmap_on_rebuild``).
+        deleted. Afterwards a lost shard is reloaded from its saved directory (memory-mapped
+        when ``mmap_on_rebuild``); the source it had before is kept for when that directory
+        is gone (deleted, or moved as a composite's first save moves it).
         """
         import secrets
         import shutil
@@ -932,8 +939,12 @@ class ShardedIndex:
                 if old and child.name not in keep:
                     shutil.rmtree(child, ignore_errors=True)
             self._sources = [
-                _Source("path", (str(path / n), v and str(path / v), mmap_on_rebuild, False))
-                for n, v in zip(names, vnames, strict=True)
+                _Source(
+                    "path",
+                    (str(path / n), v and str(path / v), mmap_on_rebuild, False),
+                    fallback=old,
+                )
+                for n, v, old in zip(names, vnames, self._sources, strict=True)
             ]
 
     @classmethod
