@@ -1,5 +1,7 @@
-"""Concurrency guarantee of the indexes (issue 13): searches in 8 threads while one thread adds
-and removes, and loads in one process while another process saves.
+"""Concurrency guarantee of the indexes (issue 13) and of the composition layer (issue 29:
+``Searcher`` and ``EmbeddingIndex``): searches in 8 threads while one thread adds and removes
+(``EmbeddingIndex``, append-only, only adds), and loads in one process while another process
+saves.
 
 Every search result must equal a brute-force answer over a state the index was in during the
 search (the state before or after each write, never a mixture). The thread stress runs in a
@@ -22,6 +24,8 @@ import numpy as np
 import pytest
 
 import hashlearn
+from hashlearn.embeddings import EmbeddingIndex
+from hashlearn.hashers import RandomHyperplaneLSH
 from hashlearn.index import (
     Cascade,
     FlatIndex,
@@ -41,6 +45,8 @@ KINDS = (
     "cascade",
     "flat-on-disk",
     "permutation",
+    "searcher",
+    "embedding-index",
 )
 N_READERS = 8
 POP8 = np.array([bin(v).count("1") for v in range(256)], np.int64)
@@ -93,6 +99,8 @@ class _Kind:
         self.queries = self.make_rows(rng, 16)
 
     def make_rows(self, rng, m):
+        if self.kind in ("searcher", "embedding-index"):  # integers: exact in any order
+            return rng.integers(-3, 4, (m, 6)).astype(np.float32)
         if self.kind == "table":
             return rng.integers(0, 6, (m, 3))
         if self.kind == "minhash":
@@ -104,6 +112,12 @@ class _Kind:
         return rng.integers(0, 256, (m, 3), dtype=np.uint8)
 
     def new_index(self):
+        if self.kind == "searcher":  # every item a candidate: the exact k-NN of a state
+            hasher = RandomHyperplaneLSH(self.n_bits, random_state=0).fit(self.queries)
+            return hashlearn.Searcher(hasher, FlatIndex(self.n_bits), "sqeuclidean", 10**4)
+        if self.kind == "embedding-index":
+            index = EmbeddingIndex("lsh", n_bits=self.n_bits, metric="ip", overfetch=10**3)
+            return index.fit(self.queries)
         if self.kind == "table":
             return TableIndex(3)
         if self.kind == "minhash":
@@ -123,6 +137,17 @@ class _Kind:
             return [np.ascontiguousarray(rows[:, :1]), np.ascontiguousarray(rows[:, 1:])]
         return rows
 
+    def add(self, index, rows, ids, explicit=True):
+        """Add rows and return their ids (automatic ones unless ``explicit``; a Searcher is
+        given the ids, an EmbeddingIndex numbers its rows itself)."""
+        if self.kind == "embedding-index":
+            index.add(rows)
+            return np.arange(len(index) - len(rows), len(index))
+        if self.kind == "searcher":
+            index.add(rows, ids=ids)
+            return ids
+        return index.add(self.data(rows), ids=ids if explicit else None)
+
     def search(self, index, n_threads):
         q = self.data(self.queries)
         if self.kind == "table":
@@ -140,6 +165,13 @@ class _Kind:
         return index.search(q, self.k, n_threads=n_threads)
 
     def brute(self, ids: np.ndarray, rows: np.ndarray):
+        if self.kind in ("searcher", "embedding-index"):
+            q, x = self.queries.astype(np.float64), rows.astype(np.float64)
+        if self.kind == "searcher":  # squared Euclidean distances, smallest first
+            return _knn(((q[:, None] - x[None]) ** 2).sum(-1), ids, self.k)
+        if self.kind == "embedding-index":  # inner products, largest first
+            D, I = _knn(-(q @ x.T), ids, self.k)  # noqa: E741
+            return -D, I
         if self.kind == "table":
             return _candidates(self.queries, rows, ids)
         if self.kind == "minhash":
@@ -172,16 +204,17 @@ def _same(got, want) -> bool:
     return all(np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip(got, want, strict=True))
 
 
-def _plan(rng, make_rows, n0: int, steps: int):
-    """Writes and the state after each: ``[(op, ids, rows)]`` and ``[(ids, rows)]``."""
+def _plan(rng, make_rows, n0: int, steps: int, removes: bool = True):
+    """Writes and the state after each: ``[(op, ids, rows)]`` and ``[(ids, rows)]``
+    (``removes=False``: only adds with automatic ids)."""
     items = dict(zip(range(n0), make_rows(rng, n0), strict=True))
     next_id = n0
     ops = [("add", np.arange(n0), np.array([items[i] for i in range(n0)]), False)]
     states = [(np.zeros(0, np.int64), make_rows(rng, 0)), None]
     for step in range(steps):
-        if step % 2 == 0:
+        if step % 2 == 0 or not removes:
             rows = make_rows(rng, 30)
-            explicit = step % 4 == 0
+            explicit = step % 4 == 0 and removes
             if explicit:  # ids below the largest: the merge path
                 free = np.setdiff1d(np.arange(next_id + 40), list(items))
                 ids = np.sort(rng.choice(free, 30, replace=False))[::-1].copy()
@@ -213,11 +246,11 @@ def _stress(kind: str, tmp: Path, steps: int = 24) -> dict:
     """8 reader threads search while one thread writes; every result is checked."""
     rng = np.random.default_rng(zlib.crc32(kind.encode()))
     setup = _Kind(kind, rng, tmp)
-    ops, states = _plan(rng, setup.make_rows, 200, steps)
+    ops, states = _plan(rng, setup.make_rows, 200, steps, kind != "embedding-index")
     expected = [setup.brute(ids, rows) for ids, rows in states]
     index = setup.new_index()
     op, ids, rows, _ = ops[0]
-    index.add(setup.data(rows), ids=ids)
+    setup.add(index, rows, ids)
     for n_threads in (1, 2):  # compile (or load compiled) kernels before the race starts
         assert _same(setup.search(index, n_threads), expected[1])
     version = [1]
@@ -252,7 +285,7 @@ def _stress(kind: str, tmp: Path, steps: int = 24) -> dict:
         for j, (op, ids, rows, explicit) in enumerate(ops[1:], start=1):
             time.sleep(0.01)  # let every reader search in this state too
             if op == "add":
-                got = index.add(setup.data(rows), ids=ids if explicit else None)
+                got = setup.add(index, rows, ids, explicit)
                 assert np.array_equal(got, ids), (got, ids)
             else:
                 assert index.remove(ids) == len(ids)

@@ -1104,3 +1104,105 @@ def test_a_csr_sketch_that_does_not_prune_is_dropped(split):
     assert screen_of(s)[1] is False  # dropped
     for x, y in zip(first, ref.search(Q, 7), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+# ------------------------------------------------- composition: budget, convention, shards
+
+
+def test_the_candidate_budget_can_be_given_per_search(split):
+    """``n_candidates`` (absolute) or ``k_factor`` (a multiple of k) per call: the same
+    results as a searcher built with that budget; both at once, or a bad value, refused."""
+    db, ids, queries = split
+    s = make_searcher(db, ids, rerank="euclidean", n_candidates=100)
+    for kwargs, n in (({"n_candidates": 30}, 30), ({"k_factor": 6}, 42)):
+        fixed = Searcher(s.hasher, FlatIndex(N_BITS), rerank="euclidean", n_candidates=n)
+        fixed.add(db, ids=ids)
+        for a, b in zip(s.search(queries, 7, **kwargs), fixed.search(queries, 7), strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="not both"):
+        s.search(queries, 7, n_candidates=30, k_factor=3)
+    for bad in ({"k_factor": 0}, {"n_candidates": -1}, {"k_factor": 1.5}):
+        with pytest.raises((ValueError, TypeError), match=next(iter(bad))):
+            s.search(queries, 7, **bad)
+
+
+@pytest.mark.parametrize("rerank", ["inner_product", "cosine", "euclidean"])
+def test_similarities_largest_first_distances_smallest_first(rerank):
+    """The result convention: inner product and cosine similarity reported as themselves,
+    largest first, padded with -inf; distances smallest first, padded with inf."""
+    rng = np.random.default_rng(0)
+    X = rng.integers(-3, 4, (5, 6)).astype(np.float64)
+    q = rng.integers(-3, 4, (2, 6)).astype(np.float64)
+    s = Searcher(RandomHyperplaneLSH(16, random_state=0), rerank=rerank).fit(X).add(X)
+    D, I_ = s.search(q, 7)
+    assert (I_[:, 5:] == -1).all() and sorted(I_[0, :5].tolist()) == list(range(5))
+    full = {
+        "inner_product": q @ X.T,
+        "cosine": (q @ X.T) / np.outer(np.linalg.norm(q, axis=1), np.linalg.norm(X, axis=1)),
+        "euclidean": np.sqrt(((q[:, None] - X[None]) ** 2).sum(-1)),
+    }[rerank]
+    np.testing.assert_allclose(D[:, :5], np.take_along_axis(full, I_[:, :5], 1), rtol=1e-6)
+    similarity = rerank != "euclidean"
+    step = np.diff(D[:, :5], axis=1)
+    assert (step <= 1e-6).all() if similarity else (step >= -1e-6).all()
+    assert (D[:, 5:] == (-np.inf if similarity else np.inf)).all()
+
+
+class _FakeShardedIndex:
+    """The calls a Searcher makes on a sharded index (``ShardedIndex``'s interface), served
+    in process by one FlatIndex and one Refiner: no Dask."""
+
+    def __init__(self, n_bits):
+        from hashlearn.rerank import Refiner
+
+        self.n_bits, self.flat, self.refiner, self.calls = n_bits, FlatIndex(n_bits), None, []
+        self._make = Refiner
+
+    def attach_refiner(self, metric, hasher, screen):
+        self.calls.append("attach_refiner")
+        self.refiner = self._make(metric, hasher=hasher, screen=screen)
+
+    def add(self, codes, ids=None, vectors=None):
+        self.calls.append("add")
+        new_ids = self.flat.add(codes, ids)
+        self.refiner.add(vectors, new_ids)
+        return new_ids
+
+    def remove(self, ids):
+        self.calls.append("remove")
+        self.refiner.remove(ids)
+        return self.flat.remove(ids)
+
+    def search(self, codes, k, n_threads=None):
+        return self.flat.search(codes, k, n_threads=n_threads)
+
+    def refine_search(self, X, codes, k, n_candidates):
+        self.calls.append(("refine_search", n_candidates))
+        _, cand = self.flat.search(codes, n_candidates)
+        return self.refiner.refine(X, cand, k)
+
+    def __len__(self):
+        return len(self.flat)
+
+
+def test_a_sharded_index_keeps_and_refines_the_vectors_itself(split):
+    """Over an index with ``refine_search`` the Searcher keeps no vectors: it attaches the
+    refine stage once before the first add, adds codes with their vectors, and asks the
+    index to refine -- the same results as the local composition."""
+    db, ids, queries = split
+    hasher = RandomHyperplaneLSH(N_BITS, random_state=0).fit(db)
+    local = Searcher(hasher, FlatIndex(N_BITS), rerank="euclidean", n_candidates=50)
+    fake = _FakeShardedIndex(N_BITS)
+    sharded = Searcher(hasher, fake, rerank="euclidean", n_candidates=50)
+    assert sharded.refiner is None
+    for s in (local, sharded):
+        s.add(db[:900], ids=ids[:900]).add(db[900:], ids=ids[900:])
+    assert fake.calls == ["attach_refiner", "add", "add"]
+    _assert_same_results(local, sharded, queries)
+    assert fake.calls[-1] == ("refine_search", 50)
+    want, got = local.search(queries, 5, k_factor=3), sharded.search(queries, 5, k_factor=3)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert fake.calls[-1] == ("refine_search", 15)
+    assert local.remove(ids[:40]) == sharded.remove(ids[:40]) == 40
+    _assert_same_results(local, sharded, queries)
