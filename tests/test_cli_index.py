@@ -100,3 +100,22 @@ def test_errors_are_one_line_with_exit_status_2(files):
     _assert_one_line_error(_run("info", tmp / "idx"), "damaged index")
     (tmp / "x.txt").write_text("1 2 3")
     _assert_one_line_error(_run("build", tmp / "x.txt", "--out", tmp / "t"), "unknown")
+
+
+def test_euclidean_build_and_search_match_the_library(files):
+    """``--metric euclidean``: the searcher refines by Euclidean distance (smallest first),
+    with the hasher by name (here 'lsh') -- the same numbers as the library."""
+    tmp, X, Q = files
+    out = tmp / "idx"
+    r = _run("build", tmp / "emb.npy", "--hasher", "lsh", "--bits", 32, "--metric",
+             "euclidean", "--out", out, "--fit-size", 900)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    direct = EmbeddingIndex("lsh", n_bits=32, metric="euclidean").fit(X).add(X)
+    r = _run("search", out, tmp / "q.npy", "-k", 4, "--overfetch", 900, "--out", tmp / "r.npy")
+    assert r.exit_code == 0, r.output
+    scores, ids = direct.search(Q, 4, overfetch=900)
+    np.testing.assert_array_equal(np.load(tmp / "r.npy"), ids)
+    np.testing.assert_array_equal(np.load(tmp / "r.scores.npy"), scores)
+    exact = np.sqrt(((Q[:, None].astype(np.float64) - X[None]) ** 2).sum(-1))
+    np.testing.assert_allclose(scores, np.sort(exact, axis=1)[:, :4], rtol=1e-5)
+    assert "distances, smallest first" in _run("info", out).stdout

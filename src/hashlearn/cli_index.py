@@ -1,10 +1,18 @@
-"""``hashlearn index``: build, search and inspect an embedding index from the command line.
+"""``hashlearn index``: build, search and inspect the one searcher from the command line.
 
 ::
 
-    hashlearn index build EMB.npy --hasher itq --bits 256 --out DIR
+    hashlearn index build EMB.npy --hasher itq --bits 256 [--metric cosine|ip|euclidean] --out DIR
     hashlearn index search DIR QUERIES.npy -k 10 [--overfetch 16] [--out RESULT.npy]
     hashlearn index info DIR
+
+The index is an :class:`~hashlearn.embeddings.EmbeddingIndex`, the preset of
+:class:`hashlearn.Searcher` for dense embeddings: any registered hasher by name, a Hamming
+shortlist of ``k * overfetch`` candidates, exact refinement by cosine similarity, inner
+product or Euclidean distance. Results follow the library's one convention: similarities
+largest first, distances smallest first. (A ``--scheduler`` option for a Dask build or
+search belongs in ``build`` / ``search`` below: the same searcher over a
+:class:`~hashlearn.distributed.ShardedIndex`.)
 
 Inputs are ``.npy`` float matrices (memory-mapped), TEXMEX ``.fvecs`` files, or
 ann-benchmarks HDF5 files (``.hdf5`` / ``.h5``: ``build`` reads the ``train`` dataset,
@@ -189,7 +197,8 @@ def _progress(total: int, label: str):
 
 @click.group(name="index")
 def index() -> None:
-    """Build and search binary-code indexes over float embeddings (cosine or inner product)."""
+    """Build and search binary-code indexes over float embeddings (cosine, inner product or
+    Euclidean)."""
 
 
 def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | None = None):
@@ -220,7 +229,14 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     help="Hash family; 'sign' is plain binary quantization.",
 )
 @_count_option("--bits", 256)
-@click.option("--metric", default="cosine", show_default=True, type=click.Choice(["cosine", "ip"]))
+@click.option(
+    "--metric",
+    default="cosine",
+    show_default=True,
+    type=click.Choice(["cosine", "ip", "euclidean"]),
+    help="Refine by cosine similarity, inner product (scores, largest first) or Euclidean "
+    "distance (smallest first).",
+)
 @_count_option("--overfetch", 16, help="Default over-fetch factor saved with the index.")
 @_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
 @_count_option("--chunk-size", 65_536)
@@ -282,7 +298,8 @@ def build(embeddings, out, hasher, bits, metric, overfetch, fit_size, chunk_size
     default=None,
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the ids (int64, m x k) here and the scores next to it as <stem>.scores.npy; "
-    "without it, print query, rank, id, score as tab-separated lines.",
+    "without it, print query, rank, id, score (a similarity, or a Euclidean distance) as "
+    "tab-separated lines.",
 )
 @_count_option("--threads", None, help="Search threads.")
 @click.option("--no-verify", is_flag=True, help="Skip the checksums of the index files.")
@@ -331,6 +348,7 @@ def info(directory):
         ("hasher", idx.hasher_name),
         ("bits", idx.n_bits),
         ("metric", idx.metric),
+        ("scores", "distances, smallest first" if idx.metric == "euclidean" else "similarities"),
         ("overfetch", idx.overfetch),
         ("vectors", len(idx)),
         ("dimension", idx.dim_),
