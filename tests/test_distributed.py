@@ -461,6 +461,14 @@ def test_a_refining_sharded_index_saves_and_loads(client, vectors, tmp_path):
         _equal(loaded.refine_search(Q, hasher.encode(Q), 10, 200), want)
         assert len(loaded) == len(X) - 50
         assert loaded.add(None, vectors=X[:1]).tolist() == [len(X)]
+    from hashlearn import Searcher
+
+    loaded = ShardedIndex.load(tmp_path / "idx", client=client)
+    searcher = Searcher(loaded.hasher, loaded, rerank="cosine", screen=False)
+    _equal(searcher.search(Q, 10, n_candidates=200), want)
+    searcher.add(X[:2])  # attaches the same refiner again: nothing changes
+    with pytest.raises(ValueError, match="already refines"):
+        Searcher(hasher, loaded, rerank="euclidean").add(X[:2])
 
 
 @pytest.mark.slow

@@ -637,7 +637,11 @@ class ShardedIndex:
             if self._refiner is not None:
                 if self._refiner == (metric, hasher, screen):  # the hasher compared by identity
                     return
-                raise ValueError("attach_refiner was already called with another refiner.")
+                metric0, _, screen0 = self._refiner
+                raise ValueError(
+                    f"this index already refines with metric={metric0!r}, screen={screen0} and "
+                    "its own hasher (index.hasher); pass those to Searcher."
+                )
             if any(src is None or src.kind != "empty" or src.ops for src in self._sources):
                 raise ValueError(
                     "attach_refiner must be called on an empty index, before the first add."
@@ -645,6 +649,12 @@ class ShardedIndex:
             self._refiner = _refiner_spec(metric, hasher, screen)
             self.shards = [self._submit_source(s) for s in range(self.n_shards)]
             _wait(self.shards)
+
+    @property
+    def hasher(self):
+        """The hasher of the attached refiner (``None`` without one): a loaded refining index
+        goes back under a Searcher as ``Searcher(index.hasher, index, rerank=...)``."""
+        return None if self._refiner is None else self._refiner[1]
 
     def refine_search(
         self, X, codes: np.ndarray, k: int, n_candidates: int, *, n_threads: int | None = None
