@@ -1,15 +1,23 @@
 """Exhaustive Hamming k-NN: hashlearn's FlatIndex vs faiss.IndexBinaryFlat vs numpy.
 
-For n database codes (default 1M), b = 32/64/128/256 bits, k = 1/10/100 and 1 and 2
-threads, on random codes and on LSH codes of Fashion-MNIST (the 60k training images tiled
-with small Gaussian noise to n rows, 1000 test images as queries). Reports queries per
-second (median over interleaved repetitions), the FlatIndex/faiss speed ratio (median of the
-per-repetition ratios, with its range), and whether FlatIndex's distances equal faiss's on
-every query. The numpy baseline (``np.bitwise_count`` + ``argpartition``) runs single
-threaded on a subset of the queries.
+For n database codes (default 1M), b = 32/64/128/256/512/1024 bits, k = 1/10/100 and 1 and
+2 threads (faiss: ``omp_set_num_threads``), on random codes and on LSH codes of
+Fashion-MNIST (the 60k training images tiled with small Gaussian noise to n rows, test
+images as queries). Two ways of calling: one batch of 200 queries, and the same 200 queries
+one ``search`` call each (a web service's way). FlatIndex runs on the kernel path this CPU
+gets (``wide``: 512-bit XOR + VPOPCNTQ, with AVX-512 VPOPCNTDQ) and on the forced
+``portable`` path, interleaved with faiss in every repetition. Reports queries per second
+(median), the faiss/hashlearn ratios of wall and of process CPU time (median of the
+per-repetition ratios; > 1: hashlearn faster), the cost of a query called alone over its
+cost in a batch, and whether FlatIndex's distances equal faiss's on every query. The
+per-call overhead (one ``search`` on a 1-code index) is measured for both libraries. The
+numpy baseline (``np.bitwise_count`` + ``argpartition``) runs single threaded on a subset
+of the queries.
 
     python bench/hamming_search.py                   # full run, writes docs/results.md
     python bench/hamming_search.py --n 100000 --no-write   # quick look
+    python bench/hamming_search.py --n 200000 --bits 64 --k 10 --threads 1 \
+        --data random --repeats 3 --no-write               # one row
 """
 
 from __future__ import annotations
@@ -32,6 +40,11 @@ from _common import (  # noqa: E402
     write_section,
 )
 from hashlearn import FlatIndex, RandomHyperplaneLSH  # noqa: E402
+from hashlearn._utils.popcount import (  # noqa: E402
+    kernel_path_description,
+    set_kernel_path,
+    wide_path_enabled,
+)
 from hashlearn.codes import as_words, hamming_distance  # noqa: E402
 from hashlearn.datasets import fashion_mnist_available, load_fashion_mnist  # noqa: E402
 
@@ -82,6 +95,41 @@ def numpy_search(db_words: np.ndarray, q_words: np.ndarray, k: int) -> np.ndarra
     return out
 
 
+def _on_path(path: str, fn):
+    """``fn`` run with FlatIndex forced onto a kernel path (``"wide"`` / ``"portable"``)."""
+
+    def call():
+        set_kernel_path(path)
+        return fn()
+
+    return call
+
+
+def _one_per_call(search, singles, k, **kw):
+    return lambda: [search(q, k, **kw) for q in singles]
+
+
+def call_overhead(repeats: int = 2000) -> tuple[float, float]:
+    """Microseconds of one ``search`` call on a 1-code index (validation, dispatch, kernel
+    start, result arrays): hashlearn's, faiss's (median of 5 runs of ``repeats`` calls)."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    code = np.zeros((1, 8), np.uint8)
+    ours = FlatIndex(64)
+    ours.add(code)
+    ref = faiss.IndexBinaryFlat(64)
+    ref.add(code)
+    calls = [partial(ours.search, code, 1, n_threads=1), partial(ref.search, code, 1)]
+    wall = interleaved_times([lambda f=f: [f() for _ in range(repeats)] for f in calls], 5)
+    us = np.median(wall, axis=0) / repeats * 1e6
+    return float(us[0]), float(us[1])
+
+
+def _ratio(times: np.ndarray, ref: int, ours: int) -> np.ndarray:
+    return times[:, ref] / times[:, ours]
+
+
 def run(args) -> list[list[object]]:
     import faiss
 
@@ -98,6 +146,7 @@ def run(args) -> list[list[object]]:
                 "skipping LSH codes of real data",
                 file=sys.stderr,
             )
+    paths = ["wide", "portable"] if wide_path_enabled() else ["portable"]
     for data in datasets:
         t0 = time.perf_counter()
         if data == "random":
@@ -108,6 +157,7 @@ def run(args) -> list[list[object]]:
         for n_bits in args.bits:
             db = np.ascontiguousarray(full_db[:, : n_bits // 8])
             q = np.ascontiguousarray(full_q[:, : n_bits // 8])
+            singles = [q[i : i + 1] for i in range(min(len(q), args.single_queries))]
             ours = FlatIndex(n_bits)
             ours.add(db)
             ref = faiss.IndexBinaryFlat(n_bits)
@@ -115,44 +165,85 @@ def run(args) -> list[list[object]]:
             words = as_words(db).reshape(len(db), -1)
             q_words = as_words(q).reshape(len(q), -1)
             for k in args.k:
-                d_ours, i_ours = ours.search(q, k)
                 d_ref, _ = ref.search(q, k)
-                exact = bool(np.array_equal(d_ours, d_ref)) and bool(
-                    np.array_equal(hamming_distance(q[:, None, :], db[i_ours]), d_ours)
-                )
+                exact = True
+                for path in paths:
+                    set_kernel_path(path)
+                    d_ours, i_ours = ours.search(q, k)
+                    exact &= bool(np.array_equal(d_ours, d_ref)) and bool(
+                        np.array_equal(hamming_distance(q[:, None, :], db[i_ours]), d_ours)
+                    )
                 n_np = min(len(q), args.numpy_queries)
                 t_np = interleaved_times([partial(numpy_search, words, q_words[:n_np], k)], 1)
                 qps_np = n_np / float(np.median(t_np))
                 for threads in args.threads:
                     faiss.omp_set_num_threads(threads)
-                    times, cpu = interleaved_wall_and_cpu(
-                        [partial(ref.search, q, k), partial(ours.search, q, k, n_threads=threads)],
-                        args.repeats,
-                    )
-                    qps = len(q) / np.median(times, axis=0)
-                    ratio = times[:, 0] / times[:, 1]
-                    cpu_ratio = cpu[:, 0] / cpu[:, 1]
-                    row = [
-                        data,
-                        n_bits,
-                        k,
-                        threads,
-                        f"{qps[0]:,.0f}",
-                        f"{qps[1]:,.0f}",
-                        f"{qps_np:,.0f}" if threads == 1 else "",
-                        f"**{np.median(ratio):.2f}** ({ratio.min():.2f}-{ratio.max():.2f})",
-                        f"{np.median(cpu_ratio):.2f}",
-                        "yes" if exact else "NO",
+                    batch = [partial(ref.search, q, k)] + [
+                        _on_path(p, partial(ours.search, q, k, n_threads=threads)) for p in paths
                     ]
+                    single = [_one_per_call(ref.search, singles, k)] + [
+                        _on_path(p, _one_per_call(ours.search, singles, k, n_threads=threads))
+                        for p in paths
+                    ]
+                    wall, cpu = interleaved_wall_and_cpu(batch + single, args.repeats)
+                    per_query = np.concatenate(
+                        [wall[:, : len(batch)] / len(q), wall[:, len(batch) :] / len(singles)],
+                        axis=1,
+                    )
+                    cpu_q = np.concatenate(
+                        [cpu[:, : len(batch)] / len(q), cpu[:, len(batch) :] / len(singles)],
+                        axis=1,
+                    )
+                    qps = 1.0 / np.median(per_query, axis=0)
+                    s0 = len(batch)  # column of faiss one query per call
+                    cells = []
+                    for base, first in ((0, 1), (s0, s0 + 1)):
+                        wide_w = _ratio(per_query, base, first)
+                        cell = (
+                            f"**{np.median(wide_w):.2f}** ({wide_w.min():.2f}-{wide_w.max():.2f})"
+                            f" / {np.median(_ratio(cpu_q, base, first)):.2f}"
+                        )
+                        if len(paths) == 2:
+                            port = f"{np.median(_ratio(per_query, base, first + 1)):.2f} / "
+                            port += f"{np.median(_ratio(cpu_q, base, first + 1)):.2f}"
+                        else:
+                            port = "(this CPU's path)"
+                        cells += [f"{qps[base]:,.0f}", f"{qps[first]:,.0f}", cell, port]
+                    alone = np.median(cpu_q[:, s0 + 1] / cpu_q[:, 1])
+                    row = [data, n_bits, k, threads, *cells, f"{alone:.2f}"]
+                    row += [f"{qps_np:,.0f}" if threads == 1 else "", "yes" if exact else "NO"]
                     rows.append(row)
                     print(" | ".join(str(c) for c in row), flush=True)
+    set_kernel_path(None)
     return rows
+
+
+HEADER = [
+    "codes",
+    "bits",
+    "k",
+    "threads",
+    "faiss QPS (batch)",
+    "hashlearn QPS (batch)",
+    "faiss/hashlearn batch: wall (min-max) / CPU",
+    "portable path: wall / CPU",
+    "faiss QPS (1 per call)",
+    "hashlearn QPS (1 per call)",
+    "faiss/hashlearn 1 per call: wall (min-max) / CPU",
+    "portable path: wall / CPU",
+    "hashlearn CPU, 1 per call / batch",
+    "numpy QPS",
+    "distances = faiss",
+]
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
-    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--queries", type=int, default=200, help="queries per batch")
+    parser.add_argument(
+        "--single-queries", type=int, default=200, help="queries searched one call each"
+    )
     parser.add_argument("--numpy-queries", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
@@ -165,19 +256,14 @@ def main(argv=None) -> None:
     parser.add_argument("--data", type=lambda s: s.split(","), default=["random", "fashion"])
     parser.add_argument("--no-write", action="store_true", help="do not update docs/results.md")
     args = parser.parse_args(argv)
-    header = [
-        "codes",
-        "bits",
-        "k",
-        "threads",
-        "faiss QPS",
-        "hashlearn QPS",
-        "numpy QPS",
-        "ratio hashlearn/faiss (min-max)",
-        "CPU-time ratio",
-        "distances = faiss",
-    ]
-    print(" | ".join(header))
+    overhead_ours, overhead_faiss = call_overhead()
+    overhead = (
+        f"Per-call overhead (one search of 1 query on a 1-code index, 64 bits, 1 thread): "
+        f"hashlearn {overhead_ours:.1f} µs, faiss {overhead_faiss:.1f} µs."
+    )
+    kernel = kernel_path_description()
+    print(f"{machine()}\nhamming kernel: {kernel}\n{overhead}")
+    print(" | ".join(HEADER))
     load_before = load_average()
     rows = run(args)
     load_after = load_average()
@@ -188,12 +274,15 @@ def main(argv=None) -> None:
         text = (
             "## Exhaustive Hamming k-NN: FlatIndex vs faiss.IndexBinaryFlat "
             "(`bench/hamming_search.py`)\n\n"
-            f"Machine: {machine()}; faiss {faiss.__version__}. n = {args.n:,} codes, "
-            f"{args.queries} queries per batch, {args.repeats} interleaved repetitions "
-            "(median QPS; ratio = median of per-repetition wall-time ratios faiss/hashlearn, >1 "
-            "means hashlearn is faster; CPU-time ratio the same over process CPU seconds). "
-            f"numpy baseline on {args.numpy_queries} queries, 1 thread. Load average "
-            f"before: {load_before}; after: {load_after}.\n\n" + markdown_table(header, rows)
+            f"Machine: {machine()}; faiss {faiss.__version__}; hashlearn's Hamming kernel: "
+            f"{kernel}. n = {args.n:,} codes, {args.queries} queries per batch and "
+            f"{args.single_queries} searched one call each, {args.repeats} interleaved "
+            "repetitions (median QPS; ratios = medians of per-repetition faiss/hashlearn "
+            "time ratios, wall and process CPU, > 1 means hashlearn is faster; the portable "
+            "path is hashlearn forced onto it with the same faiss times). "
+            f"{overhead} numpy baseline on {args.numpy_queries} queries, 1 thread. Load "
+            f"average before: {load_before}; after: {load_after}.\n\n"
+            + markdown_table(HEADER, rows)
         )
         write_section("hamming_search", text)
 

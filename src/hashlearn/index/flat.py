@@ -208,6 +208,7 @@ def scan_search(snap: Snapshot, queries: np.ndarray, k: int, n_bits: int, n_thre
     words = snap.rows["words"]
     n_words = words.shape[1]
     db, q_words, k_eff = words.reshape(-1), as_words(queries), min(k, n)
+    q_words.flags.writeable = False  # a view: the kernels take read-only inputs
 
     def scan(start: int, stop: int) -> None:
         knn_scan(db, n, q_words, start, stop, k_eff, n_bits, n_words, dist, pos)
