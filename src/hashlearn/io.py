@@ -7,7 +7,10 @@ A saved object is a directory::
     <name>.g<N>.npy    one .npy file per array (read with allow_pickle=False, mmap-able)
 
 Loading never executes code: the class named in ``meta.json`` is looked up in a registry of
-hashlearn's own persistable classes, never imported by name.
+hashlearn's own persistable classes, never imported by a name the file gives. :func:`load`
+reads every save: an object made of saved components (``Searcher``, ``EmbeddingIndex``,
+``ShardedIndex``; :func:`write_composite`) goes to its class's own ``load``, found in a fixed
+table of ``"module:Class"`` strings (:func:`register_composite`) imported on first use.
 
 Crash safety. A new directory is written as a temporary sibling and renamed into place.
 Over an existing save, array files of a new *generation* ``N`` are written and fsynced
