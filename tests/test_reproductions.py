@@ -139,9 +139,9 @@ def test_search_forest_curves_never_fall(tmp_path, monkeypatch):
     assert sh == sorted(sh)
     assert all(c["n"] == 2 for c in _claims(tmp_path))  # paired over the quick mode's seeds
     # the two rankings of one candidate set: recall among the first M only grows with M
-    assert "Ranking the candidates" in report and "trees have c <= 0" in report
+    assert "Ranking the candidates" in report and "trees with c <= 0" in report
     for how in ("T", "count"):
-        means = [np.mean(results["ranking"][str(m)][how]) for m in search_forest.RANK_AT]
+        means = [np.mean(results["ranking"][f"6/{m}"][how]) for m in search_forest.RANK_AT]
         assert means == sorted(means) and 0.0 <= means[0] <= means[-1] <= 1.0
 
 
