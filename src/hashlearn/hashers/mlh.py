@@ -31,6 +31,8 @@ Learning is the perceptron-like rule (eq. 14),
 rows of :math:`W` renormalised to unit length after each step, :math:`W` initialised by LSH
 (§5), and ``pairs_per_epoch`` pairs sampled afresh each epoch.
 
+Inputs are centred on the training mean and scaled to unit root-mean-square length before
+training (§6.1 preprocesses every data set so), and the map is folded into the hash.
 Codes are :math:`h \\in \\{0, 1\\}^q` as in the paper (§4.1's :math:`\\zeta_k(1, 0)` etc.).
 """
 
@@ -412,6 +414,14 @@ def _init_weights(rng, n_bits, n_inputs, fit_offset):
     return W
 
 
+def _centring(X) -> tuple[np.ndarray, float]:
+    """The training mean and the root mean square length of the centred rows (1 when 0)."""
+    mean = X.mean(axis=0)
+    Z = X - mean
+    scale = float(np.sqrt(np.einsum("ij,ij->", Z, Z) / len(X)))
+    return mean, (scale if np.isfinite(scale) and scale > 0.0 else 1.0)
+
+
 def _augment(X, fit_offset):
     X = np.asarray(X, dtype=np.float64)
     return np.hstack([X, np.ones((len(X), 1))]) if fit_offset else np.ascontiguousarray(X)
@@ -526,6 +536,13 @@ class MinimalLossHashing(BaseHasher):
     components_ : ndarray (n_bits, n_features)
     offset_ : ndarray (n_bits,)
         Bits are ``components_ @ x + offset_ >= 0``.
+    mean_ : ndarray (n_features,)
+    input_scale_ : float
+        Training is on ``(x - mean_) / input_scale_``: the §6.1 preprocessing (mean-centred,
+        unit length) as far as a linear map goes, folded into ``components_`` and
+        ``offset_``. Without it, inputs far from the origin (raw pixels in [0, 1]) leave
+        the LSH initialisation's unit-length hyperplanes, whose offset is at most 1, unable
+        to split the data: most bits are constant and the codes collapse.
     rho_, lam_, epsilon_ : float
         The values used (chosen, or as given).
     n_epochs_ : int
@@ -650,6 +667,10 @@ class MinimalLossHashing(BaseHasher):
         n, d = X.shape
         if n < 2:
             raise ValueError(f"{owner} needs at least 2 training points; got n_samples={n}.")
+        # §6.1's preprocessing, as far as a linear map goes: centre on the training mean and
+        # scale to unit root-mean-square length (folded into components_ and offset_ below)
+        mean, scale = _centring(X)
+        X = np.ascontiguousarray((X - mean) / scale)
         if y is not None:
             # validates labels (two classes, one per row) once, before training
             pairs_from_labels(y, 1, random_state=0, owner=owner)
@@ -716,8 +737,11 @@ class MinimalLossHashing(BaseHasher):
         self.pairs_per_epoch_ = int(pairs_per_epoch)
         self.selection_results_ = table
         self.bre_scale_ = bre_scale
-        self.components_ = W[:, :d].copy()
-        self.offset_ = W[:, d].copy() if self.fit_offset else np.zeros(self.n_bits)
+        self.mean_ = mean
+        self.input_scale_ = scale
+        self.components_ = W[:, :d] / scale
+        offset = W[:, d] if self.fit_offset else np.zeros(self.n_bits)
+        self.offset_ = offset - self.components_ @ mean
         self.loss_history_ = np.asarray(losses, dtype=np.float64)
         self.bound_history_ = np.asarray(bounds, dtype=np.float64)
 
@@ -767,8 +791,8 @@ class MinimalLossHashing(BaseHasher):
         Xa = np.hstack([X, np.ones((len(X), 1))])
         W = np.hstack([self.components_, self.offset_[:, None]])
         kind = _LOSSES[self.loss]
-        if kind == _BRE:
-            t = _bre_targets(X, P, self.bre_scale_)
+        if kind == _BRE:  # the targets in the centred, scaled units of training
+            t = _bre_targets((X - self.mean_) / self.input_scale_, P, self.bre_scale_)
         else:
             t = s.astype(np.float64)
         return _objective(W, Xa, P, t, kind, self.rho_, self.lam_, self.epsilon_)
@@ -1161,6 +1185,8 @@ def select_mlh_hyperparameters(
     )
     rng = check_random_state(random_state)
     y_arr, P, s = _selection_supervision(y, pairs, similar, n, owner)
+    mean, scale = _centring(X)  # as MinimalLossHashing.fit trains
+    X = np.ascontiguousarray((X - mean) / scale)
     kind = _LOSSES[loss]
     bre_scale = _bre_scale(X, rng) if kind == _BRE else 1.0
     sup = _Supervision(X, y_arr, P, s, kind, bre_scale, owner)
