@@ -287,10 +287,12 @@ def wide_mini_block(typingctx, db, o, queries, qo, tau, out, width):
 
     ``db`` and ``queries`` are uint64 word arrays, ``o`` and ``qo`` the word offsets of the
     first code and of the query (callers guarantee ``64 W`` and ``W`` words); ``out`` an
-    int64 array of at least 64 receiving the distances; ``width`` a tuple whose *length* is
-    the word count ``W`` (a compile-time constant: one straight-line body per width).
+    int64 array of at least 64 receiving the distances, or None for the mask alone (no
+    stores: the scan's common case, where no code passes); ``width`` a tuple whose *length*
+    is the word count ``W`` (a compile-time constant: one straight-line body per width).
     """
     n_words = len(width)
+    store = not isinstance(out, types.NoneType)
     sig = types.uint64(db, o, queries, qo, tau, out, width)
 
     def codegen(context, builder, signature, args):
@@ -304,7 +306,7 @@ def wide_mini_block(typingctx, db, o, queries, qo, tau, out, width):
 
         db_data = data(signature.args[0], db_v)
         q_data = data(signature.args[2], q_v)
-        out_data = data(signature.args[5], out_v)
+        out_data = data(signature.args[5], out_v) if store else None
         ctpop = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(vec, [vec]), f"llvm.ctpop.v{_LANES}i64"
         )
@@ -343,10 +345,11 @@ def wide_mini_block(typingctx, db, o, queries, qo, tau, out, width):
                 words = builder.load(ptr, align=8)
                 counts.append(builder.call(ctpop, [builder.xor(words, query[j])]))
             dist = _fold_codes(builder, counts, n_words)
-            out_ptr = builder.bitcast(
-                builder.gep(out_data, [ir.Constant(i64, step * _LANES)]), vec_ptr
-            )
-            builder.store(dist, out_ptr, align=8)
+            if store:
+                out_ptr = builder.bitcast(
+                    builder.gep(out_data, [ir.Constant(i64, step * _LANES)]), vec_ptr
+                )
+                builder.store(dist, out_ptr, align=8)
             below = builder.icmp_signed("<", dist, bound)
             bits = builder.zext(builder.bitcast(below, ir.IntType(_LANES)), i64)
             mask = builder.or_(mask, builder.shl(bits, ir.Constant(i64, step * _LANES)))

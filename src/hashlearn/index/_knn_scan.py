@@ -250,8 +250,9 @@ def knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block
             oq = np.uint64(q_start + qi) * wu
             t, c = tau[qi], kept[qi]
             for i0 in range(b0, whole, _MINI_BLOCK):
-                mask = wide_mini_block(db, np.uint64(i0) * wu, queries, oq, t, dist, width)
-                if mask:
+                o = np.uint64(i0) * wu
+                if wide_mini_block(db, o, queries, oq, t, None, width):  # rarely: then store
+                    mask = wide_mini_block(db, o, queries, oq, t, dist, width)
                     t, c = _accept(dist, i0, t, c, qi * cap, buf_d, buf_p, cap, k, hist, mask)
             if whole < b1:
                 _tail(db, whole, b1 - whole, queries, oq, n_words, True, n_bits, dist)
