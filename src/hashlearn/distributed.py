@@ -776,11 +776,13 @@ class ShardedIndex:
             else:
                 sizes = _split(self._run(_shard_len), n)
                 bounds = np.concatenate([[0], np.cumsum(sizes)])
+                plan = {}
                 for s in np.flatnonzero(sizes):
                     a, b = bounds[s], bounds[s + 1]
                     part = None if codes is None else np.array(codes[a:b], copy=True)
                     rows = None if vectors is None else vectors[a:b]
-                    self._mutate(int(s), [("add", part, ids[a:b].copy(), rows)])
+                    plan[int(s)] = [("add", part, ids[a:b].copy(), rows)]
+                self._mutate(plan)
             self._next_id = max(self._next_id, int(ids.max()) + 1)
             return ids
 
@@ -831,9 +833,7 @@ class ShardedIndex:
             s = int(np.argmin(lengths))
             lengths[s] += z - a
             ops[s].append(("lazy", _Lazy(code_blocks[b], vector_blocks[b]), ids[a:z].copy()))
-        for s in range(self.n_shards):
-            if ops[s]:
-                self._mutate(s, ops[s])
+        self._mutate({s: ops[s] for s in range(self.n_shards) if ops[s]})
 
     def remove(self, ids, *, missing: str = "raise") -> int:
         """Remove ids from the shards holding them; the other ids stay as they are.
@@ -856,25 +856,37 @@ class ShardedIndex:
             absent = ~holders.any(axis=0)
             if missing == "raise" and absent.any():
                 raise ValueError(f"ids not in the index: {ids[absent][:5].tolist()}.")
-            for s in np.flatnonzero(holders.any(axis=1)):
-                self._mutate(int(s), [("remove", ids[holders[s]])])
+            self._mutate(
+                {int(s): [("remove", ids[holders[s]])] for s in np.flatnonzero(holders.any(axis=1))}
+            )
             return int((~absent).sum())
 
-    def _mutate(self, s: int, ops: list) -> None:
-        """Apply ``ops`` to shard ``s`` as a new future (the old key is released, so no stale
-        replica is ever searched) and log them in the shard's source."""
+    def _mutate(self, plan: dict[int, list]) -> None:
+        """Apply ``plan[s]`` (a list of operations) to each shard ``s``, all shards at once,
+        each as a new future (the old key is released, so no stale replica is ever
+        searched), and log them in the shards' sources. A shard lost meanwhile is rebuilt
+        and its operations applied again (3 attempts); shards that succeeded stay done."""
+        from distributed import wait
+
+        pending = dict(plan)
         for attempt in range(_MAX_ATTEMPTS):
             self._check_shards()
-            future = self.client.submit(_apply, self.shards[s], ops, pure=False)
-            try:
-                _wait([future])
-                break
-            except Exception:  # noqa: BLE001
-                if attempt == _MAX_ATTEMPTS - 1 or self.shards[s].status not in _RECOVERABLE:
-                    raise
-        self.shards[s] = future
-        if self._sources[s] is not None:
-            self._sources[s].ops.extend(ops)
+            futures = {
+                s: self.client.submit(_apply, self.shards[s], ops, pure=False)
+                for s, ops in pending.items()
+            }
+            wait(list(futures.values()))
+            for s, future in futures.items():
+                if future.status == "finished":
+                    self.shards[s] = future
+                    if self._sources[s] is not None:
+                        self._sources[s].ops.extend(pending.pop(s))
+            if not pending:
+                return
+            lost = any(self.shards[s].status in _RECOVERABLE for s in pending)
+            if attempt == _MAX_ATTEMPTS - 1 or not lost:
+                futures[next(iter(pending))].result()  # raises the worker's exception
+        raise RuntimeError(f"shards {sorted(pending)} could not be updated.")
 
     # ---------------------------------------------------------------------- persistence
 
