@@ -708,10 +708,10 @@ class ShardedIndex:
         return merge_topk(D, I, k)
 
     def _consistent(self, fn, *args, retry_on=()):
-        """``fn(*args)`` as of one state of the whole index: a write touches the shards one
-        by one, so a search that overlapped one (the version moved, or was odd: a seqlock,
-        as :class:`hashlearn.Searcher` uses) or failed with ``retry_on`` runs again; the
-        last try holds the write lock."""
+        """``fn(*args)`` as of one state of the whole index: a write reaches the shards at
+        different moments, so a search that overlapped one (the version moved, or was odd:
+        a seqlock, as :class:`hashlearn.Searcher` uses) or failed with ``retry_on`` runs
+        again; the last try holds the write lock."""
         for _ in range(_MAX_ATTEMPTS):
             version = self._version
             if version % 2 == 0:
