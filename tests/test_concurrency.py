@@ -415,6 +415,61 @@ def test_load_while_another_process_saves_gives_old_or_new_state(tmp_path, kind)
     assert not failures, f"{len(failures)} of {loads} loads failed: {failures[:3]}"
 
 
+_COMPOSITE_SAVER = """
+import sys
+import numpy as np
+from hashlearn import EmbeddingIndex, Searcher
+from hashlearn.hashers import RandomHyperplaneLSH
+path, kind, n_saves = sys.argv[1], sys.argv[2], int(sys.argv[3])
+X = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+if kind == "searcher":
+    h = RandomHyperplaneLSH(16, random_state=0).fit(X)
+    states = [Searcher(h, "flat", "euclidean").add(X[: 150 * v], ids=np.arange(150 * v) * v)
+              for v in (1, 2)]
+else:
+    states = [EmbeddingIndex("lsh", n_bits=16).fit(X).add(X[: 150 * v]) for v in (1, 2)]
+states[0].save(path)
+print("ready", flush=True)
+for i in range(n_saves):
+    states[(i + 1) % 2].save(path)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["searcher", "embedding-index"])
+def test_a_composite_loads_while_another_process_saves(tmp_path, kind):
+    """Searcher and EmbeddingIndex: every load is the old or the new save, whole."""
+    X = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+    cls = hashlearn.Searcher if kind == "searcher" else EmbeddingIndex
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _COMPOSITE_SAVER, str(tmp_path / "s"), kind, "40"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    loads, failures = 0, []
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        while proc.poll() is None or loads < 10:
+            loads += 1
+            try:
+                loaded = cls.load(tmp_path / "s", mmap=loads % 2 == 0, verify=loads % 2 == 1)
+                version = len(loaded.index if kind == "searcher" else loaded) // 150
+                _, ids = loaded.search(X[:4], 3)
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            # the nearest of each query is itself, under its id in that state
+            want = np.arange(4) * (version if kind == "searcher" else 1)
+            if version not in (1, 2) or not np.array_equal(ids[:, 0], want):
+                failures.append(f"load {loads} matches neither saved state")
+    finally:
+        proc.wait(timeout=120)
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
+    assert not failures, f"{len(failures)} of {loads} loads failed: {failures[:3]}"
+
+
 if __name__ == "__main__":  # the child of stress_reports
     sys.setswitchinterval(1e-5)  # switch threads often: interleave searches and writes finely
     base = Path(sys.argv[1])
