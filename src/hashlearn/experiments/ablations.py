@@ -565,8 +565,10 @@ def mlh_large_cause(cfg, opts: RunOptions, split=None):
             cause = "protocol: MLH is above with " + (
                 " / ".join(single) if single else "the paper's whole protocol"
             )
+        elif all(verdict(st.low, st.high) == "fails" for st in stats.values()):
+            cause = "method: MLH stays below with every factor of the paper's protocol"
         else:
-            cause = "method: no factor of the paper's protocol puts MLH above"
+            cause = "undecided: no factor puts MLH above, not every one stays below"
         for claim_text in (mlh.large_claim(b), mlh.large_claim(b, "MLH (paper §5 training)")):
             findings.append([claim_text, mlh.LARGE_DATA, f"{cause} ({facts})"])
         rows.append(
