@@ -73,9 +73,10 @@ ranked by the learned ensemble selection function itself,
 ``T(q, x) = sum_m c_m 1(leaf_m(q) == leaf_m(x))`` (eq. 8), i.e. by the summed weights
 ``c_m`` (``tree_weights_``) of the trees in which ``x`` shares ``q``'s leaf, descending, ties
 by id: :meth:`BoostedSearchForest.candidates`. (``TableIndex.candidates_csr`` alone ranks by
-the unweighted collision count; which ranking finds more true neighbours among the first
-M candidates is measured by ``hashlearn reproduce search-forest``, see
-``docs/results.md``.)
+the unweighted collision count. Measured on Fashion-MNIST with the search-forest
+reproduction's settings, the count finds more of the true 100-NN among the first M
+candidates than T at every M and depth, e.g. 0.701 against 0.599 at M = 200, depth 10,
+paired over 5 seeds: ``docs/reproductions.md``, "Deviations".)
 """
 
 from __future__ import annotations
