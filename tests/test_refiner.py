@@ -5,11 +5,13 @@ pickling)."""
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from hashlearn.hashers import RandomHyperplaneLSH
 from hashlearn.rerank import Refiner, VectorStore
 from hashlearn.rerank.store import MissingVectorsError
 
@@ -98,3 +100,28 @@ def test_bad_settings_name_the_argument():
         r.add(np.zeros((1, 3)), np.array([1]))
     with pytest.raises(ValueError, match="candidate_ids"):
         r.refine(np.zeros((2, 3)), np.zeros((3, 1), np.int64), 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc/self/smaps")
+def test_a_loaded_store_maps_its_vectors_for_random_access(tmp_path):
+    """Loaded vectors stay memory-mapped and the map is advised MADV_RANDOM (``rr`` in the
+    mapping's VmFlags), so a cold-cache refine reads the pages of the rows it rescores, not
+    the kernel's read-around (bench/rerank_store.py measures the bytes)."""
+    from hashlearn.search import Searcher
+
+    X = np.random.default_rng(0).standard_normal((500, 64)).astype(np.float32)
+    s = Searcher(RandomHyperplaneLSH(16, random_state=0), rerank="euclidean").fit(X).add(X)
+    s.save(tmp_path / "s")
+    loaded = Searcher.load(tmp_path / "s", mmap=True)
+    vectors = VectorStore.vectors_of(loaded.refiner.store.state)
+    assert isinstance(vectors, np.memmap)
+    name = next((tmp_path / "s").glob("vectors*.npy")).resolve()
+    flags, current = [], None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            current = fields[5] if len(fields) > 5 else ""
+        elif fields[0] == "VmFlags:" and current == str(name):
+            flags.append(fields[1:])
+    assert flags and all("rr" in f for f in flags), flags
+    np.testing.assert_array_equal(loaded.search(X[:3], 2)[1], s.search(X[:3], 2)[1])
