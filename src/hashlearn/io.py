@@ -165,6 +165,9 @@ class Persistable:
 def save(obj: Any, path: str | os.PathLike) -> None:
     """Save a hashlearn model or index to the directory ``path`` (atomically)."""
     cls_name = type(obj).__name__
+    if cls_name in _COMPOSITES and _composite_class(cls_name) is type(obj):
+        obj.save(path)  # a composite writes its own components (write_composite)
+        return
     cls = _REGISTRY.get(cls_name)
     if cls is not type(obj):
         raise TypeError(f"{cls_name} is not a persistable hashlearn class.")
