@@ -107,8 +107,8 @@ def test_exact_ties_go_to_the_smaller_position():
 
 
 def test_every_code_better_than_the_last():
-    """Codes in ascending score order: each one enters the top k (the buffer fills and
-    shrinks over and over)."""
+    """Codes in ascending score order: each one enters the top k and evicts the worst kept
+    (the heap's replacement path on every code)."""
     rng = np.random.default_rng(2)
     n_bits, n = 40, 3000
     P = rng.integers(1, 50, (1, n_bits)).astype(np.float32)

@@ -20,7 +20,7 @@ The fast form (Gordo et al.'s look-up tables, as product quantization's ADC): pe
 each code byte ``g`` a table of the 256 partial sums ``T_g[v] = sum_{t < 8} p_{8g+t}
 (2 v_t - 1)`` (bits past ``b`` contribute nothing), built once in float64 and stored as
 float32; a code then costs one look-up and one add per byte. Two modes, both keeping the top
-k as they score (ties to the smaller position):
+k as they score in a binary heap (ties to the smaller position):
 
 * :func:`asymmetric_scan`: every code of the database;
 * :func:`asymmetric_rerank`: a candidate list per query (the Hamming shortlist to re-rank).
@@ -40,8 +40,11 @@ from numba import njit
 from hashlearn._utils.kernel_args import frozen
 from hashlearn._utils.parallel import parallel_chunks
 from hashlearn._utils.validation import as_plain_array, check_codes, check_k
+from hashlearn.codes import as_words
 
 __all__ = ["asymmetric_scan", "asymmetric_rerank", "byte_tables"]
+
+_BLOCK = 64  # codes scored before any is offered to the top k
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -49,140 +52,157 @@ __all__ = ["asymmetric_scan", "asymmetric_rerank", "byte_tables"]
 
 @njit(nogil=True, cache=True)
 def byte_tables(p, n_bits, table):
-    """Fill ``table`` (float32, ``ceil(b / 8) * 256``) with the partial sums of ``p``.
+    """Fill ``table`` (float32, 256 entries per code byte) with the partial sums of ``p``.
 
     ``table[256 g + v] = sum_{t < 8, 8g + t < b} p[8g + t] * (2 bit_t(v) - 1)``, computed in
-    float64: the all-zero byte's sum, then each value from the one without its lowest set bit
-    (adding ``2 p_t`` for that bit ``t``; a padding bit adds nothing).
+    float64 by doubling: the all-zero byte's sum, then for each bit ``t`` the values below
+    ``2^t`` with bit ``t`` added (``+ 2 p_t``). Bits past ``b`` add nothing, so the tables of
+    the padding bytes up to a whole word are zero.
     """
-    n_bytes = (n_bits + 7) // 8
     sums = np.empty(256, np.float64)
-    for g in range(n_bytes):
+    for g in range(table.shape[0] // 256):
         base = 0.0
         for t in range(8):
-            j = 8 * g + t
-            if j < n_bits:
-                base -= np.float64(p[j])
+            if 8 * g + t < n_bits:
+                base -= np.float64(p[8 * g + t])
         sums[0] = base
-        for v in range(1, 256):
-            t = 0
-            while not (v >> t) & 1:
-                t += 1
+        for t in range(8):
             j = 8 * g + t
             step = 2.0 * np.float64(p[j]) if j < n_bits else 0.0
-            sums[v] = sums[v & (v - 1)] + step
+            half = 1 << t
+            for v in range(half):
+                sums[half + v] = sums[v] + step
         for v in range(256):
             table[256 * g + v] = np.float32(sums[v])
 
 
 @njit(nogil=True, inline="always")
-def _score(table, codes, row, n_bytes):
-    """``s`` of code ``row`` (flat uint8 ``codes``): one look-up per byte, four running sums
-    (independent chains of adds), combined in a fixed order."""
-    o = row * n_bytes
+def _score(table, words, row, n_words):
+    """``s`` of code ``row`` (flat uint64 ``words``, ``n_words`` per code): one look-up per
+    byte, the bytes cut from each word by shifts, four running sums (independent chains of
+    adds) combined in a fixed order. Unsigned indices: no negative-index wraparound (half
+    the time of signed ones)."""
+    o = np.uint64(row) * np.uint64(n_words)
+    m8 = np.uint64(0xFF)
     s0 = np.float32(0.0)
     s1 = np.float32(0.0)
     s2 = np.float32(0.0)
     s3 = np.float32(0.0)
-    g = 0
-    while g + 4 <= n_bytes:
-        s0 += table[(g << 8) + np.int64(codes[o + g])]
-        s1 += table[((g + 1) << 8) + np.int64(codes[o + g + 1])]
-        s2 += table[((g + 2) << 8) + np.int64(codes[o + g + 2])]
-        s3 += table[((g + 3) << 8) + np.int64(codes[o + g + 3])]
-        g += 4
-    while g < n_bytes:
-        s0 += table[(g << 8) + np.int64(codes[o + g])]
-        g += 1
+    for w in range(np.uint64(n_words)):
+        x = words[o + w]
+        t = w << np.uint64(11)  # 8 tables of 256 entries per word
+        s0 += table[t + (x & m8)]
+        s1 += table[t + np.uint64(256) + ((x >> np.uint64(8)) & m8)]
+        s2 += table[t + np.uint64(512) + ((x >> np.uint64(16)) & m8)]
+        s3 += table[t + np.uint64(768) + ((x >> np.uint64(24)) & m8)]
+        s0 += table[t + np.uint64(1024) + ((x >> np.uint64(32)) & m8)]
+        s1 += table[t + np.uint64(1280) + ((x >> np.uint64(40)) & m8)]
+        s2 += table[t + np.uint64(1536) + ((x >> np.uint64(48)) & m8)]
+        s3 += table[t + np.uint64(1792) + (x >> np.uint64(56))]
     return (s0 + s1) + (s2 + s3)
 
 
+@njit(nogil=True, inline="always")
+def _worse(s_a, p_a, s_b, p_b):
+    """Whether ``(s_a, p_a)`` ranks after ``(s_b, p_b)``: lower score, or a tie at a larger
+    position."""
+    return s_a < s_b or (s_a == s_b and p_a > p_b)
+
+
 @njit(nogil=True, cache=True)
-def _shrink(buf_s, buf_p, count, k):
-    """Sort the ``count`` buffered ``(score, position)`` pairs by score descending, then
-    position ascending (two stable sorts), keep the first ``min(k, count)``; returns that
-    count."""
-    by_pos = np.argsort(buf_p[:count], kind="mergesort")
-    neg = np.empty(count, np.float32)
-    for j in range(count):
-        neg[j] = -buf_s[by_pos[j]]
-    order = by_pos[np.argsort(neg, kind="mergesort")]
-    keep = min(k, count)
-    s = buf_s[order[:keep]].copy()
-    p = buf_p[order[:keep]].copy()
-    buf_s[:keep] = s
-    buf_p[:keep] = p
-    return keep
+def _sift_down(heap_s, heap_p, size, j):
+    """Restore the heap below slot ``j`` (each parent ranks after its children)."""
+    s, p = heap_s[j], heap_p[j]
+    while True:
+        c = 2 * j + 1
+        if c >= size:
+            break
+        if c + 1 < size and _worse(heap_s[c + 1], heap_p[c + 1], heap_s[c], heap_p[c]):
+            c += 1
+        if not _worse(heap_s[c], heap_p[c], s, p):
+            break
+        heap_s[j], heap_p[j] = heap_s[c], heap_p[c]
+        j = c
+    heap_s[j], heap_p[j] = s, p
 
 
 @njit(nogil=True, inline="always")
-def _offer(buf_s, buf_p, kept, k, tau_s, tau_p, s, p):
-    """Buffer ``(s, p)`` if it can still enter the top k (it beats the k-th kept pair by
-    score, or ties it with a smaller position); shrinks a full buffer to k first.
-    Returns ``(kept, tau_s, tau_p)``; ``tau`` is the k-th pair once one shrink has run."""
-    if s < tau_s or (s == tau_s and p > tau_p):
-        return kept, tau_s, tau_p
-    if kept == buf_s.shape[0]:
-        kept = _shrink(buf_s, buf_p, kept, k)
-        tau_s, tau_p = buf_s[k - 1], buf_p[k - 1]
-        if s < tau_s or (s == tau_s and p > tau_p):
-            return kept, tau_s, tau_p
-    buf_s[kept] = s
-    buf_p[kept] = p
-    return kept + 1, tau_s, tau_p
+def _offer(heap_s, heap_p, size, k, s, p):
+    """Keep ``(s, p)`` among the best ``k`` pairs of the heap (root: the worst kept pair);
+    returns the new size. O(log k) per pair kept, one comparison per pair refused."""
+    if size == k:
+        if not _worse(heap_s[0], heap_p[0], s, p):
+            return size
+        heap_s[0], heap_p[0] = s, p
+        _sift_down(heap_s, heap_p, size, 0)
+        return size
+    j = size
+    while j > 0:  # sift up
+        parent = (j - 1) // 2
+        if not _worse(s, p, heap_s[parent], heap_p[parent]):
+            break
+        heap_s[j], heap_p[j] = heap_s[parent], heap_p[parent]
+        j = parent
+    heap_s[j], heap_p[j] = s, p
+    return size + 1
 
 
-@njit(nogil=True, inline="always")
-def _emit(buf_s, buf_p, kept, k, out_s, out_i, row):
-    """Write the best ``min(k, kept)`` buffered pairs to ``out[row]``, then the padding."""
-    kept = _shrink(buf_s, buf_p, kept, k)
-    for r in range(kept):
-        out_s[row, r] = buf_s[r]
-        out_i[row, r] = buf_p[r]
-    for r in range(kept, out_s.shape[1]):
+@njit(nogil=True, cache=True)
+def _emit(heap_s, heap_p, size, out_s, out_i, row):
+    """Write the heap's pairs to ``out[row]`` best first (popping the worst to the back),
+    then the padding."""
+    for r in range(size, out_s.shape[1]):
         out_s[row, r] = -np.inf
         out_i[row, r] = -1
+    while size > 0:
+        size -= 1
+        out_s[row, size], out_i[row, size] = heap_s[0], heap_p[0]
+        heap_s[0], heap_p[0] = heap_s[size], heap_p[size]
+        _sift_down(heap_s, heap_p, size, 0)
 
 
 @njit(nogil=True, cache=True)
-def scan_kernel(P, codes, n, n_bits, k, out_s, out_i, q_start, q_end):  # pragma: no cover
-    """Top ``k`` of all ``n`` codes (flat uint8) for queries ``q_start:q_end`` of ``P``."""
-    n_bytes = (n_bits + 7) // 8
-    table = np.empty(n_bytes * 256, np.float32)
-    buf_s = np.empty(4 * k + 64, np.float32)
-    buf_p = np.empty(4 * k + 64, np.int64)
+def scan_kernel(P, words, n, n_words, n_bits, k, out_s, out_i, q_start, q_end):  # pragma: no cover
+    """Top ``k`` of all ``n`` codes (flat uint64 ``words``) for queries ``q_start:q_end``.
+
+    Scores go a block of 64 codes at a time into a small array; only those reaching the
+    k-th score so far are then offered to the top k (one predictable branch per code)."""
+    table = np.empty(n_words * 8 * 256, np.float32)
+    heap_s = np.empty(k, np.float32)
+    heap_p = np.empty(k, np.int64)
+    block = np.empty(_BLOCK, np.float32)
     for q in range(q_start, q_end):
         byte_tables(P[q], n_bits, table)
-        kept = 0
-        tau_s = np.float32(-np.inf)
-        tau_p = np.int64(-1)  # scan order: no later position ties its way in
-        for i in range(n):
-            kept, tau_s, tau_p = _offer(
-                buf_s, buf_p, kept, k, tau_s, tau_p, _score(table, codes, i, n_bytes), i
-            )
-        _emit(buf_s, buf_p, kept, k, out_s, out_i, q)
+        size = 0
+        tau = np.float32(-np.inf)  # the k-th score once k are kept
+        for i0 in range(0, n, _BLOCK):
+            count = min(_BLOCK, n - i0)
+            for u in range(count):
+                block[u] = _score(table, words, i0 + u, n_words)
+            for u in range(count):
+                if block[u] > tau:  # scan order: a tie with the k-th comes later, loses
+                    size = _offer(heap_s, heap_p, size, k, block[u], i0 + u)
+                    if size == k:
+                        tau = heap_s[0]
+        _emit(heap_s, heap_p, size, out_s, out_i, q)
 
 
 @njit(nogil=True, cache=True)
-def rerank_kernel(P, codes, cand, n_bits, k, out_s, out_i, q_start, q_end):  # pragma: no cover
+def rerank_kernel(
+    P, words, n_words, cand, n_bits, k, out_s, out_i, q_start, q_end
+):  # pragma: no cover
     """Top ``k`` of each query's candidate positions ``cand[q]`` (-1 skipped)."""
-    n_bytes = (n_bits + 7) // 8
-    table = np.empty(n_bytes * 256, np.float32)
-    buf_s = np.empty(4 * k + 64, np.float32)
-    buf_p = np.empty(4 * k + 64, np.int64)
+    table = np.empty(n_words * 8 * 256, np.float32)
+    heap_s = np.empty(k, np.float32)
+    heap_p = np.empty(k, np.int64)
     for q in range(q_start, q_end):
         byte_tables(P[q], n_bits, table)
-        kept = 0
-        tau_s = np.float32(-np.inf)
-        tau_p = np.int64(np.iinfo(np.int64).max)
+        size = 0
         for c in range(cand.shape[1]):
             i = cand[q, c]
-            if i < 0:
-                continue
-            kept, tau_s, tau_p = _offer(
-                buf_s, buf_p, kept, k, tau_s, tau_p, _score(table, codes, i, n_bytes), i
-            )
-        _emit(buf_s, buf_p, kept, k, out_s, out_i, q)
+            if i >= 0:
+                size = _offer(heap_s, heap_p, size, k, _score(table, words, i, n_words), i)
+        _emit(heap_s, heap_p, size, out_s, out_i, q)
 
 
 # --------------------------------------------------------------------------- Python API
@@ -212,6 +232,11 @@ def _check_projections(projections, owner: str) -> np.ndarray:
             f"projections of {owner} must be finite as float32 (no NaN, no inf, |p| < 3.4e38)."
         )
     return P
+
+
+def _words(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Checked codes as read-only flat uint64 words (FlatIndex's layout), and words per code."""
+    return frozen(as_words(codes), np.uint64), max(1, (codes.shape[1] + 7) // 8)
 
 
 def _empty_result(m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -247,10 +272,10 @@ def asymmetric_scan(projections, codes, k: int, *, n_threads: int | None = None)
     out_s, out_i = _empty_result(m, k)
     if m == 0 or n == 0:
         return out_s, out_i
-    flat = codes.reshape(-1)
+    words, n_words = _words(codes)
 
     def run(start: int, stop: int) -> None:
-        scan_kernel(P, flat, n, n_bits, min(k, n), out_s, out_i, start, stop)
+        scan_kernel(P, words, n, n_words, n_bits, min(k, n), out_s, out_i, start, stop)
 
     parallel_chunks(run, m, n_threads)
     return out_s, out_i
@@ -289,11 +314,11 @@ def asymmetric_rerank(projections, codes, candidates, k: int, *, n_threads: int 
     out_s, out_i = _empty_result(m, k)
     if m == 0 or n == 0 or cand.shape[1] == 0:
         return out_s, out_i
-    flat = codes.reshape(-1)
+    words, n_words = _words(codes)
     k_eff = min(k, cand.shape[1])
 
     def run(start: int, stop: int) -> None:
-        rerank_kernel(P, flat, cand, n_bits, k_eff, out_s, out_i, start, stop)
+        rerank_kernel(P, words, n_words, cand, n_bits, k_eff, out_s, out_i, start, stop)
 
     parallel_chunks(run, m, n_threads)
     return out_s, out_i
