@@ -15,7 +15,15 @@ import pytest
 
 import hashlearn
 from conftest import pack_le, unpack_le
-from hashlearn.hashers import IterativeQuantization
+from hashlearn.hashers import (
+    IterativeQuantization,
+    MinimalLossHashing,
+    PCAHashing,
+    RandomHyperplaneLSH,
+    RankHashing,
+    SignHashing,
+    SpectralHashing,
+)
 from hashlearn.index import FlatIndex
 from hashlearn.index._asymmetric import asymmetric_rerank, asymmetric_scan, byte_tables
 
@@ -232,6 +240,38 @@ def test_padding_bits_set_are_refused():
 def test_bad_candidates(cand, error, match):
     with pytest.raises(error, match=match):
         asymmetric_rerank(np.ones((1, 16), np.float32), np.zeros((5, 2), np.uint8), cand, 2)
+
+
+LINEAR_HASHERS = [
+    SignHashing(n_bits=20, center=True),
+    RandomHyperplaneLSH(n_bits=20, random_state=0),
+    PCAHashing(n_bits=20),
+    IterativeQuantization(n_bits=20, random_state=0),
+    SpectralHashing(n_bits=20),
+    MinimalLossHashing(
+        n_bits=20, n_epochs=1, pairs_per_epoch=2000, rho=3, lam=0.5, epsilon=0.1, random_state=0
+    ),
+    RankHashing(n_bits=20, n_epochs=1, random_state=0),
+]
+
+
+@pytest.mark.parametrize("hasher", LINEAR_HASHERS, ids=lambda h: type(h).__name__)
+def test_every_linear_hasher_codes_follow_its_projections(hasher):
+    """A hasher's code of x is the sign pattern of project(x) (a bit at p_j = 0 scores 0
+    either way), so each query's own code reaches the largest possible score ||p||_1: the
+    top score of a database holding the queries equals it (an encode/project mismatch on any
+    bit with |p_j| above the rounding would fail)."""
+    X, y = hashlearn.load_digits()
+    X, y = X[:300].astype(np.float64), y[:300]
+    hasher.fit(X, y)
+    P = hasher.project(X[:40]).astype(np.float32)
+    S, I = asymmetric_scan(P, hasher.encode(X), 1)
+    best = np.abs(P.astype(np.float64)).sum(axis=1)
+    assert np.all(np.abs(S[:, 0] - best) <= tolerance(P))
+    assert np.all(
+        oracle_scores(P, unpack_le(hasher.encode(X[:40]), P.shape[1])).diagonal()
+        >= best - tolerance(P)
+    )
 
 
 def test_asymmetric_beats_hamming_ranking_on_digits():

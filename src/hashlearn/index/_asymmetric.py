@@ -16,11 +16,14 @@ code with each disagreeing bit weighted by how far the query sits from that bit'
 It is also the numerator of RaBitQ's inner-product estimator (Gao & Long, *RaBitQ*, SIGMOD
 2024, ``<x_bar, q'>`` with ``x_bar = (2x - 1) / sqrt(b)``), up to a per-code factor.
 
-The fast form (Gordo et al.'s look-up tables, as product quantization's ADC): per query, for
-each code byte ``g`` a table of the 256 partial sums ``T_g[v] = sum_{t < 8} p_{8g+t}
-(2 v_t - 1)`` (bits past ``b`` contribute nothing), built once in float64 and stored as
-float32; a code then costs one look-up and one add per byte. Two modes, both keeping the top
-k as they score in a binary heap (ties to the smaller position):
+The fast form is the look-up-table evaluation of product quantization's asymmetric distance
+(Jegou, Douze & Schmid, *Product quantization for nearest neighbor search*, TPAMI 2011) with
+bytes as sub-codes: per query, for each code byte ``g`` a table of the 256 partial sums
+``T_g[v] = sum_{t < 8} p_{8g+t} (2 v_t - 1)`` (bits past ``b`` contribute nothing), built once
+in float64 and stored as float32; a code then costs one look-up and one add per byte. Codes
+are read as FlatIndex's 64-bit words (:func:`hashlearn.codes.as_words`: no copy when a code is
+a whole number of words), the bytes cut from each word by shifts. Two modes, both keeping the
+top k as they score in a binary heap (ties to the smaller position):
 
 * :func:`asymmetric_scan`: every code of the database;
 * :func:`asymmetric_rerank`: a candidate list per query (the Hamming shortlist to re-rank).
@@ -225,8 +228,11 @@ def _check_projections(projections, owner: str) -> np.ndarray:
             f"projections of {owner} must be a 2-D array (n_queries, n_bits) with n_bits >= 1. "
             f"Got shape {P.shape}."
         )
-    with np.errstate(over="ignore"):  # too large for float32: inf, refused below
+    if P.dtype == np.float32:
         P = frozen(P, np.float32)
+    else:
+        with np.errstate(over="ignore"):  # too large for float32: inf, refused below
+            P = frozen(P, np.float32)
     if not np.isfinite(P).all():
         raise ValueError(
             f"projections of {owner} must be finite as float32 (no NaN, no inf, |p| < 3.4e38)."
