@@ -1,7 +1,7 @@
 """The two Hamming kernel paths: wide (8 codes per 512-bit step) and portable, bit for bit.
 
 ``FlatIndex`` takes the wide path on CPUs with AVX-512 VPOPCNTDQ and the portable one
-elsewhere (:func:`hashlearn._utils.popcount.wide_path_enabled`). Both are plain LLVM IR, so
+elsewhere (:func:`hashlearn._utils.popcount.kernel_path`). Both are plain LLVM IR, so
 either can be forced on any CPU: the wide one then runs the same logic lowered to whatever
 the CPU has (slow, exact). These tests force each in turn, on every CPU, and compare them to
 numpy brute force and to each other.
@@ -78,18 +78,25 @@ def test_flat_index_results_identical_on_both_paths(n_bits, path_restored):
 def test_kernel_path_choice(monkeypatch, path_restored):
     monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "portable")
     popcount.set_kernel_path(None)
-    assert not popcount.wide_path_enabled()
-    assert "portable" in popcount.kernel_path_description()
+    assert {popcount.kernel_path(w) for w in (1, 2, 4, 16)} == {"portable"}
+    assert "portable at every code length" in popcount.kernel_path_description()
     monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "wide")
     popcount.set_kernel_path(None)
-    assert popcount.wide_path_enabled()
+    assert {popcount.kernel_path(w) for w in (1, 2, 4, 16)} == {"wide"}
     monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "auto")
     popcount.set_kernel_path(None)
-    assert popcount.wide_path_enabled() == popcount.target_has_vpopcntdq()
+    features = popcount._target_features()
+    for n_words in (1, 2, 3, 4, 16):
+        wide = "+avx512vpopcntdq" in features or (
+            "+avx2" in features and n_words <= popcount._WIDE_AVX2_MAX_WORDS
+        )
+        assert popcount.kernel_path(n_words) == ("wide" if wide else "portable")
+    popcount.set_kernel_path("portable")  # the function wins over the environment
+    assert popcount.kernel_path(1) == "portable"
     monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "fast")
     popcount.set_kernel_path(None)
     with pytest.raises(ValueError, match="HASHLEARN_KERNEL"):
-        popcount.wide_path_enabled()
+        popcount.kernel_path(1)
     with pytest.raises(ValueError, match="path"):
         popcount.set_kernel_path("avx512")
 
@@ -105,4 +112,4 @@ def test_info_names_the_kernel_path_and_cpu(path_restored):
         assert result.exit_code == 0, result.output
         assert "family" in result.stdout and "model" in result.stdout
         kernel = [line for line in result.stdout.splitlines() if line.startswith("hamming kernel")]
-        assert len(kernel) == 1 and f" {path}:" in kernel[0], kernel
+        assert len(kernel) == 1 and f" {path} at every code length" in kernel[0], kernel

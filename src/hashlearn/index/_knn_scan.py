@@ -30,10 +30,10 @@ from numba import njit
 from hashlearn._utils.kernel_args import frozen
 from hashlearn._utils.popcount import (
     code_distance,
+    kernel_path,
     popcount64,
     trailing_zeros64,
     wide_mini_block,
-    wide_path_enabled,
 )
 
 __all__ = ["knn_scan"]
@@ -290,7 +290,7 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
     width = _WIDTH_TAGS.get(n_words)
     if width is None:
         knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
-    elif wide_path_enabled():
+    elif kernel_path(n_words) == "wide":
         knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
     else:
         knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
