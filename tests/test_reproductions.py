@@ -360,3 +360,26 @@ def test_mlh_large_ablation_varies_one_factor_at_a_time():
     assert variants["pair sampling"].similar_fraction == 0.0
     assert variants["loss"].params["loss"] == "bre"
     assert "MLH, uniform pairs" in md and "Rows as run" in md
+
+
+@pytest.mark.slow
+def test_mlh_large_runs_both_trainings_over_seeds(tmp_path):
+    from hashlearn.experiments import mlh
+    from hashlearn.experiments.pipeline import Split
+
+    X = np.asarray(load_digits()[0], np.float64)
+    A, B = mlh.prepare(X[:400], X[400:480], normalise=True, n_pca=40)
+    split = Split(A, B).with_threshold_relevance(20)
+    cfg = dict(mlh.settings(True), large_bits=(16,))
+    cfg["paper"] = dict(cfg["paper"], epochs=3)
+    lines, claims = mlh._large(tmp_path, cfg, 0, None, None, split=split)
+    assert [c["claim"] for c in claims] == [
+        mlh.large_claim(16),
+        mlh.large_claim(16, "MLH (paper §5 training)"),
+    ]
+    assert all(c["n"] == 2 and c["interval"] == "paired t" for c in claims)
+    records = json.loads((tmp_path / "mlh_large.json").read_text())
+    paper = [r for r in records if r["method"] == "MLH (paper §5 training)"]
+    assert len(paper) == 2 and all(r["n_epochs_"] == 3 for r in paper)
+    assert {r["bits"] for r in records if r["method"] == "MLH.5"} == {16}
+    assert "Rows as run" in "\n".join(lines)

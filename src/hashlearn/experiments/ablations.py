@@ -528,7 +528,7 @@ def mlh_large_cause(cfg, opts: RunOptions, split=None):
     n_train, n_test = cfg["large_rows"]
     if split is None:
         split = mlh.large_split(opts.seed, opts.data_dir, n_train, n_test)
-    budget = mlh.LARGE_BUDGET if not opts.quick else 0.25
+    budget = mlh.settings(opts.quick)["large_budget"]
     paper = mlh.settings(opts.quick)["paper"]
     variants = mlh_large_variants(paper, budget)
     by_name = {s.name: s for s in mlh.large_specs(budget)}
