@@ -445,19 +445,20 @@ class EmbeddingIndex:
             raise FileNotFoundError(f"No embedding index at {path}.")
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} is not a hashlearn index: meta.json is missing.")
-        for attempt in range(5):  # a save replaced by another process meanwhile: read again
+        for attempt in range(5):  # a save another process replaced meanwhile: read again
             try:
                 meta, arrays = _io.read_dir(path, mmap=mmap, verify=verify)
             except (ValueError, OSError) as exc:
-                raise ValueError(f"{path}: damaged index: {exc}") from None
-            if meta["class"] != _CLASS:
-                raise TypeError(f"{path} holds a {meta['class']}, not an {_CLASS}.")
-            try:
-                return cls._from_meta(path, meta, arrays, mmap=mmap, verify=verify)
-            except (KeyError, TypeError, ValueError, FileNotFoundError, OSError) as exc:
-                replaced = _io.read_dir(path, mmap=True, verify=False)[0] != meta
-                if attempt == 4 or not replaced:
-                    raise ValueError(f"{path}: damaged index: {exc}") from None
+                error = exc
+            else:
+                if meta["class"] != _CLASS:
+                    raise TypeError(f"{path} holds a {meta['class']}, not an {_CLASS}.")
+                try:
+                    return cls._from_meta(path, meta, arrays, mmap=mmap, verify=verify)
+                except (KeyError, TypeError, ValueError, OSError) as exc:
+                    error = exc
+            if attempt == 4:
+                raise ValueError(f"{path}: damaged index: {error}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     @classmethod

@@ -254,24 +254,20 @@ class Searcher:
         checks every sha256. A save replaced meanwhile is read again (up to 5 times). Another
         class's save is a ``TypeError``, an inconsistent one a ``ValueError``."""
         path = Path(path)
-        for attempt in range(5):
-            meta, arrays = _io.read_dir(path, mmap=mmap, verify=verify)
-            if meta["class"] != "Searcher":
-                raise TypeError(f"{path} holds a {meta['class']}, not a Searcher.")
+        for attempt in range(5):  # a save another process replaced meanwhile: read again
             try:
-                dirs = [
+                meta, arrays = _io.read_dir(path, mmap=mmap, verify=verify)
+                if meta["class"] != "Searcher":
+                    raise TypeError(f"{path} holds a {meta['class']}, not a Searcher.")
+                names = [
                     _io.require_state(meta["state"], n, str) for n in ("hasher_dir", "index_dir")
                 ]
-                if not all(_COMPONENT.fullmatch(name) for name in dirs):
-                    raise ValueError(f"invalid component directory names {dirs}")
-            except ValueError as exc:
-                raise ValueError(f"{path}: the saved Searcher is inconsistent: {exc}") from None
-            try:
-                hasher = _io.load(path / dirs[0], mmap=mmap, verify=verify)
-                index = _io.load(path / dirs[1], mmap=mmap, verify=verify)
+                if not all(_COMPONENT.fullmatch(name) for name in names):
+                    raise ValueError(f"{path}: the saved Searcher is inconsistent: dirs {names}")
+                hasher, index = (_io.load(path / n, mmap=mmap, verify=verify) for n in names)
                 break
-            except FileNotFoundError:
-                if attempt == 4 or _io.read_dir(path, mmap=True, verify=False)[0] == meta:
+            except (ValueError, FileNotFoundError):
+                if attempt == 4 or not path.is_dir():
                     raise
         try:
             rerank, screen = Refiner.saved_params(meta["params"])
