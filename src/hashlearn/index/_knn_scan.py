@@ -1,14 +1,22 @@
-"""Exhaustive Hamming k-NN over packed codes: the numba kernel behind ``FlatIndex``.
+"""Exhaustive Hamming k-NN over packed codes: the numba kernels behind ``FlatIndex``.
 
 Codes are C-contiguous ``uint64`` word arrays (code ``i`` occupies ``words[i*W:(i+1)*W]``,
 see :mod:`hashlearn._utils.primitives`). The scan:
 
 * walks the database in blocks of ~16 KiB that a chunk of queries reuses while they sit in
-  L1 cache, two queries per pass over a block;
-* computes the distances of a mini-block of 64 codes branch-free into a small array:
-  up to 4 words per code the codes sit in SIMD lanes (LLVM vectorises the loop over codes),
-  wider codes go through the vector XOR + popcount of :func:`hashlearn._utils.popcount.code_distance`;
-* looks item by item only at a mini-block whose minimum beats the current k-th distance
+  L1 cache;
+* computes the distances of a mini-block of 64 codes branch-free, on one of two paths
+  (:func:`hashlearn._utils.popcount.kernel_path` picks one per CPU and width; both give
+  identical results):
+
+  - *wide* (:func:`knn_scan_wide`): 8 codes per 512-bit XOR + ``VPOPCNTQ`` step, the
+    pass mask from a vector compare, the distances stored only when a code passes; one
+    query per pass over a block (as faiss's AVX-512 ``IndexBinaryFlat`` scans);
+  - *portable*: up to 4 words per code the codes sit in SIMD lanes (LLVM vectorises the
+    loop over codes), wider codes go through the vector XOR + popcount of
+    :func:`hashlearn._utils.popcount.code_distance`; two queries per pass, the second
+    reusing the codes' words from registers (a lone query passes alone);
+* looks item by item only at a mini-block with a code below the current k-th distance
   ``tau``;
 * keeps the top k by counting, not sorting: a per-query candidate buffer accepts an item
   only when its distance is below ``tau``; when the buffer fills, a histogram over the
@@ -18,8 +26,9 @@ see :mod:`hashlearn._utils.primitives`). The scan:
 
 The word count ``W`` is a compile-time constant in the kernels for 1, 2, 3, 4, 6, 8 and
 16 words (64 to 1024 bits; 384 bits are one sign bit per dimension of MiniLM embeddings);
-other widths use one kernel with ``W`` at run time. Each kernel is serial and GIL-free over
-a range of queries ``q_start:q_end``: callers run chunks of queries on several threads (:func:`hashlearn._utils.parallel.parallel_chunks`).
+other widths use one portable kernel with ``W`` at run time. Each kernel is serial and
+GIL-free over a range of queries ``q_start:q_end``: callers run chunks of queries on
+several threads (:func:`hashlearn._utils.parallel.parallel_chunks`).
 """
 
 from __future__ import annotations
