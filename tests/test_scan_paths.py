@@ -82,7 +82,7 @@ def test_kernel_path_choice(monkeypatch, path_restored):
     assert "portable at every code length" in popcount.kernel_path_description()
     monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "wide")
     popcount.set_kernel_path(None)
-    assert {popcount.kernel_path(w) for w in (1, 2, 4, 16)} == {"wide"}
+    assert {popcount.kernel_path(w, lone) for w in (1, 2, 4, 16) for lone in (0, 1)} == {"wide"}
     monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "auto")
     popcount.set_kernel_path(None)
     features = popcount._target_features()
@@ -91,6 +91,8 @@ def test_kernel_path_choice(monkeypatch, path_restored):
             "+avx2" in features and n_words <= popcount._WIDE_AVX2_MAX_WORDS
         )
         assert popcount.kernel_path(n_words) == ("wide" if wide else "portable")
+        lone_wide = wide and n_words < popcount._LONE_PORTABLE_MIN_WORDS
+        assert popcount.kernel_path(n_words, lone=True) == ("wide" if lone_wide else "portable")
     popcount.set_kernel_path("portable")  # the function wins over the environment
     assert popcount.kernel_path(1) == "portable"
     monkeypatch.setenv(popcount.KERNEL_ENV_VAR, "fast")

@@ -299,7 +299,7 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
     width = _WIDTH_TAGS.get(n_words)
     if width is None:
         knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
-    elif kernel_path(n_words) == "wide":
+    elif kernel_path(n_words, lone=q_end - q_start == 1) == "wide":
         knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
     else:
         knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
