@@ -295,9 +295,11 @@ class EmbeddingIndex:
         self._path = None
         return self
 
-    def _check_fitted(self, owner: str) -> None:
+    def _fitted(self, owner: str) -> Searcher:
+        """The searcher, or a ``RuntimeError`` naming ``owner`` before :meth:`fit`."""
         if self.searcher_ is None:
             raise RuntimeError(f"{owner}: this EmbeddingIndex is not fitted; call fit(sample).")
+        return self.searcher_
 
     def add(self, X, *, chunk_size: int = 65536) -> EmbeddingIndex:
         """Encode and add the rows of ``X`` (ids continue from ``len(self)``), ``chunk_size``
@@ -306,7 +308,7 @@ class EmbeddingIndex:
         On an index from :meth:`open` each chunk is appended to the save in place.
         """
         owner = "EmbeddingIndex.add"
-        self._check_fitted(owner)
+        searcher = self._fitted(owner)
         chunk_size = check_int(chunk_size, "chunk_size", owner)
         X = as_plain_array(X, "X")
         if not isinstance(X, np.ndarray):
@@ -316,15 +318,15 @@ class EmbeddingIndex:
         for start in range(0, X.shape[0], chunk_size):
             chunk = self._prepare(X[start : start + chunk_size], "X", owner)
             if self._path is None:
-                self.searcher_.add(chunk)
+                searcher.add(chunk)
                 continue
-            codes = self.hasher_.encode(chunk)
-            with self.searcher_._writing():  # one published state: codes and vectors
+            codes = searcher.hasher.encode(chunk)
+            with searcher._writing():  # one published state: codes and vectors
                 # vectors first: a crash leaves more vectors than codes, which load reports
                 _io.append_rows(self._path, {"vectors": chunk}, {"n": len(self) + len(chunk)})
-                self.codes_.add(codes)
+                searcher.index.add(codes)
                 vectors = self._read_vectors(self._path)
-                self.searcher_.refiner.store.replace(np.arange(len(vectors)), vectors)
+                searcher.refiner.store.replace(np.arange(len(vectors)), vectors)
         if X.shape[0] == 0:
             check_embeddings(X, "X", owner, self.dim_)
         return self
@@ -340,7 +342,7 @@ class EmbeddingIndex:
         return np.zeros((0, self.dim_ or 0), np.float32)
 
     def __len__(self) -> int:
-        return 0 if self.searcher_ is None else len(self.codes_)
+        return 0 if self.searcher_ is None else len(self.searcher_.index)
 
     @property
     def code_bytes(self) -> int:
@@ -378,13 +380,13 @@ class EmbeddingIndex:
         (similarities) or ``inf`` (distances) when the index holds fewer than ``k`` vectors.
         """
         owner = "EmbeddingIndex.search"
-        self._check_fitted(owner)
+        searcher = self._fitted(owner)
         k = check_int(k, "k", owner)
         overfetch = (
             self.overfetch if overfetch is None else check_int(overfetch, "overfetch", owner)
         )
         Q = self._prepare(Q, "Q", owner)
-        return self.searcher_.search(Q, k, k_factor=overfetch, n_threads=n_threads)
+        return searcher.search(Q, k, k_factor=overfetch, n_threads=n_threads)
 
     # ------------------------------------------------------------------------- persistence
 
@@ -404,22 +406,22 @@ class EmbeddingIndex:
         Over an existing save the new components are written first, then ``meta.json`` is
         replaced atomically, then the old components are deleted.
         """
-        self._check_fitted("EmbeddingIndex.save")
+        searcher = self._fitted("EmbeddingIndex.save")
         path = Path(path)
         if path.is_symlink():
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
         token = secrets.token_hex(8)
         hasher_dir, codes_dir = f"hasher-{token}", f"codes-{token}"
-        with self.searcher_._lock:  # one state of the codes and the vectors
+        with searcher._lock:  # one state of the codes and the vectors
             state = {
                 "hasher_dir": hasher_dir,
                 "codes_dir": codes_dir,
-                "dim": int(self.dim_),
+                "dim": int(self.dim_ or 0),
                 "n": len(self),
             }
             _io.write_composite(
                 path,
-                {hasher_dir: self.hasher_, codes_dir: self.codes_},
+                {hasher_dir: searcher.hasher, codes_dir: searcher.index},
                 _COMPONENT.fullmatch,
                 _CLASS,
                 self._params(),
@@ -445,6 +447,7 @@ class EmbeddingIndex:
             raise FileNotFoundError(f"No embedding index at {path}.")
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} is not a hashlearn index: meta.json is missing.")
+        error: Exception | None = None
         for attempt in range(5):  # a save another process replaced meanwhile: read again
             try:
                 meta, arrays = _io.read_dir(path, mmap=mmap, verify=verify)
@@ -518,7 +521,7 @@ class EmbeddingIndex:
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
         meta, _ = _io.read_dir(path, mmap=True, verify=False)
         codes = FlatIndex.open(path / meta["state"]["codes_dir"], verify=verify)
-        obj._attach(obj.hasher_, codes, obj.vectors)
+        obj._attach(obj._fitted("EmbeddingIndex.open").hasher, codes, obj.vectors)
         obj._path = path
         return obj
 

@@ -90,7 +90,7 @@ class Searcher:
                 raise TypeError(
                     "a bucketer needs an index object such as TableIndex, not a registry name."
                 )
-            index = make_index(index, n_bits=_code_bits(hasher))
+            index = make_index(index, n_bits=getattr(hasher, "n_bits_", hasher.n_bits))
         self._sharded = callable(getattr(index, "refine_search", None))
         if not (isinstance(index, BinaryIndex) or self._sharded or _is_candidate_index(index)):
             raise TypeError(
@@ -282,7 +282,7 @@ class Searcher:
             raise ValueError(f"{path}: the saved Searcher is inconsistent: {exc}") from None
 
 
-def _code_bits(hasher) -> int | None:  # fitted ``n_bits_`` (may be clipped), or ``n_bits``
+def _code_bits(hasher):  # fitted ``n_bits_`` (may be clipped), or ``n_bits``; None: a bucketer
     return getattr(hasher, "n_bits_", getattr(hasher, "n_bits", None))
 
 
