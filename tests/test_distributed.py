@@ -471,6 +471,24 @@ def test_a_refining_sharded_index_saves_and_loads(client, vectors, tmp_path):
         Searcher(hasher, loaded, rerank="euclidean").add(X[:2])
 
 
+def test_a_sharded_searcher_built_from_a_dask_array_saves_and_loads(client, vectors, tmp_path):
+    """Searcher.add(dask array) encodes and keeps the rows on the workers; the Searcher saves
+    (its sharded index as a component) and hashlearn.load(path, client=) searches the same."""
+    import hashlearn
+    from hashlearn import Searcher
+
+    X, Q, hasher = vectors
+    local = Searcher(hasher, "flat", rerank="euclidean").add(X)
+    sharded = Searcher(hasher, ShardedIndex(client, n_bits=32, n_shards=2), rerank="euclidean")
+    sharded.add(da.from_array(X, chunks=(700, 12)))
+    want = local.search(Q, 10, n_candidates=150)
+    _equal(sharded.search(Q, 10, n_candidates=150), want)
+    sharded.save(tmp_path / "searcher")
+    loaded = hashlearn.load(tmp_path / "searcher", client=client)
+    assert isinstance(loaded, Searcher) and isinstance(loaded.index, ShardedIndex)
+    _equal(loaded.search(Q, 10, n_candidates=150), want)
+
+
 @pytest.mark.slow
 def test_searcher_over_a_sharded_index_survives_a_worker_killed_mid_search(vectors):
     """A real 2-process LocalCluster: a worker process is killed while a Searcher over a

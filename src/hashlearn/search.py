@@ -28,6 +28,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from hashlearn import io as _io
+from hashlearn._utils.parallel import bounded_threads
 from hashlearn._utils.validation import check_int
 from hashlearn.hashers.base import BaseHasher
 from hashlearn.index._neighbors import pad_candidates, relative_neighbors
@@ -80,10 +81,7 @@ class Searcher:
 
     def __init__(self, hasher, index="flat", rerank=None, n_candidates=None, screen=True):
         if not (isinstance(hasher, BaseHasher) or _is_bucketer(hasher)):
-            raise TypeError(
-                f"hasher must be a hashlearn hasher (encode) or bucketer (keys). "
-                f"Got {type(hasher).__name__}."
-            )
+            raise TypeError(f"hasher must be a hasher or a bucketer, got {type(hasher).__name__}")
         self._index_name = index if isinstance(index, str) else None
         if isinstance(index, str):
             if not hasattr(hasher, "n_bits"):
@@ -148,7 +146,9 @@ class Searcher:
         """Encode the rows of ``X`` and add them to the index (and the refine stage)."""
         if isinstance(self.hasher, BaseEstimator):
             check_is_fitted(self.hasher)
-        codes = self._encode(X)
+        # a dask array over a refining sharded index is encoded and kept on the workers
+        on_workers = self._sharded and self.rerank is not None and hasattr(X, "__dask_graph__")
+        codes = None if on_workers else self._encode(X)
         with self._writing():
             if self._sharded:
                 self._attach()
@@ -184,6 +184,10 @@ class Searcher:
             n_candidates = check_int(n_candidates, "n_candidates", "Searcher.search")
         else:
             n_candidates = self.n_candidates
+        with bounded_threads(n_threads):  # BLAS and OpenMP too: n_threads=1 is one CPU
+            return self._search(X, k, n_candidates, n_threads)
+
+    def _search(self, X, k, n_candidates, n_threads):
         codes = self._encode(X)
         if self.rerank is None:
             return self.index.search(codes, k, n_threads=n_threads)
@@ -213,9 +217,8 @@ class Searcher:
         return self.refiner.refine(X, cand, k, n_threads=n_threads)
 
     def neighbors(self, X, *, radius=None, n_bins=None, n_threads=None):
-        """Neighbours within an absolute (``radius``) or relative (``n_bins``) Hamming
-        threshold, ties kept: ``(lims, D, I)``
-        (:func:`~hashlearn.index._neighbors.relative_neighbors`); no re-ranking."""
+        """Neighbours within an absolute (``radius``) or relative (``n_bins``) Hamming threshold,
+        ties kept: ``(lims, D, I)`` (:func:`~hashlearn.index._neighbors.relative_neighbors`)."""
         if not isinstance(self.index, BinaryIndex):
             raise TypeError("Searcher.neighbors needs a Hamming index (BinaryIndex).")
         return relative_neighbors(
@@ -249,10 +252,11 @@ class Searcher:
             )
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, mmap: bool = True, verify: bool = True) -> Searcher:
+    def load(cls, path: str | os.PathLike, *, mmap=True, verify=True, **index_kwargs) -> Searcher:
         """Load what :meth:`save` wrote, memory-mapped read-only by default; ``verify``
         checks every sha256. A save replaced meanwhile is read again (up to 5 times). Another
-        class's save is a ``TypeError``, an inconsistent one a ``ValueError``."""
+        class's save is a ``TypeError``, an inconsistent one a ``ValueError``. ``index_kwargs``
+        go to the index's load (``client=`` for a sharded index)."""
         path = Path(path)
         for attempt in range(5):  # a save another process replaced meanwhile: read again
             try:
@@ -264,7 +268,8 @@ class Searcher:
                 ]
                 if not all(_COMPONENT.fullmatch(name) for name in names):
                     raise ValueError(f"{path}: the saved Searcher is inconsistent: dirs {names}")
-                hasher, index = (_io.load(path / n, mmap=mmap, verify=verify) for n in names)
+                hasher = _io.load(path / names[0], mmap=mmap, verify=verify)
+                index = _io.load(path / names[1], mmap=mmap, verify=verify, **index_kwargs)
                 break
             except (ValueError, FileNotFoundError):
                 if attempt == 4 or not path.is_dir():
