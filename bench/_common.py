@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -86,6 +87,20 @@ def machine() -> str:
     )
 
 
+def cpu_tag() -> str:
+    """This CPU as a section key: family, model and SIMD level (``"family 25 model 17,
+    AVX-512 with VPOPCNTDQ"``); timings on another CPU go to a section of their own."""
+    match = re.search(r"\((family [^)]*)\)", cpu_description())
+    return match.group(1) if match else "CPU unknown"
+
+
 def write_section(name: str, markdown: str) -> None:
-    """Replace (or append) the section ``name`` of docs/results.md between markers."""
-    _write_section(RESULTS, name, markdown)
+    """Replace (or append) this CPU's section ``name`` of docs/results.md between markers.
+
+    The CPU is part of the section: a run on another CPU adds its own section (its heading
+    names the CPU) instead of overwriting the figures measured on the one before."""
+    tag = cpu_tag()
+    head, sep, rest = markdown.partition("\n")
+    if head.startswith("## "):
+        markdown = f"{head} [{tag}]{sep}{rest}"
+    _write_section(RESULTS, f"{name} [{tag}]", markdown)
