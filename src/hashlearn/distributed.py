@@ -24,14 +24,13 @@ Only public Dask APIs are used (``Client.scatter``/``submit``/``gather``,
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 
+from hashlearn._utils.seqlock import SeqLock
 from hashlearn._utils.validation import check_codes, check_ids, check_int, check_k
 from hashlearn.index._storage import ID_MAX
 from hashlearn.index.base import make_index
@@ -387,8 +386,8 @@ class ShardedIndex:
         self.index_params = dict(index_params or {})
         self._next_id = int(next_id)
         self._refiner: tuple | None = None  # (metric, hasher, screen)
-        self._lock = threading.RLock()
-        self._version = 0  # odd while a write is under way (a seqlock, see _consistent)
+        self._seq = SeqLock(_MAX_ATTEMPTS, reentrant=True)  # one state of all shards
+        self._lock = self._seq.lock
         self._sources: list[_Source | None] = []
         self.shards: list = []
 
@@ -709,30 +708,9 @@ class ShardedIndex:
 
     def _consistent(self, fn, *args, retry_on=()):
         """``fn(*args)`` as of one state of the whole index: a write reaches the shards at
-        different moments, so a search that overlapped one (the version moved, or was odd:
-        a seqlock, as :class:`hashlearn.Searcher` uses) or failed with ``retry_on`` runs
-        again; the last try holds the write lock."""
-        for _ in range(_MAX_ATTEMPTS):
-            version = self._version
-            if version % 2 == 0:
-                try:
-                    result = fn(*args)
-                except retry_on:
-                    continue
-                if version == self._version:
-                    return result
-        with self._lock:
-            return fn(*args)
-
-    @contextlib.contextmanager
-    def _writing(self):
-        """One writer at a time (of this client); the version is odd while it writes."""
-        with self._lock:
-            self._version += 1
-            try:
-                yield
-            finally:
-                self._version += 1
+        different moments, so a search that overlapped one, or failed with ``retry_on``,
+        runs again (:class:`~hashlearn._utils.seqlock.SeqLock`)."""
+        return self._seq.read(fn, *args, retry_on=retry_on)
 
     # ------------------------------------------------------------------------ mutations
 
@@ -753,7 +731,7 @@ class ShardedIndex:
         the currently smallest shard and is computed, encoded and stored by that shard's
         worker: its data never passes through the client).
         """
-        with self._writing():
+        with self._seq.writing():
             if codes is None and vectors is None:
                 raise ValueError("add needs codes (or, with a refiner, the vectors to encode).")
             if self._refiner is None and vectors is not None:
@@ -849,7 +827,7 @@ class ShardedIndex:
             raise ValueError(f"ids must be a 1-D array of integers. Got shape {arr.shape}.")
         unique = np.unique(arr)
         ids = check_ids(unique, len(unique))
-        with self._writing():
+        with self._seq.writing():
             if not len(ids):
                 return 0
             holders = self._holders(ids)

@@ -321,7 +321,7 @@ class EmbeddingIndex:
                 searcher.add(chunk)
                 continue
             codes = searcher.hasher.encode(chunk)
-            with searcher._writing():  # one published state: codes and vectors
+            with searcher._seq.writing():  # one published state: codes and vectors
                 # vectors first: a crash leaves more vectors than codes, which load reports
                 _io.append_rows(self._path, {"vectors": chunk}, {"n": len(self) + len(chunk)})
                 searcher.index.add(codes)
@@ -412,7 +412,7 @@ class EmbeddingIndex:
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
         token = secrets.token_hex(8)
         hasher_dir, codes_dir = f"hasher-{token}", f"codes-{token}"
-        with searcher._lock:  # one state of the codes and the vectors
+        with searcher._seq.lock:  # one state of the codes and the vectors
             state = {
                 "hasher_dir": hasher_dir,
                 "codes_dir": codes_dir,

@@ -16,11 +16,9 @@ each write (a seqlock); a search that overlapped a write runs again: one publish
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +27,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from hashlearn import io as _io
 from hashlearn._utils.parallel import bounded_threads
+from hashlearn._utils.seqlock import SeqLock
 from hashlearn._utils.validation import check_int
 from hashlearn.hashers.base import BaseHasher
 from hashlearn.index._neighbors import pad_candidates, relative_neighbors
@@ -41,7 +40,6 @@ __all__ = ["Searcher", "register_reranker", "available_rerankers"]
 
 _COMPONENT = re.compile(r"(hasher|index)-[0-9a-f]{16}")
 _COMPONENT_TMP = re.compile(r"\.(hasher|index)-[0-9a-f]{16}\.tmp-.*")
-_OPTIMISTIC_TRIES = 3  # searches overlapping a write before one waits for the write lock
 
 
 class Searcher:
@@ -109,8 +107,7 @@ class Searcher:
         #: the refine stage (None without re-ranking, or when the sharded index refines)
         self.refiner = None if self._sharded or rerank is None else refiner
         self._attached = False  # a sharded index was given the refine stage's recipe
-        self._lock = threading.Lock()
-        self._version = 0  # odd while a write is under way
+        self._seq = SeqLock()  # writers one at a time, searches beside them (module doc)
 
     def fit(self, X, y=None, **fit_params) -> Searcher:
         """Fit the hasher in place on a sample; adds nothing. A hasher making fewer bits than
@@ -132,16 +129,6 @@ class Searcher:
             self.index.attach_refiner(self.rerank, self.hasher, self.screen)
             self._attached = True
 
-    @contextlib.contextmanager
-    def _writing(self):
-        """One writer at a time; the version is odd while it writes (see the module doc)."""
-        with self._lock:
-            self._version += 1
-            try:
-                yield
-            finally:
-                self._version += 1
-
     def add(self, X, ids=None) -> Searcher:
         """Encode the rows of ``X`` and add them to the index (and the refine stage)."""
         if isinstance(self.hasher, BaseEstimator):
@@ -149,7 +136,7 @@ class Searcher:
         # a dask array over a refining sharded index is encoded and kept on the workers
         on_workers = self._sharded and self.rerank is not None and hasattr(X, "__dask_graph__")
         codes = None if on_workers else self._encode(X)
-        with self._writing():
+        with self._seq.writing():
             if self._sharded:
                 self._attach()
                 vectors = None if self.rerank is None else X
@@ -163,7 +150,7 @@ class Searcher:
 
     def remove(self, ids) -> int:
         """Remove ids from the index (and their vectors); returns the number removed."""
-        with self._writing():
+        with self._seq.writing():
             removed = self.index.remove(ids)
             if self.refiner is not None:
                 self.refiner.remove(ids)
@@ -195,18 +182,9 @@ class Searcher:
             n_candidates = max(k, n_candidates or max(10 * k, 100))
         if self._sharded:
             return self.index.refine_search(X, codes, k, n_candidates)
-        for _ in range(_OPTIMISTIC_TRIES):
-            version = self._version
-            try:
-                result = self._refined(X, codes, k, n_candidates, n_threads)
-            except MissingVectorsError:
-                if version == self._version and version % 2 == 0:
-                    raise  # the index holds ids added around this searcher
-                continue
-            if version == self._version and version % 2 == 0:
-                return result
-        with self._lock:  # writes kept overlapping: search between two of them
-            return self._refined(X, codes, k, n_candidates, n_threads)
+        return self._seq.read(
+            self._refined, X, codes, k, n_candidates, n_threads, retry_on=MissingVectorsError
+        )
 
     def _refined(self, X, codes, k, n_candidates, n_threads):
         if callable(getattr(self.index, "candidates", None)):
@@ -238,7 +216,7 @@ class Searcher:
         params = {**Refiner.params(self.rerank, self.screen), "n_candidates": self.n_candidates}
         token = secrets.token_hex(8)
         hasher_dir, index_dir = f"hasher-{token}", f"index-{token}"
-        with self._lock:  # one state of the index and its vectors
+        with self._seq.lock:  # one state of the index and its vectors
             store = VectorStore() if self.refiner is None else self.refiner.store
             state, arrays = store.arrays()
             _io.write_composite(
