@@ -103,7 +103,7 @@ def ensure_numba_cache() -> str | None:
         from numba.core import config
     except ImportError:  # pragma: no cover - numba is a dependency
         return None
-    config.CACHE_DIR = fallback  # read when each cached function is defined
+    config.CACHE_DIR = fallback  # type: ignore[attr-defined]  # read when each cached function is defined
     CACHE_FALLBACK = fallback
     return fallback
 

@@ -158,7 +158,7 @@ def _target_features() -> frozenset[str]:
     from numba.core import config
     from numba.core.codegen import get_host_cpu_features
 
-    features = config.CPU_FEATURES
+    features = config.CPU_FEATURES  # type: ignore[attr-defined]
     if features is None:
         features = get_host_cpu_features()
     return frozenset(features.split(","))

@@ -65,7 +65,7 @@ def remove_from_table(table, drop_ids: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def find_in(keys: np.ndarray, lo: np.int64, hi: np.int64, key: np.int64) -> np.int64:
+def find_in(keys: np.ndarray, lo: int, hi: int, key: int) -> int:
     """Position of ``key`` in the sorted slice ``keys[lo:hi]``, or -1 (binary search).
 
     The one binary search of the package's kernels: a table of a multi-table index is a
@@ -84,7 +84,7 @@ def find_in(keys: np.ndarray, lo: np.int64, hi: np.int64, key: np.int64) -> np.i
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def find(keys: np.ndarray, key: np.int64) -> np.int64:
+def find(keys: np.ndarray, key: int) -> int:
     """Position of ``key`` in the sorted ``keys``, or -1 (binary search)."""
     return find_in(keys, 0, keys.shape[0], key)
 

@@ -8,6 +8,7 @@ error, not a cast.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import os
 import warnings
@@ -100,7 +101,7 @@ def check_real(
     low_open: bool = False,
 ) -> float:
     """Validate a finite real parameter in ``[low, high]`` (``(low, high]`` if ``low_open``)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(value)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if ok and low is not None and (value <= low if low_open else value < low):
         ok = False
     if ok and high is not None and value > high:
