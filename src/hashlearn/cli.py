@@ -37,7 +37,8 @@ from hashlearn.index import available_indexes
 
 __all__ = ["main", "CLIError", "OneLineErrorGroup", "check_output_dir", "check_output_file"]
 
-_QUICK = {"bits": (16, 32), "n_queries": 100, "n_train": 1000}
+# --quick defaults: code lengths, queries, training points
+_QUICK_BITS, _QUICK_N_QUERIES, _QUICK_N_TRAIN = (16, 32), 100, 1000
 
 
 class BitsParam(click.ParamType):
@@ -311,9 +312,9 @@ def demo(
         )
     check_output_dir(out_dir, "--out")
     if quick:
-        bits = bits or _QUICK["bits"]
-        n_queries = _QUICK["n_queries"] if n_queries is None else n_queries
-        n_train = _QUICK["n_train"] if n_train is None else n_train
+        bits = bits or _QUICK_BITS
+        n_queries = _QUICK_N_QUERIES if n_queries is None else n_queries
+        n_train = _QUICK_N_TRAIN if n_train is None else n_train
     progress = functools.partial(tqdm, file=sys.stderr, unit="run", leave=False)
     try:
         rows = run_demo(

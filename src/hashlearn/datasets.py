@@ -63,7 +63,7 @@ _FASHION_FILES = {
 _FASHION_SUBSETS = ("train", "test", "all")
 
 # IDX type codes (third byte of the magic number); values are stored big-endian.
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),
@@ -308,7 +308,7 @@ def _read_fashion_part(directory: Path, part: str) -> tuple[np.ndarray, np.ndarr
             f"(.gz or uncompressed). Install them with `{FASHION_MNIST_INSTALL}` (Debian/Ubuntu), "
             "or pass path= a directory holding the four IDX files."
         )
-    images, labels = (read_idx(p) for p in paths)
+    images, labels = (read_idx(p) for p in paths if p is not None)  # none is, see above
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
         raise ValueError(
             f"{paths[0]} does not hold Fashion-MNIST images: expected uint8 images of shape "
