@@ -74,7 +74,7 @@ def _zeroed_rows(shape: tuple[int, ...], dtype) -> np.ndarray:
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     private = getattr(mmap, "MAP_PRIVATE", None)
     anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
-    if n_bytes < _HUGE_PAGE_MIN_BYTES or None in (advice, private, anonymous):
+    if n_bytes < _HUGE_PAGE_MIN_BYTES or advice is None or private is None or anonymous is None:
         return np.zeros(shape, dtype)
     try:
         buf = mmap.mmap(-1, n_bytes, flags=private | anonymous)
@@ -265,6 +265,7 @@ class IdStore:
                 raise ValueError(f"row array {name!r} must be {dtype} of shape {(m, *shape)}")
         if m == 0:
             return snap, self._buffers, np.arange(n), np.zeros(0, np.int64)
+        sorted_rows: Mapping[str, np.ndarray]
         if m > 1 and np.any(new_ids[1:] < new_ids[:-1]):
             order = np.argsort(new_ids, kind="stable")
             sorted_ids = new_ids[order]

@@ -100,6 +100,7 @@ class FlatIndex(BinaryIndex):
         return index
 
     def _write_through(self, snap: Snapshot, words: np.ndarray, new_ids: np.ndarray) -> None:
+        assert self._path is not None  # only an index from open() writes through
         old = self._store.snapshot
         order = np.argsort(new_ids, kind="stable")
         sorted_ids = new_ids[order]
@@ -117,6 +118,7 @@ class FlatIndex(BinaryIndex):
         """Publish the state just written as memory maps of the files. They hold what this
         writer checked and wrote (``written``), so only their shapes are checked: an append
         stays O(new rows) instead of re-validating the whole index."""
+        assert self._path is not None
         meta, arrays = io.read_dir(self._path, mmap=True, verify=False)
         words, ids = arrays.get("words"), arrays.get("ids")
         if (
@@ -181,6 +183,7 @@ class FlatIndex(BinaryIndex):
         return {"n_bits": self.n_bits}, {"next_id": snap.next_id}, arrays
 
     def _save_snapshot(self, snap: Snapshot) -> None:
+        assert self._path is not None
         io.write_dir(self._path, type(self).__name__, *self._state_of(snap))
 
     def _get_state(self):

@@ -89,7 +89,7 @@ class MinHashLSHIndex(IndexBase):
         return self.bands * self.rows
 
     @property
-    def _store(self) -> IdStore:
+    def _store(self) -> IdStore:  # type: ignore[override]  # IndexBase declares an attribute
         return self._tables.store
 
     def __repr__(self) -> str:

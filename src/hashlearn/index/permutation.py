@@ -198,7 +198,9 @@ class _Contents:
     __slots__ = ("codes", "ids", "built")
 
     def __init__(self, codes: np.ndarray, ids: np.ndarray):
-        self.codes, self.ids, self.built = codes, ids, None
+        self.codes, self.ids = codes, ids
+        # (perms, keys, rows, words), see PermutationIndex._built
+        self.built: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @persistable
