@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -468,7 +469,7 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
 
     def _cv_folds(self, X, y, pairs, similar, rng) -> list:
         """``(X_fit, pairs, similar, score(A) -> float)`` per validation fold."""
-        folds = []
+        folds: list[tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[np.ndarray], float]]] = []
         if y is not None:
             _, counts = np.unique(y, return_counts=True)
             n_folds = min(self.validation_folds, int(counts.min()))
@@ -480,11 +481,11 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 n = self.num_constraints or default_num_constraints(yt)
                 p, s = pairs_from_labels(yt, n, random_state=rng)
 
-                def score(A, Xt=Xt, yt=yt, Xv=Xv, yv=yv):
+                def knn_score(A, Xt=Xt, yt=yt, Xv=Xv, yv=yv):
                     G = metric_factor(A)
                     return knn_accuracy(Xt @ G.T, yt, Xv @ G.T, yv, self.n_neighbors)
 
-                folds.append((Xt, p, s, score))
+                folds.append((Xt, p, s, knn_score))
         else:
             order = rng.permutation(len(pairs))
             for fold in np.array_split(order, self.validation_folds):
@@ -492,10 +493,10 @@ class ITML(Persistable, TransformerMixin, BaseEstimator):
                 if len({*similar[fold]}) < 2 or len({*similar[train]}) < 2:
                     continue
 
-                def score(A, fold=fold):
+                def auc_score(A, fold=fold):
                     return roc_auc_score(similar[fold], -pair_distances(X, pairs[fold], A))
 
-                folds.append((X, pairs[train], similar[train], score))
+                folds.append((X, pairs[train], similar[train], auc_score))
         return folds
 
     def _select(self, X, y, pairs, similar, A0, slack_grid, rng) -> tuple[float, float, float]:
