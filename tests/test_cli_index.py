@@ -119,3 +119,147 @@ def test_euclidean_build_and_search_match_the_library(files):
     exact = np.sqrt(((Q[:, None].astype(np.float64) - X[None]) ** 2).sum(-1))
     np.testing.assert_allclose(scores, np.sort(exact, axis=1)[:, :4], rtol=1e-5)
     assert "distances, smallest first" in _run("info", out).stdout
+
+
+# --------------------------------------------------------------------- sharded (Dask)
+
+
+@pytest.fixture(scope="module")
+def cluster_address():
+    """A 2-worker in-process LocalCluster (threads): its address goes to --scheduler."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    )
+    yield cluster.scheduler_address
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dense")
+    rng = np.random.default_rng(1)
+    np.save(tmp / "emb.npy", rng.standard_normal((2000, 32)).astype(np.float32))
+    np.save(tmp / "q.npy", rng.standard_normal((25, 32)).astype(np.float32))
+    return tmp
+
+
+def _build_both(tmp, metric, *cluster):
+    """Build the local index and the sharded one (--chunk-size 300: 7 blocks over the
+    shards) on the same file; returns their directories."""
+    common = ["--hasher", "lsh", "--bits", 32, "--metric", metric, "--chunk-size", 300, "--force"]
+    local, sharded = tmp / f"local-{metric}", tmp / f"sharded-{metric}"
+    r = _run("build", tmp / "emb.npy", "--out", local, *common)
+    assert r.exit_code == 0, r.output
+    r = _run("build", tmp / "emb.npy", "--out", sharded, "--shards", 3, *common, *cluster)
+    assert r.exit_code == 0, r.output
+    return local, sharded
+
+
+@pytest.mark.parametrize("metric", ["cosine", "ip", "euclidean"])
+def test_sharded_build_and_search_equal_the_local_ones(dense, cluster_address, metric):
+    """The sharded searcher returns exactly the local one's ids and scores (binary files and
+    the printed lines), for every metric; the local ones equal the library (tests above)."""
+    tmp = dense
+    local, sharded = _build_both(tmp, metric, "--scheduler", cluster_address)
+    for overfetch in (2, 40):
+        args = ["-k", 10, "--overfetch", overfetch]
+        r = _run("search", local, tmp / "q.npy", *args, "--out", tmp / "l.npy")
+        assert r.exit_code == 0, r.output
+        r = _run("search", sharded, tmp / "q.npy", *args, "--out", tmp / "s.npy",
+                 "--scheduler", cluster_address)  # fmt: skip
+        assert r.exit_code == 0, r.output
+        np.testing.assert_array_equal(np.load(tmp / "s.npy"), np.load(tmp / "l.npy"))
+        np.testing.assert_array_equal(np.load(tmp / "s.scores.npy"), np.load(tmp / "l.scores.npy"))
+    assert (np.load(tmp / "l.npy") >= 0).all()
+    printed = [
+        _run("search", d, tmp / "q.npy", "-k", 3, *extra).stdout
+        for d, extra in [(local, []), (sharded, ["--scheduler", cluster_address])]
+    ]
+    assert printed[0] == printed[1] and len(printed[0].splitlines()) == 75
+
+
+def test_sharded_info_from_the_manifest_without_a_scheduler(dense, cluster_address):
+    tmp = dense
+    _, sharded = _build_both(tmp, "cosine", "--scheduler", cluster_address)
+    r = _run("info", sharded)
+    assert r.exit_code == 0, r.output
+    fields = dict(
+        line.split(None, 1)
+        for line in r.stdout.replace("rows per shard", "rows_per_shard").splitlines()
+        if line
+    )
+    per_shard = [int(n) for n in fields["rows_per_shard"].split()]
+    assert len(per_shard) == 3 and sum(per_shard) == 2000 and min(per_shard) > 0
+    assert fields["vectors"].strip() == "2000" and fields["sharded"].startswith("3 shards")
+    # the saved searcher is an ordinary hashlearn save of a Searcher over a ShardedIndex
+    assert (sharded / "searcher" / "meta.json").is_file()
+
+
+def test_local_cluster_option(dense):
+    """--local-cluster 2 --local-threads starts a cluster for each command."""
+    tmp = dense
+    local, sharded = tmp / "lc-local", tmp / "lc-sharded"
+    common = ["--hasher", "lsh", "--bits", 32, "--chunk-size", 500]
+    assert _run("build", tmp / "emb.npy", "--out", local, *common).exit_code == 0
+    cluster = ["--local-cluster", 2, "--local-threads"]
+    r = _run("build", tmp / "emb.npy", "--out", sharded, *common, *cluster)
+    assert r.exit_code == 0, r.output
+    assert "2 shards" in r.stdout  # default: one shard per worker
+    r = _run("search", sharded, tmp / "q.npy", "-k", 5, "--out", tmp / "s.npy", *cluster)
+    assert r.exit_code == 0, r.output
+    assert _run("search", local, tmp / "q.npy", "-k", 5, "--out", tmp / "l.npy").exit_code == 0
+    np.testing.assert_array_equal(np.load(tmp / "s.npy"), np.load(tmp / "l.npy"))
+    np.testing.assert_array_equal(np.load(tmp / "s.scores.npy"), np.load(tmp / "l.scores.npy"))
+
+
+def test_sharded_errors_are_one_line_with_exit_status_2(dense, cluster_address):
+    tmp = dense
+    out = tmp / "err"
+    _assert_one_line_error(
+        _run("build", tmp / "emb.npy", "--out", out, "--shards", 2), "--shards needs"
+    )
+    _assert_one_line_error(
+        _run(
+            "build",
+            tmp / "emb.npy",
+            "--out",
+            out,
+            "--scheduler",
+            "tcp://127.0.0.1:9",
+            "--timeout",
+            0.5,
+        ),  # fmt: skip
+        "could not reach the Dask scheduler",
+    )
+    _assert_one_line_error(
+        _run(
+            "build",
+            tmp / "emb.npy",
+            "--out",
+            out,
+            "--scheduler",
+            cluster_address,
+            "--local-cluster",
+            2,
+        ),  # fmt: skip
+        "not both",
+    )
+    assert not out.exists()
+    local, sharded = _build_both(tmp, "ip", "--scheduler", cluster_address)
+    _assert_one_line_error(_run("search", sharded, tmp / "q.npy"), "sharded index")
+    _assert_one_line_error(
+        _run("search", local, tmp / "q.npy", "--scheduler", cluster_address), "local index"
+    )
+    np.save(tmp / "q5.npy", np.ones((2, 5), np.float32))
+    _assert_one_line_error(
+        _run("search", sharded, tmp / "q5.npy", "--scheduler", cluster_address), "dimension 5"
+    )
+    # a NaN row, found by the worker that reads its block: nothing left at --out
+    bad = np.load(tmp / "emb.npy")
+    bad[1234, 7] = np.nan
+    np.save(tmp / "nan.npy", bad)
+    r = _run("build", tmp / "nan.npy", "--out", out, "--bits", 16, "--hasher", "lsh",
+             "--chunk-size", 300, "--fit-size", 100, "--scheduler", cluster_address)  # fmt: skip
+    _assert_one_line_error(r, "NaN", "row 34", "rows 1200..1499")
+    assert not out.exists() and not list(tmp.glob(".err.building*"))

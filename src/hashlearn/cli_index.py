@@ -6,13 +6,17 @@
     hashlearn index search DIR QUERIES.npy -k 10 [--overfetch 16] [--out RESULT.npy]
     hashlearn index info DIR
 
+    # the same searcher over a ShardedIndex on a Dask cluster
+    hashlearn index build EMB.npy --out DIR --scheduler tcp://host:8786 [--shards N] ...
+    hashlearn index search DIR QUERIES.npy -k 10 --scheduler tcp://host:8786
+    # ... or on a LocalCluster of N workers started for the duration of the command
+    hashlearn index build EMB.npy --out DIR --local-cluster 4 [--local-threads]
+
 The index is an :class:`~hashlearn.embeddings.EmbeddingIndex`, the preset of
 :class:`hashlearn.Searcher` for dense embeddings: any registered hasher by name, a Hamming
 shortlist of ``k * overfetch`` candidates, exact refinement by cosine similarity, inner
 product or Euclidean distance. Results follow the library's one convention: similarities
-largest first, distances smallest first. (A ``--scheduler`` option for a Dask build or
-search belongs in ``build`` / ``search`` below: the same searcher over a
-:class:`~hashlearn.distributed.ShardedIndex`.)
+largest first, distances smallest first.
 
 Inputs are ``.npy`` float matrices (memory-mapped), TEXMEX ``.fvecs`` files, or
 ann-benchmarks HDF5 files (``.hdf5`` / ``.h5``: ``build`` reads the ``train`` dataset,
@@ -23,12 +27,30 @@ chunk is encoded and appended to it in place (:meth:`hashlearn.embeddings.Embedd
 The index is built in a temporary sibling directory and renamed into place at the end, so an
 interrupted build never leaves a half-built index at ``--out``.
 
-Errors (a wrong dimension or dtype, NaN, a missing or damaged index) are one line on stderr
-and exit status 2.
+**Sharded (Dask).** With ``--scheduler ADDRESS`` (or ``--local-cluster N``) ``build`` fits
+the hasher on the client exactly as above (same sample, same options), then builds a
+:class:`hashlearn.Searcher` over a :class:`~hashlearn.distributed.ShardedIndex` of
+``--shards`` shards (default: one per worker). The input is a dask array of ``--chunk-size``
+row blocks, each *read by a worker* from the file (checked and L2-normalised for cosine
+exactly as :class:`~hashlearn.embeddings.EmbeddingIndex` does), then encoded and kept with
+its vectors on that worker: the rows never pass through the client, so **the input file and
+``--out`` must be on a filesystem the workers see** (same absolute path). A sharded ``DIR``
+holds ``sharded.json`` (the command's manifest: hasher, bits, metric, overfetch, dimension,
+vectors, shards and rows per shard) and ``searcher/``, a :meth:`hashlearn.Searcher.save` over
+the sharded index whose ``shard-*`` / ``vectors-*`` directories the workers write
+(``hashlearn.load(DIR / "searcher", client=client)`` loads it in Python). ``search`` on a
+sharded ``DIR`` needs ``--scheduler`` or ``--local-cluster`` (the workers load the shards
+from the path) and returns exactly the ids and scores of the local build; ``info`` reads the
+manifest alone and needs no scheduler.
+
+Errors (a wrong dimension or dtype, NaN, a missing or damaged index, an unreachable
+scheduler, ``--shards`` without a scheduler) are one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -40,7 +62,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from hashlearn.embeddings import EmbeddingIndex, check_embeddings
+from hashlearn.embeddings import _RERANK, EmbeddingIndex, _normalized, check_embeddings
 from hashlearn.hashers import available_hashers
 from hashlearn.io import atomic_path
 
@@ -192,6 +214,146 @@ def _progress(total: int, label: str):
     return tqdm(total=total, desc=label, unit="vec", unit_scale=True, file=sys.stderr)
 
 
+# ------------------------------------------------------------------------------- Dask
+
+_MANIFEST = "sharded.json"
+_SEARCHER = "searcher"
+
+
+def _cluster_options(fn):
+    """``--scheduler`` / ``--local-cluster`` / ``--local-threads`` / ``--timeout``."""
+    fn = click.option(
+        "--timeout",
+        default=10.0,
+        show_default=True,
+        type=click.FloatRange(min=0, min_open=True),
+        help="Seconds to wait for the scheduler.",
+    )(fn)
+    fn = click.option(
+        "--local-threads",
+        is_flag=True,
+        help="With --local-cluster: workers are threads of this process, not processes.",
+    )(fn)
+    fn = _count_option(
+        "--local-cluster",
+        None,
+        help="Start a Dask LocalCluster of this many workers for the command.",
+    )(fn)
+    return click.option(
+        "--scheduler",
+        default=None,
+        help="Address of a Dask scheduler (tcp://host:8786): build or search a sharded index.",
+    )(fn)
+
+
+@contextlib.contextmanager
+def _dask_client(scheduler: str | None, local_cluster: int | None, threads: bool, timeout: float):
+    """A ``distributed.Client`` for ``--scheduler`` or a ``LocalCluster`` of ``local_cluster``
+    workers (closed on exit); ``None`` when neither is given."""
+    if scheduler is not None and local_cluster is not None:
+        raise IndexCommandError("pass --scheduler or --local-cluster, not both.")
+    if scheduler is None and local_cluster is None:
+        if threads:
+            raise IndexCommandError("--local-threads needs --local-cluster N.")
+        yield None
+        return
+    from hashlearn.distributed import connect
+
+    if scheduler is not None:
+        client = connect(scheduler, timeout=timeout)
+        try:
+            with client.as_current():  # distributed.wait inside ShardedIndex needs a current one
+                yield client
+        finally:
+            client.close()
+        return
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=local_cluster,
+        threads_per_worker=1,
+        processes=not threads,
+        dashboard_address=":0",
+    )
+    try:
+        with Client(cluster, set_as_default=False) as client, client.as_current():
+            yield client
+    finally:
+        cluster.close()
+
+
+def _read_rows(path: str, start: int, stop: int, cosine: bool) -> np.ndarray:
+    """Rows ``[start, stop)`` of the embeddings file, as ``EmbeddingIndex.add`` prepares them
+    (finite float32, L2-normalised for cosine); run by a Dask worker."""
+    chunk = open_matrix(Path(path), "embeddings").read(start, stop)
+    try:
+        X = check_embeddings(chunk, "embeddings", "hashlearn index build")
+    except ValueError as exc:
+        raise ValueError(f"rows {start}..{stop - 1}: {exc}") from None
+    return _normalized(X) if cosine else X
+
+
+def _dask_rows(matrix: Matrix, path: Path, chunk_size: int, cosine: bool):
+    """The rows of ``matrix`` as a dask array of ``chunk_size``-row blocks, each read by the
+    worker that computes it (:func:`_read_rows`)."""
+    import dask
+    import dask.array as da
+
+    blocks = [
+        da.from_delayed(
+            dask.delayed(_read_rows, pure=True)(
+                str(path), a, min(a + chunk_size, matrix.n), cosine
+            ),
+            shape=(min(a + chunk_size, matrix.n) - a, matrix.d),
+            dtype=np.float32,
+        )
+        for a in range(0, matrix.n, chunk_size)
+    ]
+    return da.concatenate(blocks, axis=0)
+
+
+def _read_manifest(directory: Path) -> dict | None:
+    """The manifest of a sharded save, or ``None`` for a local index."""
+    file = Path(directory) / _MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        manifest = json.loads(file.read_text())
+        keys = ("hasher", "bits", "metric", "overfetch", "vectors", "dimension", "rows_per_shard")
+        missing = [key for key in keys if key not in manifest]
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{file} is not a readable manifest: {exc}") from None
+    if missing:
+        raise ValueError(f"{file} is not a valid manifest: missing {missing}.")
+    return manifest
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    file = Path(directory) / _MANIFEST
+    with atomic_path(file) as tmp, open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2)
+
+
+def _build_sharded(client, matrix, path, hasher, shards, chunk_size, metric, tmp):
+    """Build the Searcher over a ShardedIndex of ``shards`` shards with the fitted ``hasher``
+    from the rows of ``matrix`` (read by the workers) and save it to ``tmp / searcher``;
+    returns the rows per shard."""
+    from hashlearn.distributed import ShardedIndex, _shard_len
+    from hashlearn.search import Searcher
+
+    if shards is None:
+        shards = max(1, len(client.scheduler_info()["workers"]))
+    sharded = ShardedIndex(
+        client, n_bits=int(getattr(hasher, "n_bits_", hasher.n_bits)), n_shards=shards
+    )
+    # screen=False: EmbeddingIndex's refine stage, so both give the same numbers
+    searcher = Searcher(hasher, sharded, rerank=_RERANK[metric], screen=False)
+    searcher.add(_dask_rows(matrix, Path(path).resolve(), chunk_size, metric == "cosine"))
+    tmp.mkdir()
+    searcher.save(tmp / _SEARCHER)
+    return [int(n) for n in sharded._run(_shard_len)]
+
+
 # -------------------------------------------------------------------------------- group
 
 
@@ -242,10 +404,30 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
 @_count_option("--chunk-size", 65_536)
 @_count_option("--seed", 0, minimum=0)
 @click.option("--force", is_flag=True, help="Replace an existing index at --out.")
+@_count_option("--shards", None, help="Shards of a sharded build.  [default: one per worker]")
+@_cluster_options
 @_one_line_errors
-def build(embeddings, out, hasher, bits, metric, overfetch, fit_size, chunk_size, seed, force):
+def build(
+    embeddings,
+    out,
+    hasher,
+    bits,
+    metric,
+    overfetch,
+    fit_size,
+    chunk_size,
+    seed,
+    force,
+    shards,
+    scheduler,
+    local_cluster,
+    local_threads,
+    timeout,
+):
     """Build an index from EMBEDDINGS (.npy, .fvecs or ann-benchmarks .hdf5 'train')."""
     out = Path(out)
+    if shards is not None and scheduler is None and local_cluster is None:
+        raise IndexCommandError("--shards needs --scheduler ADDRESS or --local-cluster N.")
     if out.is_symlink():
         raise IndexCommandError(f"{out} is a symbolic link; refusing to write through it.")
     if out.exists() and not force:
@@ -253,32 +435,48 @@ def build(embeddings, out, hasher, bits, metric, overfetch, fit_size, chunk_size
     matrix = open_matrix(embeddings, "embeddings")
     if matrix.n == 0:
         raise IndexCommandError(f"{matrix.label} holds no vectors.")
-    t0 = time.perf_counter()
-    idx = EmbeddingIndex(hasher, n_bits=bits, metric=metric, overfetch=overfetch, random_state=seed)
-    idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
-    t_fit = time.perf_counter() - t0
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        idx.save(tmp)
-        opened = EmbeddingIndex.open(tmp)
-        with _progress(matrix.n, "encoding") as bar:
-            for start in range(0, matrix.n, chunk_size):
-                chunk = matrix.read(start, min(start + chunk_size, matrix.n))
-                try:
-                    opened.add(chunk, chunk_size=chunk_size)
-                except ValueError as exc:
-                    raise ValueError(f"rows {start}..{start + len(chunk) - 1}: {exc}") from None
-                bar.update(len(chunk))
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    mem = opened.memory_per_vector()
+    with _dask_client(scheduler, local_cluster, local_threads, timeout) as client:
+        t0 = time.perf_counter()
+        idx = EmbeddingIndex(
+            hasher, n_bits=bits, metric=metric, overfetch=overfetch, random_state=seed
+        )
+        idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
+        t_fit = time.perf_counter() - t0
+        tmp = out.parent / f".{out.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            if client is None:
+                idx.save(tmp)
+                opened = EmbeddingIndex.open(tmp)
+                with _progress(matrix.n, "encoding") as bar:
+                    for start in range(0, matrix.n, chunk_size):
+                        chunk = matrix.read(start, min(start + chunk_size, matrix.n))
+                        try:
+                            opened.add(chunk, chunk_size=chunk_size)
+                        except ValueError as exc:
+                            raise ValueError(
+                                f"rows {start}..{start + len(chunk) - 1}: {exc}"
+                            ) from None
+                        bar.update(len(chunk))
+            else:
+                rows = _build_sharded(
+                    client, matrix, embeddings, idx.hasher_, shards, chunk_size, metric, tmp
+                )
+                manifest = {"hasher": hasher, "bits": bits, "metric": metric}
+                manifest.update(overfetch=overfetch, vectors=matrix.n, dimension=matrix.d)
+                manifest.update(shards=len(rows), rows_per_shard=rows, searcher=_SEARCHER)
+                _write_manifest(tmp, manifest)
+            if out.exists():
+                shutil.rmtree(out)
+            os.rename(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    mem = idx.memory_per_vector()  # per vector, from the fitted preset's dimension and bits
+    where = "" if client is None else f", {len(rows)} shards of {rows} rows"
     click.echo(
         f"built {out}: {matrix.n} vectors of dimension {matrix.d}, {hasher} {bits} bits, "
-        f"{metric}; codes {mem['code']} B/vector (float {mem['float']} B); fit {t_fit:.1f} s, "
+        f"{metric}{where}; codes {mem['code']} B/vector (float {mem['float']} B); "
+        f"fit {t_fit:.1f} s, "
         f"total {time.perf_counter() - t0:.1f} s"
     )
 
@@ -303,20 +501,58 @@ def build(embeddings, out, hasher, bits, metric, overfetch, fit_size, chunk_size
 )
 @_count_option("--threads", None, help="Search threads.")
 @click.option("--no-verify", is_flag=True, help="Skip the checksums of the index files.")
+@_cluster_options
 @_one_line_errors
-def search(directory, queries, k, overfetch, out, threads, no_verify):
+def search(
+    directory,
+    queries,
+    k,
+    overfetch,
+    out,
+    threads,
+    no_verify,
+    scheduler,
+    local_cluster,
+    local_threads,
+    timeout,
+):
     """Search the index in DIRECTORY for the rows of QUERIES (.npy, .fvecs or .hdf5 'test')."""
-    idx = EmbeddingIndex.load(directory, mmap=True, verify=not no_verify)
-    matrix = open_matrix(queries, "queries")
-    if matrix.d != idx.dim_:
+    manifest = _read_manifest(directory)
+    distributed = scheduler is not None or local_cluster is not None
+    if manifest is None and distributed:
         raise IndexCommandError(
-            f"{matrix.label} has dimension {matrix.d}; the index at {directory} holds "
-            f"{idx.dim_}-d vectors."
+            f"{directory} is a local index; --scheduler / --local-cluster apply to a sharded one."
         )
-    Q = check_embeddings(matrix.read(0, matrix.n), "queries", "hashlearn index search", idx.dim_)
-    t0 = time.perf_counter()
-    scores, ids = idx.search(Q, k, overfetch=overfetch, n_threads=threads)
-    elapsed = time.perf_counter() - t0
+    if manifest is not None and not distributed:
+        raise IndexCommandError(
+            f"{directory} is a sharded index; pass --scheduler ADDRESS or --local-cluster N."
+        )
+    matrix = open_matrix(queries, "queries")
+    with _dask_client(scheduler, local_cluster, local_threads, timeout) as client:
+        if client is None:
+            idx = EmbeddingIndex.load(directory, mmap=True, verify=not no_verify)
+            dim, default_overfetch = idx.dim_, idx.overfetch
+        else:
+            from hashlearn.search import Searcher
+
+            sharded = Searcher.load(
+                Path(directory) / _SEARCHER, verify=not no_verify, client=client
+            )
+            dim, default_overfetch = manifest["dimension"], manifest["overfetch"]
+        if matrix.d != dim:
+            raise IndexCommandError(
+                f"{matrix.label} has dimension {matrix.d}; the index at {directory} holds "
+                f"{dim}-d vectors."
+            )
+        Q = check_embeddings(matrix.read(0, matrix.n), "queries", "hashlearn index search", dim)
+        factor = default_overfetch if overfetch is None else overfetch
+        t0 = time.perf_counter()
+        if client is None:
+            scores, ids = idx.search(Q, k, overfetch=factor, n_threads=threads)
+        else:  # queries prepared as EmbeddingIndex.search prepares them
+            Q = _normalized(Q) if manifest["metric"] == "cosine" else Q
+            scores, ids = sharded.search(Q, k, k_factor=factor, n_threads=threads)
+        elapsed = time.perf_counter() - t0
     if out is not None:
         out = Path(out)
         _save_npy(out, ids)
@@ -330,7 +566,7 @@ def search(directory, queries, k, overfetch, out, threads, no_verify):
         if lines:
             click.echo("\n".join(lines))
     click.echo(
-        f"{len(Q)} queries, k={k}, overfetch={overfetch or idx.overfetch}: "
+        f"{len(Q)} queries, k={k}, overfetch={factor}: "
         f"{elapsed:.3f} s ({len(Q) / max(elapsed, 1e-9):.0f} queries/s)",
         err=True,
     )
@@ -340,18 +576,31 @@ def search(directory, queries, k, overfetch, out, threads, no_verify):
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @_one_line_errors
 def info(directory):
-    """Describe the index in DIRECTORY."""
-    idx = EmbeddingIndex.load(directory, mmap=True, verify=False)
-    mem = idx.memory_per_vector()
+    """Describe the index in DIRECTORY (a sharded one from its manifest: no scheduler)."""
+    m = _read_manifest(directory)
+    if m is None:
+        idx = EmbeddingIndex.load(directory, mmap=True, verify=False)
+        m = {"hasher": idx.hasher_name, "bits": idx.n_bits, "metric": idx.metric}
+        m.update(overfetch=idx.overfetch, vectors=len(idx), dimension=idx.dim_)
+        mem = idx.memory_per_vector()
+    else:
+        mem = {"code": (m["bits"] + 7) // 8, "scan": 8 * ((m["bits"] + 63) // 64) + 8}
+        mem["float"] = 4 * m["dimension"]
     disk = sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file())
+    euclidean = m["metric"] == "euclidean"
     rows = [
-        ("hasher", idx.hasher_name),
-        ("bits", idx.n_bits),
-        ("metric", idx.metric),
-        ("scores", "distances, smallest first" if idx.metric == "euclidean" else "similarities"),
-        ("overfetch", idx.overfetch),
-        ("vectors", len(idx)),
-        ("dimension", idx.dim_),
+        ("hasher", m["hasher"]),
+        ("bits", m["bits"]),
+        ("metric", m["metric"]),
+        ("scores", "distances, smallest first" if euclidean else "similarities"),
+        ("overfetch", m["overfetch"]),
+        ("vectors", m["vectors"]),
+        ("dimension", m["dimension"]),
+    ]
+    if "rows_per_shard" in m:
+        rows.append(("sharded", f"{len(m['rows_per_shard'])} shards (Dask)"))
+        rows.append(("rows per shard", " ".join(map(str, m["rows_per_shard"]))))
+    rows += [
         ("code bytes/vector", mem["code"]),
         ("scan RAM bytes/vector", mem["scan"]),
         ("float bytes/vector", mem["float"]),
