@@ -263,3 +263,17 @@ def test_sharded_errors_are_one_line_with_exit_status_2(dense, cluster_address):
              "--chunk-size", 300, "--fit-size", 100, "--scheduler", cluster_address)  # fmt: skip
     _assert_one_line_error(r, "NaN", "row 34", "rows 1200..1499")
     assert not out.exists() and not list(tmp.glob(".err.building*"))
+
+
+@pytest.mark.slow
+def test_local_cluster_of_processes(dense):
+    """Workers in other processes read the file themselves and write the shards; the search
+    they serve equals the local one."""
+    tmp = dense
+    local, sharded = _build_both(tmp, "cosine", "--local-cluster", 2)
+    cluster = ["--local-cluster", 2]
+    r = _run("search", sharded, tmp / "q.npy", "-k", 7, "--out", tmp / "p.npy", *cluster)
+    assert r.exit_code == 0, r.output
+    assert _run("search", local, tmp / "q.npy", "-k", 7, "--out", tmp / "l.npy").exit_code == 0
+    np.testing.assert_array_equal(np.load(tmp / "p.npy"), np.load(tmp / "l.npy"))
+    np.testing.assert_array_equal(np.load(tmp / "p.scores.npy"), np.load(tmp / "l.scores.npy"))
