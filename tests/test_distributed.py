@@ -101,6 +101,21 @@ def test_mixed_code_lengths_between_shards_are_refused(client):
         ShardedIndex.from_shards(client, [a, b])
 
 
+def test_add_and_remove_on_a_shard_given_as_a_future(client, problem):
+    # a finished shard without a client-side source stayed pending and was updated again
+    # (the second add refused its own ids as duplicates)
+    db, q = problem
+    first = FlatIndex(64)
+    first.add(db[:100])
+    sharded = ShardedIndex.from_shards(client, [client.scatter(first), FlatIndex(64)])
+    assert sharded.add(db[100:300], ids=np.arange(100, 300)).tolist() == list(range(100, 300))
+    assert sharded.remove(np.arange(50, 150)) == 100
+    assert len(sharded) == 200
+    keep = np.r_[0:50, 150:300]
+    for got, want in zip(sharded.search(q, 10), reference(db[keep], q, 10, ids=keep), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_bad_input(client, problem):
     db, q = problem
     with pytest.raises(ValueError, match="codes"):

@@ -359,6 +359,9 @@ class ShardedIndex:
     >>> client.close(); cluster.close()
     """
 
+    _sources: list[_Source | None]  # per shard; None: a future, cannot be rebuilt
+    shards: list  # per shard, the future of its index on a worker
+
     def __init__(
         self,
         client,
@@ -388,8 +391,8 @@ class ShardedIndex:
         self._refiner: tuple | None = None  # (metric, hasher, screen)
         self._seq = SeqLock(_MAX_ATTEMPTS, reentrant=True)  # one state of all shards
         self._lock = self._seq.lock
-        self._sources: list[_Source | None] = []
-        self.shards: list = []
+        self._sources = []
+        self.shards = []
 
     # ---------------------------------------------------------------------- construction
 
@@ -857,8 +860,10 @@ class ShardedIndex:
             for s, future in futures.items():
                 if future.status == "finished":
                     self.shards[s] = future
-                    if self._sources[s] is not None:
-                        self._sources[s].ops.extend(pending.pop(s))
+                    done = pending.pop(s)  # also for a shard given as a future (no source)
+                    source = self._sources[s]
+                    if source is not None:
+                        source.ops.extend(done)
             if not pending:
                 return
             lost = any(self.shards[s].status in _RECOVERABLE for s in pending)
@@ -908,7 +913,7 @@ class ShardedIndex:
             params = {"n_bits": self.n_bits, "index": self.index_name}
             state = {"shards": names, "index_params": self.index_params, "next_id": self._next_id}
             keep = set(names)
-            if refines:
+            if self._refiner is not None:  # refines
                 metric, hasher, screen = self._refiner
                 if not isinstance(metric, str):
                     raise TypeError(
@@ -916,7 +921,7 @@ class ShardedIndex:
                         "register it with hashlearn.search.register_reranker(name)."
                     )
                 state.update(vectors=vnames, hasher=hasher_name, metric=metric, screen=screen)
-                keep |= set(vnames) | {hasher_name}
+                keep |= {v for v in vnames if v is not None} | {hasher_name}
             try:
                 if fresh:
                     io.write_dir(target, "ShardedIndex", params, {"shards": []}, {})
@@ -986,7 +991,7 @@ class ShardedIndex:
             next_id = None
             if "next_id" in state:  # absent from saves made before sharded refinement
                 next_id = io.require_state(state, "next_id", int, low=0, high=ID_MAX + 1)
-            vnames = [None] * len(names)
+            vnames: Sequence[str | None] = [None] * len(names)
             if "vectors" in state:
                 vnames = _names(state["vectors"], "vectors")
                 if len(vnames) != len(names):
