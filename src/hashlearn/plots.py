@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ PALETTE = (
 )
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p", "d", "8")
 _LINESTYLES = ("-", "--", "-.", ":")
-REFERENCE_STYLE = {"color": "0.45", "linestyle": (0, (4, 3)), "linewidth": 1.2}
+REFERENCE_STYLE: dict[str, Any] = {"color": "0.45", "linestyle": (0, (4, 3)), "linewidth": 1.2}
 
 
 def method_styles(methods: Sequence[str]) -> dict[str, dict]:
@@ -129,7 +130,7 @@ def _panel_figure(
         styles.update({name: extra[name] for name in missing})
     rows, cols = _grid(len(panels))
     height = 3.3 * rows + (0.6 if title else 0.2)
-    n_entries = len(methods) + len((reference or {}) and {k for r in reference.values() for k in r})
+    n_entries = len(methods) + len({k for r in (reference or {}).values() for k in r})
     per_column = max(1, int((height - 0.5) / 0.24))  # legend rows that fit the height
     legend_cols = max(1, math.ceil(n_entries / per_column))
     longest = max((len(name) for name in methods), default=10)
@@ -287,7 +288,7 @@ def _plain_log_ticks(ax, xs) -> None:
     values = np.unique(np.concatenate(xs)) if xs else np.zeros(0)
     values = values[np.isfinite(values) & (values > 0)]
     if 0 < len(values) <= 10:
-        ax.xaxis.set_major_locator(FixedLocator(values))
+        ax.xaxis.set_major_locator(FixedLocator(values.tolist()))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
