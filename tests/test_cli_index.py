@@ -255,6 +255,8 @@ def test_sharded_errors_are_one_line_with_exit_status_2(dense, cluster_address):
     _assert_one_line_error(
         _run("search", sharded, tmp / "q5.npy", "--scheduler", cluster_address), "dimension 5"
     )
+    (sharded / "sharded.json").write_text('{"hasher": "lsh"}')
+    _assert_one_line_error(_run("info", sharded), "not a valid manifest")
     # a NaN row, found by the worker that reads its block: nothing left at --out
     bad = np.load(tmp / "emb.npy")
     bad[1234, 7] = np.nan

@@ -319,12 +319,11 @@ def _read_manifest(directory: Path) -> dict | None:
         return None
     try:
         manifest = json.loads(file.read_text())
-        keys = ("hasher", "bits", "metric", "overfetch", "vectors", "dimension", "rows_per_shard")
-        missing = [key for key in keys if key not in manifest]
-    except (ValueError, TypeError) as exc:
+    except ValueError as exc:
         raise ValueError(f"{file} is not a readable manifest: {exc}") from None
-    if missing:
-        raise ValueError(f"{file} is not a valid manifest: missing {missing}.")
+    keys = ("hasher", "bits", "metric", "overfetch", "vectors", "dimension", "rows_per_shard")
+    if not isinstance(manifest, dict) or not all(key in manifest for key in keys):
+        raise ValueError(f"{file} is not a valid manifest: it needs the keys {list(keys)}.")
     return manifest
 
 
@@ -334,21 +333,19 @@ def _write_manifest(directory: Path, manifest: dict) -> None:
         json.dump(manifest, f, indent=2)
 
 
-def _build_sharded(client, matrix, path, hasher, shards, chunk_size, metric, tmp):
-    """Build the Searcher over a ShardedIndex of ``shards`` shards with the fitted ``hasher``
-    from the rows of ``matrix`` (read by the workers) and save it to ``tmp / searcher``;
-    returns the rows per shard."""
+def _build_sharded(client, idx: EmbeddingIndex, matrix: Matrix, path, shards, chunk_size, tmp):
+    """Build a Searcher over a ShardedIndex of ``shards`` shards with the fitted preset
+    ``idx``'s hasher and refine stage from the rows of ``matrix`` (read by the workers); save
+    it to ``tmp / searcher``. Returns the rows per shard."""
     from hashlearn.distributed import ShardedIndex, _shard_len
     from hashlearn.search import Searcher
 
     if shards is None:
         shards = max(1, len(client.scheduler_info()["workers"]))
-    sharded = ShardedIndex(
-        client, n_bits=int(getattr(hasher, "n_bits_", hasher.n_bits)), n_shards=shards
-    )
-    # screen=False: EmbeddingIndex's refine stage, so both give the same numbers
-    searcher = Searcher(hasher, sharded, rerank=_RERANK[metric], screen=False)
-    searcher.add(_dask_rows(matrix, Path(path).resolve(), chunk_size, metric == "cosine"))
+    sharded = ShardedIndex(client, n_bits=idx.n_bits, n_shards=shards)
+    # EmbeddingIndex's refine stage (metric, screen=False), so both give the same numbers
+    searcher = Searcher(idx.hasher_, sharded, rerank=_RERANK[idx.metric], screen=False)
+    searcher.add(_dask_rows(matrix, Path(path).resolve(), chunk_size, idx.metric == "cosine"))
     tmp.mkdir()
     searcher.save(tmp / _SEARCHER)
     return [int(n) for n in sharded._run(_shard_len)]
@@ -458,9 +455,7 @@ def build(
                             ) from None
                         bar.update(len(chunk))
             else:
-                rows = _build_sharded(
-                    client, matrix, embeddings, idx.hasher_, shards, chunk_size, metric, tmp
-                )
+                rows = _build_sharded(client, idx, matrix, embeddings, shards, chunk_size, tmp)
                 manifest = {"hasher": hasher, "bits": bits, "metric": metric}
                 manifest.update(overfetch=overfetch, vectors=matrix.n, dimension=matrix.d)
                 manifest.update(shards=len(rows), rows_per_shard=rows, searcher=_SEARCHER)
