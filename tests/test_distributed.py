@@ -617,3 +617,25 @@ def test_a_lost_shard_whose_save_is_gone_is_rebuilt_as_before_the_save(client, v
     client.cancel(sharded.shards)
     _equal(sharded.refine_search(Q, hasher.encode(Q), 10, 300), want)
     assert len(sharded) == len(X) - 10
+
+
+@pytest.mark.timeout(120)
+def test_an_index_on_a_client_that_is_not_the_default(problem):
+    """``connect`` makes no default client: building, adding and searching must use the
+    index's own client (Dask's ``wait`` otherwise looks for a default and fails)."""
+    from hashlearn.distributed import connect
+
+    db, queries = problem
+    n_bits = 64
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    )
+    try:
+        with connect(cluster.scheduler_address) as own:
+            index = ShardedIndex(own, n_bits=n_bits, n_shards=2)
+            index.add(db)
+            flat = FlatIndex(n_bits)
+            flat.add(db)
+            _equal(index.search(queries, 5), flat.search(queries, 5))
+    finally:
+        cluster.close()

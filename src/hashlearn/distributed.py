@@ -273,12 +273,20 @@ def _save_shard(shard, paths):
     return len(shard.index)
 
 
+def _settle(futures) -> None:
+    """Wait until every future is done, through their own client (which need not be the
+    default one: :func:`connect` makes none the default)."""
+    from distributed import wait
+
+    if futures:
+        with futures[0].client.as_current():
+            wait(futures)
+
+
 def _wait(futures) -> None:
     """Wait for shard futures and raise the first build error -- without gathering the shards
     themselves to the client (they stay on their workers)."""
-    from distributed import wait
-
-    wait(futures)
+    _settle(futures)
     for future in futures:
         if future.status == "error":
             future.result()  # raises the worker's exception
@@ -847,8 +855,6 @@ class ShardedIndex:
         each as a new future (the old key is released, so no stale replica is ever
         searched), and log them in the shards' sources. A shard lost meanwhile is rebuilt
         and its operations applied again (3 attempts); shards that succeeded stay done."""
-        from distributed import wait
-
         pending = dict(plan)
         for attempt in range(_MAX_ATTEMPTS):
             self._check_shards()
@@ -856,7 +862,7 @@ class ShardedIndex:
                 s: self.client.submit(_apply, self.shards[s], ops, pure=False)
                 for s, ops in pending.items()
             }
-            wait(list(futures.values()))
+            _settle(list(futures.values()))
             for s, future in futures.items():
                 if future.status == "finished":
                     self.shards[s] = future
