@@ -281,3 +281,13 @@ def test_rows_as_run_name_the_class_parameters_and_supervision():
     )
     table = rows_as_run([paper, mlh, MethodSpec("BRE", "bre", n_train=300)])
     assert "| BRE | `BinaryReconstructiveEmbedding(), fitted on 300 rows` |" in table
+
+
+def test_label_steps_refuse_an_unlabelled_split():
+    # with_train_per_class used to return train_rows [0] (np.unique(None) is [None])
+    split = Split.holdout(np.random.default_rng(0).random((20, 3)), n_queries=5, random_state=0)
+    with pytest.raises(ValueError, match="needs labels"):
+        split.with_train_per_class(2)
+    d = np.zeros((5, 15), np.int32)
+    with pytest.raises(ValueError, match="needs labels"):
+        knn_error(radius=1)(d, split, 8)

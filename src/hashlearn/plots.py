@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from hashlearn.io import atomic_path
 
@@ -35,7 +36,7 @@ __all__ = [
     "plot_recall_at_m_panels",
 ]
 
-Curves = Mapping[str, tuple[Sequence[float], Sequence[float]]]
+Curves = Mapping[str, tuple[ArrayLike, ArrayLike]]  # method -> (x, y)
 Panels = Mapping[str, Curves]
 
 #: Distinct colours, most distinct first (Tableau 10 without its grey, which is kept for

@@ -144,7 +144,9 @@ def _tables(text: str, header: tuple[str, ...]) -> list[tuple[str, list[str]]]:
     """Every row of every markdown table in ``text`` whose header is ``header``, with the
     name of the marked section it sits in; the claims overview's own section is skipped."""
     head = "| " + " | ".join(header) + " |"
-    rows, section, in_table = [], None, False
+    rows: list[tuple[str, list[str]]] = []
+    section: str | None = None
+    in_table = False
     for line in text.splitlines():
         marker = re.fullmatch(r"<!-- (.+):(start|end) -->", line.strip())
         if marker:
@@ -152,7 +154,7 @@ def _tables(text: str, header: tuple[str, ...]) -> list[tuple[str, list[str]]]:
             in_table = False
         elif line.strip() == head:
             in_table = section not in (None, CLAIMS_SECTION)
-        elif in_table and line.startswith("|"):
+        elif in_table and section is not None and line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
             if len(cells) == len(header) and not set(line) <= set("|-: "):
                 rows.append((section, cells))

@@ -432,6 +432,8 @@ class Split:
 
     def with_train_per_class(self, n_per_class: int, random_state=None) -> Split:
         """``train_rows``: ``n_per_class`` random labelled database rows of every class."""
+        if self.y_db is None:
+            raise ValueError("with_train_per_class needs labels y.")
         rng = check_random_state(random_state)
         rows = [
             rng.permutation(np.flatnonzero(self.y_db == c))[:n_per_class]
@@ -495,7 +497,7 @@ def answered_at_radius(radius: int) -> Measure:
     return measure
 
 
-def recall_at_m_curve(m_values: Sequence[int], truth: str = "euclidean") -> Measure:
+def recall_at_m_curve(m_values: Iterable[int], truth: str = "euclidean") -> Measure:
     """Fraction of the true neighbours among the first M of the Hamming ranking (random
     ties, seeded), for every M (Grauman & Fergus, *Learning Binary Hash Codes for Large-Scale
     Image Search*, 2013, Fig. 11)."""
@@ -529,6 +531,8 @@ def knn_error(*, radius: int | None = None, n_bins: int | None = None) -> Measur
     tag = f"knn_error@r{radius}" if radius is not None else f"knn_error@{n_bins}bins"
 
     def measure(d: np.ndarray, split: Split, n_bits: int) -> dict[str, float]:
+        if split.y_db is None or split.y_q is None:
+            raise ValueError(f"{tag} needs labels y.")
         err = knn_classification_error(
             d, split.y_db.astype(np.int64), split.y_q.astype(np.int64), radius=radius, k=n_bins
         )
@@ -918,7 +922,7 @@ def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False
             opts = RunOptions(quick, seed, data_dir, progress, X, y, n_jobs)
             return body(out, settings(quick), opts)
 
-        run.body, run.settings = body, settings  # for other settings: run.body(out, cfg, opts)
+        run.body, run.settings = body, settings  # type: ignore[attr-defined]  # for other settings: run.body(out, cfg, opts)
         run.__doc__ = body.__doc__
         run.__name__ = run.__qualname__ = body.__name__
         run.__module__ = body.__module__
