@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -424,7 +425,9 @@ def mlh_pooled(cfg, opts: RunOptions):
     splits = mlh._splits(m_cfg, opts.seed, opts.data_dir, names=("digits",) if opts.quick else None)
     findings, tables = [], []
     for data, split in splits[:1] if opts.quick else splits:
-        kw = dict(bits=bits, measures=measures, progress=opts.progress, n_jobs=opts.n_jobs)
+        kw: dict[str, Any] = dict(
+            bits=bits, measures=measures, progress=opts.progress, n_jobs=opts.n_jobs
+        )
         unsupervised = [by_name[m] for m in mlh.UNSUPERVISED]
         records = run_specs(
             unsupervised, split, seeds=all_seeds, desc=f"ablation: mlh {data}", **kw
@@ -548,7 +551,7 @@ def mlh_large_cause(cfg, opts: RunOptions, split=None):
     findings, rows = [], []
     for b in cfg["large_bits"]:
         means = {s.name: mlh._mean(records, s.name, b, "pr_auc") for s in others}
-        best = max((m for m in means if not np.isnan(means[m])), key=means.get)
+        best = max((m for m in means if not np.isnan(means[m])), key=means.__getitem__)
         stats = {
             factor: paired_t_interval(paired_differences(records, s.name, best, "pr_auc", bits=b))
             for factor, s in variants.items()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -58,7 +59,9 @@ K_NN = 4
 EPSILON = 1.5
 
 
-FULL = dict(runs=10, queries_per_class=30, bits=(8, 12, 16, 24, 32, 48, 64), slack="auto")
+FULL: dict[str, Any] = dict(
+    runs=10, queries_per_class=30, bits=(8, 12, 16, 24, 32, 48, 64), slack="auto"
+)
 FULL.update(fashion_rows=60300, sparse_rows=5000, sparse_runs=5, sparse_bits=(16, 32, 64))
 
 
@@ -82,6 +85,7 @@ def specs(metric: str, sparse: bool = False) -> list[SearchSpec]:
     the space ``x -> G x`` of ITML's ``A = G^T G``, where eq. 6's hash ``sign(r^T G x)`` is a
     random hyperplane and the learned distance is Euclidean; sparse data use the implicit
     hash of eq. 8 and kernelized ITML's distance."""
+    kw: dict[str, Any]
     if sparse and metric == "learned":
         kw = dict(hasher="kernel-metric-lsh", rerank="metric", supervision="labels")
     elif sparse:  # Charikar's Gaussian hyperplanes, as eq. 8 with the identity kernel
@@ -99,6 +103,8 @@ def learned_space(split: Split, slack, seed: int) -> Split:
     rows (the 20 labelled items per class); ``slack="auto"``: its slack weight (Davis et
     al.'s gamma) chosen by cross-validation on those rows only."""
     rows = split.train_rows
+    if split.y_db is None:
+        raise ValueError("learned_space needs a labelled split (y_db).")
     itml = ITML(slack=slack, random_state=seed).fit(split.X_db[rows], split.y_db[rows])
     return replace(split, X_db=itml.transform(split.X_db), X_q=itml.transform(split.X_q))
 

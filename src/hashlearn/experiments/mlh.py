@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.decomposition import PCA
@@ -82,7 +83,7 @@ CHOSEN = ("rho_", "lam_", "epsilon_", "n_epochs_")
 #: 0.05). ``paper_bits`` / ``paper_seeds``: the §6.1 code lengths and the first models it
 #: runs for (about 10 CPU min a 32-bit model; §6.1 says small sets used fewer epochs
 #: without saying how many, so 2000 is an upper bound there).
-PAPER_TRAINING = dict(
+PAPER_TRAINING: dict[str, Any] = dict(
     epochs=2000,
     validation_epochs=100,
     pairs_per_epoch=100_000,
@@ -92,7 +93,9 @@ PAPER_TRAINING = dict(
 )
 
 LARGE_BUDGET = 60.0  # CPU s per budgeted MLH model in §6.2
-FULL = dict(bits=(8, 16, 32, 64), seeds=10, n_train=1000, n_test=3000, n_uniform=3000)
+FULL: dict[str, Any] = dict(
+    bits=(8, 16, 32, 64), seeds=10, n_train=1000, n_test=3000, n_uniform=3000
+)
 FULL.update(budget=8.0, large=True, bre={"n_landmarks": 100, "n_iter": 2})
 FULL.update(paper=PAPER_TRAINING, large_seeds=5, large_bits=(16, 32, 64, 128))
 FULL.update(large_budget=LARGE_BUDGET)
@@ -265,7 +268,7 @@ def competitors(records, n_bits: int, aggregation: str) -> dict[str, str]:
     method in ``records`` by that precision."""
     value = AGGREGATIONS[aggregation]
     unsup = {m: _mean(records, m, n_bits, value) for m in UNSUPERVISED}
-    best = max((m for m in unsup if not np.isnan(unsup[m])), key=unsup.get)
+    best = max((m for m in unsup if not np.isnan(unsup[m])), key=unsup.__getitem__)
     where = f"precision R<={RADIUS} ({aggregation}), {n_bits} bits"
     return {
         f"MLH above BRE, {where}": "BRE",
@@ -457,7 +460,7 @@ def large_claims(records, bits, method="MLH", budget: float = LARGE_BUDGET) -> l
     rows = []
     for b in bits:
         means = {m: _mean(records, m, b, "pr_auc") for m in LARGE_OTHERS}
-        best = max((m for m in means if not np.isnan(means[m])), key=means.get)
+        best = max((m for m in means if not np.isnan(means[m])), key=means.__getitem__)
         diffs = paired_differences(records, method, best, "pr_auc", bits=b)
         text = large_claim(b) if method == "MLH" else large_claim(b, method)
         rows.append(claim(PAPER, text, LARGE_DATA, diffs, baseline=f"{best}: {as_run[best]}"))

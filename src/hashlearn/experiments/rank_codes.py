@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -67,7 +68,9 @@ PAPER = "LambdaRank bit vectors (WWW)"
 ERROR = "knn_error@3bins"
 
 
-FULL = dict(bits=(8, 16, 32, 64, 128), seeds=1, extra_seeds_at=32, extra_seeds=4, epochs=5)
+FULL: dict[str, Any] = dict(
+    bits=(8, 16, 32, 64, 128), seeds=1, extra_seeds_at=32, extra_seeds=4, epochs=5
+)
 FULL.update(digits=(1000, 797), fashion=(60000, 10000), ball_n=1_000_000, ball_queries=2000)
 FULL.update(repeats=5)
 
@@ -234,12 +237,14 @@ def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
     ``rank_codes.json``, ``claims.json`` and the plots into ``out_dir``; return markdown."""
     from hashlearn.plots import plot_lines
 
-    md, claims, results, panels, references = [], [], {"settings": cfg}, {}, {}
+    md, claims, panels, references = [], [], {}, {}
+    results: dict[str, Any] = {"settings": cfg}
     names = _datasets(opts.data_dir, opts.X, opts.quick)
     for name in names:
         split = _split(name, cfg, opts.seed, opts.data_dir, opts.X, opts.y)
         models: dict = {}
         records = _classification(name, split, cfg, opts.seed, opts.progress, models)
+        assert split.y_db is not None  # every data set of this reproduction is labelled
         exact = float(
             np.mean(knn_classify_exact(split.X_db, split.y_db, split.X_q, 3) != split.y_q)
         )

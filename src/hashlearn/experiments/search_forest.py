@@ -23,6 +23,7 @@ The paper's Table 1 timing (inverted index vs exhaustive Hamming scan) is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.decomposition import PCA
@@ -51,7 +52,7 @@ PAPER = "Li et al. 2011 (boosted search forest)"
 BUDGETS = (100, 200, 500, 1000, 2000, 5000)
 
 
-FULL = dict(n_db=60000, n_queries=1000, n_train=10000, n_dims=64, n_trees=32)
+FULL: dict[str, Any] = dict(n_db=60000, n_queries=1000, n_train=10000, n_dims=64, n_trees=32)
 FULL.update(depths=(10, 8, 6), n_pairs=100000, seeds=5, lam=0.1, sh_bits=(32, 64, 128, 256))
 
 
