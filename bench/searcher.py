@@ -102,12 +102,13 @@ def tiled(X: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
 
 
 def unscreened_search(searcher: Searcher, X: np.ndarray):
-    """``searcher.search`` with its screen switched off for the call (same index, vectors)."""
-    searcher.screen = False
+    """``searcher.search`` with its refine stage's screen switched off for the call (same
+    index, same vectors: the screen is the refiner's, read at each refine)."""
+    searcher.refiner.screen = False
     try:
         return searcher.search(X, K, n_threads=1)
     finally:
-        searcher.screen = True
+        searcher.refiner.screen = True
 
 
 def end_to_end_rows(X_db, X_q, sparse: bool, repeats: int) -> list[dict]:
