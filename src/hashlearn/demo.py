@@ -58,6 +58,7 @@ from hashlearn._utils.validation import check_int
 from hashlearn.codes import hamming_cdist
 from hashlearn.datasets import load_digits, load_fashion_mnist
 from hashlearn.hashers import available_hashers, make_hasher
+from hashlearn.hashers.base import BaseHasher
 from hashlearn.index import FlatIndex
 from hashlearn.plots import atomic_path, method_styles, plot_pr_panels, plot_recall_at_m_panels
 
@@ -394,13 +395,13 @@ def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
     with atomic_path(out / "results.md") as tmp:
         tmp.write_text("\n".join(md))
     runs = [row for row in rows if row["hasher"] != EXACT_ROW]
-    styles = _hasher_styles(row["hasher"] for row in runs)
+    by_hasher = _hasher_styles(row["hasher"] for row in runs)
 
     def name_of(row):
         return f"{row['hasher']} (supervised)" if row["supervised"] else row["hasher"]
 
     styles = {
-        name_of(row): styles.get(row["hasher"], {}) for row in runs if row["hasher"] in styles
+        name_of(row): by_hasher.get(row["hasher"], {}) for row in runs if row["hasher"] in by_hasher
     } or None
     where = f"{sizes['name']}: {sizes['n_queries']} queries, {sizes['n_database']} items"
     panel = "{} bits".format
@@ -439,7 +440,7 @@ def _write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) 
 # --------------------------------------------------------------------------------- main
 
 
-def _selected_hashers(hashers: Sequence[str] | None) -> dict[str, type]:
+def _selected_hashers(hashers: Sequence[str] | None) -> dict[str, type[BaseHasher]]:
     """``name -> class`` of the hashers to run: the named ones (checked), or every registered
     hasher but :data:`SLOW_HASHERS`."""
     registered = available_hashers()
@@ -451,8 +452,7 @@ def _selected_hashers(hashers: Sequence[str] | None) -> dict[str, type]:
             f"list of names from {sorted(registered)}. Got {hashers!r} "
             "instead."
         )
-    hashers = {name: registered[name] for name in dict.fromkeys(hashers)}
-    return hashers
+    return {name: registered[name] for name in dict.fromkeys(hashers)}
 
 
 def _run_meta(dataset, data, truth, bits, hashers, random_state) -> dict[str, Any]:
@@ -531,8 +531,8 @@ def run_demo(
     _log(verbose, f"loading {dataset}")
     data = _split(dataset, n_queries, n_train, data_dir, rng)
     truth, exact_row = _ground_truth(data, verbose)
-    hashers = _selected_hashers(hashers)
-    runs = [(name, b) for name in hashers for b in bits]
+    selected = _selected_hashers(hashers)
+    runs = [(name, b) for name in selected for b in bits]
     if progress is None and verbose:
         from tqdm import tqdm
 
@@ -548,7 +548,7 @@ def run_demo(
         rows.append(
             _evaluate_run(
                 name,
-                bool(hashers[name].supervised),
+                bool(selected[name].supervised),
                 n_bits,
                 data,
                 truth,
@@ -559,7 +559,7 @@ def run_demo(
         )
     rows.append(exact_row)
 
-    meta = _run_meta(dataset, data, truth, bits, list(hashers), random_state)
+    meta = _run_meta(dataset, data, truth, bits, list(selected), random_state)
     meta["elapsed_s"] = time.perf_counter() - started
     _write_outputs(Path(out_dir), rows, meta)
     _log(verbose, f"wrote {', '.join(OUTPUT_FILES)} to {out_dir}")

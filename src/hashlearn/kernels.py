@@ -51,7 +51,7 @@ __all__ = [
 LOGGER = logging.getLogger("hashlearn")
 
 
-def log_message(verbose: bool, message: str, *args: Any) -> None:
+def log_message(verbose: bool | int, message: str, *args: Any) -> None:
     """Progress message of a long fit, to the ``"hashlearn"`` logger.
 
     ``verbose=False``: logged at DEBUG level (shown only if the application asks for it).

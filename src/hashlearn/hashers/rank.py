@@ -324,7 +324,7 @@ class RankHashing(BaseHasher):
             similarity = self._similarity(int(y.max()) + 1)
             self.class_similarity_ = similarity
         else:
-            vars(self).pop("class_similarity_", None)  # from an earlier fit
+            self.__dict__.pop("class_similarity_", None)  # from an earlier fit
         rng = check_random_state(self.random_state)
         Xs = self._standardize_fit(X)
         d, B = X.shape[1], self.n_bits
