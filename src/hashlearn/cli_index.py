@@ -62,7 +62,13 @@ from pathlib import Path
 import click
 import numpy as np
 
-from hashlearn.embeddings import _RERANK, EmbeddingIndex, _normalized, check_embeddings
+from hashlearn.embeddings import (
+    _RERANK,
+    EmbeddingIndex,
+    _normalized,
+    bytes_per_vector,
+    check_embeddings,
+)
 from hashlearn.hashers import available_hashers
 from hashlearn.io import atomic_path
 
@@ -337,7 +343,7 @@ def _build_sharded(client, idx: EmbeddingIndex, matrix: Matrix, path, shards, ch
     """Build a Searcher over a ShardedIndex of ``shards`` shards with the fitted preset
     ``idx``'s hasher and refine stage from the rows of ``matrix`` (read by the workers); save
     it to ``tmp / searcher``. Returns the rows per shard."""
-    from hashlearn.distributed import ShardedIndex, _shard_len
+    from hashlearn.distributed import ShardedIndex
     from hashlearn.search import Searcher
 
     if shards is None:
@@ -348,7 +354,7 @@ def _build_sharded(client, idx: EmbeddingIndex, matrix: Matrix, path, shards, ch
     searcher.add(_dask_rows(matrix, Path(path).resolve(), chunk_size, idx.metric == "cosine"))
     tmp.mkdir()
     searcher.save(tmp / _SEARCHER)
-    return [int(n) for n in sharded._run(_shard_len)]
+    return sharded.shard_sizes()
 
 
 # -------------------------------------------------------------------------------- group
@@ -579,8 +585,7 @@ def info(directory):
         m.update(overfetch=idx.overfetch, vectors=len(idx), dimension=idx.dim_)
         mem = idx.memory_per_vector()
     else:
-        mem = {"code": (m["bits"] + 7) // 8, "scan": 8 * ((m["bits"] + 63) // 64) + 8}
-        mem["float"] = 4 * m["dimension"]
+        mem = bytes_per_vector(m["bits"], m["dimension"])
     disk = sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file())
     euclidean = m["metric"] == "euclidean"
     rows = [

@@ -596,7 +596,11 @@ class ShardedIndex:
         return (self.n_bits + 7) // 8
 
     def __len__(self) -> int:
-        return int(sum(self._run(_shard_len)))
+        return sum(self.shard_sizes())
+
+    def shard_sizes(self) -> list[int]:
+        """The number of codes each shard holds, in shard order."""
+        return [int(n) for n in self._run(_shard_len)]
 
     def search(
         self, queries: np.ndarray, k: int, *, n_threads: int | None = None

@@ -138,6 +138,13 @@ def rescore(
 # ----------------------------------------------------------------------------------- index
 
 
+def bytes_per_vector(n_bits: int, dim: int) -> dict[str, int]:
+    """Bytes per vector of an index of ``n_bits``-bit codes over ``dim``-d float32 vectors:
+    ``code`` (packed bits), ``scan`` (the code in whole 64-bit words plus the int64 id: what
+    the Hamming scan keeps in RAM) and ``float`` (the float32 vector, on disk after a load)."""
+    return {"code": (n_bits + 7) // 8, "scan": 8 * ((n_bits + 63) // 64) + 8, "float": 4 * dim}
+
+
 class EmbeddingIndex:
     """Learned binary codes + Hamming over-fetch + exact rescoring over float embeddings: a
     preset of :class:`~hashlearn.search.Searcher` (see the module doc).
@@ -353,12 +360,7 @@ class EmbeddingIndex:
         """Bytes per vector: ``code`` (packed bits), ``scan`` (what the Hamming scan keeps in
         RAM: the code in whole 64-bit words plus the int64 id) and ``float`` (the float32
         vector used for rescoring, memory-mapped from disk after :meth:`load`)."""
-        d = self.dim_ or 0
-        return {
-            "code": self.code_bytes,
-            "scan": 8 * ((self.n_bits + 63) // 64) + 8,
-            "float": 4 * d,
-        }
+        return bytes_per_vector(self.n_bits, self.dim_ or 0)
 
     # ------------------------------------------------------------------------------ search
 
