@@ -44,6 +44,7 @@ import os
 import resource
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,20 @@ def _write_vectors(path: Path, n: int, d: int, seed: int = 0) -> None:
     del out
 
 
+def _cached_bytes(path: Path) -> int:
+    """Bytes of ``path`` in the page cache (``mincore`` over a fresh map of the file)."""
+    import ctypes
+
+    whole = np.memmap(path, dtype=np.uint8, mode="r")
+    pages = -(-len(whole) // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    if libc.mincore(ctypes.c_void_p(whole.ctypes.data), ctypes.c_size_t(len(whole)), vec):
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1)) * mmap.PAGESIZE
+
+
 def _drop_cache(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -91,13 +106,16 @@ def measure(path: Path, advice: str, queries: np.ndarray, cand: np.ndarray) -> d
     vectors = np.load(path, mmap_mode="r")
     refiner = Refiner("sqeuclidean", screen=False)
     n = len(vectors)
-    refiner.store.restore({"vectors": "dense"}, {"vector_ids": np.arange(n), "vectors": vectors})
+    arrays = {"vector_ids": np.arange(n), "vectors": vectors}
+    refiner.store.restore({"vectors": "dense"}, arrays, direct=advice == "direct")
     if advice == "normal":  # undo the store's advice: the kernel's read-around
         vectors._mmap.madvise(mmap.MADV_NORMAL)
     else:
         advise_random(vectors)
     before = (_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt, _rss_kib())
+    start = time.perf_counter()
     refiner.refine(queries, cand, 10, n_threads=1)
+    wall = time.perf_counter() - start
     after = (_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt, _rss_kib())
     rows = len(np.unique(cand))
     row_bytes = rows * vectors.shape[1] * 4
@@ -110,6 +128,8 @@ def measure(path: Path, advice: str, queries: np.ndarray, cand: np.ndarray) -> d
         "read / row bytes": read / row_bytes,
         "major faults": after[1] - before[1],
         "RSS growth MB": (after[2] - before[2]) / 1024,
+        "cached MB": _cached_bytes(path) / 1e6,
+        "ms / query": wall * 1e3 / len(queries),
     }
 
 
@@ -131,7 +151,7 @@ def main(argv=None) -> None:
         cand = rng.integers(0, args.n, (args.q, args.c)).astype(np.int64)
         print(f"{args.n} x {args.d} float32 ({path.stat().st_size / 1e6:.0f} MB file), "
               f"{args.q} queries x {args.c} candidates, cold page cache")  # fmt: skip
-        for advice in ("normal", "random"):
+        for advice in ("normal", "random", "direct"):
             r = measure(path, advice, queries, cand)
             print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in r.items()))  # fmt: skip

@@ -438,10 +438,12 @@ class EmbeddingIndex:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike, *, mmap: bool = True, verify: bool = True
+        cls, path: str | os.PathLike, *, mmap: bool | str = True, verify: bool = True
     ) -> EmbeddingIndex:
         """Load what :meth:`save` wrote; ``mmap=True`` (default) memory-maps the vectors and
-        codes read-only; ``verify`` checks every array's sha256. Another class's save is a
+        codes read-only (``mmap="direct"``: a search reads only the rows it rescores, with
+        direct I/O, for vector files larger than RAM: :mod:`hashlearn.rerank.rowfile`);
+        ``verify`` checks every array's sha256. Another class's save is a
         ``TypeError`` (as for :meth:`Searcher.load`); anything missing, damaged or
         inconsistent a ``ValueError`` (``FileNotFoundError`` when there is no save)."""
         path = Path(path)
@@ -467,7 +469,7 @@ class EmbeddingIndex:
         raise AssertionError("unreachable")  # pragma: no cover
 
     @classmethod
-    def _from_meta(cls, path: Path, meta, arrays, *, mmap: bool, verify: bool):
+    def _from_meta(cls, path: Path, meta, arrays, *, mmap: bool | str, verify: bool):
         params, state = meta["params"], meta["state"]
         obj = cls(
             params["hasher"],
@@ -502,15 +504,17 @@ class EmbeddingIndex:
         ids = codes.ids if hasattr(codes, "ids") else None
         if ids is not None and len(ids) and (ids[0] != 0 or ids[-1] != len(ids) - 1):
             raise ValueError("the code ids are not 0..n-1")
-        obj._attach(hasher, codes, vectors)
+        obj._attach(hasher, codes, vectors, direct=mmap == "direct")
         obj.dim_ = int(dim)
         return obj
 
-    def _attach(self, hasher: BaseHasher, codes: FlatIndex, vectors: np.ndarray) -> None:
+    def _attach(
+        self, hasher: BaseHasher, codes: FlatIndex, vectors: np.ndarray, direct: bool = False
+    ) -> None:
         """Build the searcher over loaded parts (the vectors are not copied)."""
         self.searcher_ = self._searcher(hasher, codes)
         if len(vectors):
-            self.searcher_.refiner.store.replace(np.arange(len(vectors)), vectors)
+            self.searcher_.refiner.store.replace(np.arange(len(vectors)), vectors, direct=direct)
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = True) -> EmbeddingIndex:

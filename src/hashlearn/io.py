@@ -175,13 +175,17 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     write_dir(path, cls_name, params, state, arrays)
 
 
-def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True, **kwargs: Any) -> Any:
+def load(
+    path: str | os.PathLike, *, mmap: bool | str = False, verify: bool = True, **kwargs: Any
+) -> Any:
     """Load anything hashlearn saved: a model, an index, or a composite (``Searcher``,
     ``EmbeddingIndex``, ``ShardedIndex``; see :func:`register_composite`), whose own
     ``load`` classmethod then reads its components. ``kwargs`` go to that ``load``: a
     ``ShardedIndex`` needs ``client=`` (a ``dask.distributed.Client``).
 
-    ``mmap=True`` maps the arrays read-only instead of reading them; ``verify`` (the
+    ``mmap=True`` maps the arrays read-only instead of reading them (``mmap="direct"``: a
+    composite's float vectors are then read row by row, :mod:`hashlearn.rerank.rowfile`,
+    its other arrays mapped); ``verify`` (the
     default) checks every array's sha256 (reads each file once); ``verify=False`` is the
     explicit fast path that trusts the bytes on disk.
 
@@ -193,6 +197,7 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True, **
     is gone are removed first (see :func:`write_dir`).
     """
     path = Path(path)
+    check_mmap(mmap)
     _remove_stale_temp_dirs(path)
     head = _read_meta(path)
     if head["class"] in _COMPOSITES:
@@ -207,7 +212,7 @@ def load(path: str | os.PathLike, *, mmap: bool = False, verify: bool = True, **
     for attempt in range(_LOAD_RETRIES):
         seen: list[dict[str, Any]] = []
         try:
-            meta, arrays = _read_dir(path, mmap=mmap, verify=verify, seen=seen)
+            meta, arrays = _read_dir(path, mmap=bool(mmap), verify=verify, seen=seen)
             break
         except (ValueError, FileNotFoundError):
             if attempt + 1 < _LOAD_RETRIES and seen and _generation_moved(path, seen[0]):
@@ -552,7 +557,9 @@ def _read_array(
         if count == 0:
             return np.zeros(shape, dtype, order=order)
         if mmap:
-            return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+            mapped = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+            mapped.filename = os.path.abspath(file)  # numpy leaves None for an fd's file
+            return mapped
         buf = bytearray(count * dtype.itemsize)
         f.seek(offset)
         if f.readinto(buf) != len(buf):
@@ -1081,14 +1088,22 @@ def _check_structure(meta: dict[str, Any], meta_path: Path) -> None:
 
 
 def read_dir(
-    path: str | os.PathLike, *, mmap: bool = False, verify: bool = True
+    path: str | os.PathLike, *, mmap: bool | str = False, verify: bool = True
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Read a save directory: ``(meta, arrays)``; every check failure is a ``ValueError``.
 
     Files are opened without following links; every array's ``.npy`` header must agree
     with ``meta.json`` (dtype, shape, appended row counts) and its size with the header.
+    ``mmap``: False (read), True or ``"direct"`` (mapped read-only).
     """
-    return _read_dir(Path(path), mmap=mmap, verify=verify, seen=[])
+    return _read_dir(Path(path), mmap=check_mmap(mmap), verify=verify, seen=[])
+
+
+def check_mmap(mmap: bool | str) -> bool:
+    """Whether ``mmap`` (True, False or ``"direct"``) maps arrays; anything else: ValueError."""
+    if mmap is True or mmap is False or mmap == "direct":
+        return bool(mmap)
+    raise ValueError(f"mmap must be True, False or 'direct', got {mmap!r}")
 
 
 def _read_dir(

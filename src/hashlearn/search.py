@@ -64,6 +64,11 @@ class Searcher:
         list of an index with ``candidates(...)`` (default: all).
     screen : bool, default=True
         Let the refine stage screen candidates with a compact copy of the vectors.
+    ranking : {"hamming", "asymmetric"}, default="hamming"
+        How the index ranks the shortlist: Hamming distance of the query's code, or the
+        asymmetric score of the query's projections against the codes (Gordo et al., TPAMI
+        2014; :meth:`FlatIndex.search_asymmetric <hashlearn.index.FlatIndex.search_asymmetric>`:
+        float32 scores, largest first, without re-ranking). A local Hamming index only.
 
     Examples
     --------
@@ -77,7 +82,9 @@ class Searcher:
     True
     """
 
-    def __init__(self, hasher, index="flat", rerank=None, n_candidates=None, screen=True):
+    def __init__(
+        self, hasher, index="flat", rerank=None, n_candidates=None, screen=True, ranking="hamming"
+    ):
         if not (isinstance(hasher, BaseHasher) or _is_bucketer(hasher)):
             raise TypeError(f"hasher must be a hasher or a bucketer, got {type(hasher).__name__}")
         self._index_name = index if isinstance(index, str) else None
@@ -101,9 +108,15 @@ class Searcher:
             raise ValueError(f"{type(index).__name__} gives no distances; pass rerank=...")
         if n_candidates is not None:
             check_int(n_candidates, "n_candidates", "Searcher")
+        if ranking not in ("hamming", "asymmetric"):
+            raise ValueError(f"ranking must be 'hamming' or 'asymmetric', got {ranking!r}.")
+        if ranking == "asymmetric" and not (
+            isinstance(hasher, BaseHasher) and isinstance(index, BinaryIndex)
+        ):
+            raise ValueError("ranking='asymmetric' needs a hasher and a local Hamming index.")
         refiner = Refiner(rerank, hasher=hasher, screen=screen)  # validates both
         self.hasher, self.index, self.rerank = hasher, index, rerank
-        self.n_candidates, self.screen = n_candidates, bool(screen)
+        self.n_candidates, self.screen, self.ranking = n_candidates, bool(screen), ranking
         #: the refine stage (None without re-ranking, or when the sharded index refines)
         self.refiner = None if self._sharded or rerank is None else refiner
         self._attached = False  # a sharded index was given the refine stage's recipe
@@ -177,7 +190,7 @@ class Searcher:
     def _search(self, X, k, n_candidates, n_threads):
         codes = self._encode(X)
         if self.rerank is None:
-            return self.index.search(codes, k, n_threads=n_threads)
+            return self._ranked(X, codes, k, n_threads)
         if not callable(getattr(self.index, "candidates", None)):
             n_candidates = max(k, n_candidates or max(10 * k, 100))
         if self._sharded:
@@ -191,8 +204,14 @@ class Searcher:
             cand = pad_candidates(self.index.candidates(codes), n_candidates)
         else:
             n_candidates = min(n_candidates, max(len(self.index), 1))
-            _, cand = self.index.search(codes, n_candidates, n_threads=n_threads)
+            _, cand = self._ranked(X, codes, n_candidates, n_threads)
         return self.refiner.refine(X, cand, k, n_threads=n_threads)
+
+    def _ranked(self, X, codes, k, n_threads):
+        if self.ranking == "asymmetric":
+            P = self.hasher.project(X)
+            return self.index.search_asymmetric(P, k, queries=codes, n_threads=n_threads)
+        return self.index.search(codes, k, n_threads=n_threads)
 
     def neighbors(self, X, *, radius=None, n_bins=None, n_threads=None):
         """Neighbours within an absolute (``radius``) or relative (``n_bins``) Hamming threshold,
@@ -214,6 +233,7 @@ class Searcher:
         hasher and the index in sub-directories (:func:`hashlearn.io.write_composite`). A
         callable ``rerank`` cannot be saved (``TypeError``)."""
         params = {**Refiner.params(self.rerank, self.screen), "n_candidates": self.n_candidates}
+        params["ranking"] = self.ranking
         token = secrets.token_hex(8)
         hasher_dir, index_dir = f"hasher-{token}", f"index-{token}"
         with self._seq.lock:  # one state of the index and its vectors
@@ -231,10 +251,12 @@ class Searcher:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap=True, verify=True, **index_kwargs) -> Searcher:
-        """Load what :meth:`save` wrote, memory-mapped read-only by default; ``verify``
-        checks every sha256. A save replaced meanwhile is read again (up to 5 times). Another
-        class's save is a ``TypeError``, an inconsistent one a ``ValueError``. ``index_kwargs``
-        go to the index's load (``client=`` for a sharded index)."""
+        """Load what :meth:`save` wrote, memory-mapped read-only by default (``mmap="direct"``:
+        a search reads only the rows it rescores, :mod:`hashlearn.rerank.rowfile`, for vector
+        files larger than RAM); ``verify`` checks every sha256. A save replaced meanwhile is
+        read again (up to 5 times). Another class's save is a ``TypeError``, an inconsistent
+        one a ``ValueError``. ``index_kwargs`` go to the index's load (``client=`` for a
+        sharded index)."""
         path = Path(path)
         for attempt in range(5):  # a save another process replaced meanwhile: read again
             try:
@@ -254,9 +276,10 @@ class Searcher:
                     raise
         try:
             rerank, screen = Refiner.saved_params(meta["params"])
-            obj = cls(hasher, index, rerank, meta["params"].get("n_candidates"), screen)
+            ranking = meta["params"].get("ranking", "hamming")  # saves before it: Hamming
+            obj = cls(hasher, index, rerank, meta["params"].get("n_candidates"), screen, ranking)
             if obj.refiner is not None:
-                obj.refiner.store.restore(meta["state"], arrays)
+                obj.refiner.store.restore(meta["state"], arrays, direct=mmap == "direct")
             elif _io.require_state(meta["state"], "vectors", str) != "none":
                 raise ValueError("vectors saved for a Searcher without re-ranking")
             obj._attached = obj._sharded  # a sharded index saves its shards' refiners

@@ -43,6 +43,7 @@ from sklearn.utils.validation import check_array
 
 from hashlearn._utils.kernel_args import frozen
 from hashlearn._utils.parallel import parallel_chunks
+from hashlearn.index._storage import Snapshot
 from hashlearn.rerank._csr_kernels import (
     SKETCH_PAIRS,
     csr_distance_kernel,
@@ -60,6 +61,7 @@ from hashlearn.rerank._kernels import (
 )
 from hashlearn.rerank._quantized import quantize
 from hashlearn.rerank._sketch import build_sketch, sketch_rows
+from hashlearn.rerank.rowfile import RowFile
 from hashlearn.rerank.store import MissingVectorsError, VectorStore, as_dense, canonical_csr
 
 __all__ = [
@@ -228,12 +230,15 @@ class Refiner:
             )
         else:
             pos = VectorStore.positions(state, cand)
-            D, I = self._rescore(queries, state, pos, k, n_threads)
+            row_file = state.cached("row_file")
+            if row_file is not None:  # vectors on disk: read only the candidates' rows
+                state, pos = _gathered(state, row_file, pos)
+            D, I = self._rescore(queries, state, pos, k, n_threads, row_file is None)
         if self.similarity:  # the kernels rank by -q.x and 1 - cos (in float64)
             D = np.where(I >= 0, -D if self.metric == "inner_product" else 1.0 - D, -np.inf)
         return D.astype(np.float32), I
 
-    def _rescore(self, X, state, cand_pos, k, n_threads):
+    def _rescore(self, X, state, cand_pos, k, n_threads, may_screen=True):
         operands = self._batched_operands(X, state)
         if operands is None:
             return self._rescore_general(X, state, cand_pos, k)
@@ -242,7 +247,7 @@ class Refiner:
         pos = np.ascontiguousarray(cand_pos, np.int64)
         out_d = np.full((m, k), np.inf, np.float64)
         out_row = np.full((m, k), -1, np.int64)
-        screens = pos.shape[1] >= 2 * k and self.screen and side is None
+        screens = pos.shape[1] >= 2 * k and self.screen and may_screen and side is None
         counts: list[int] = []
         if sp.issparse(V):
             vectors = state.derived("csr_arrays", _csr_arrays)
@@ -267,7 +272,8 @@ class Refiner:
             # read-only C-ordered views (a memmap's buffer as a plain ndarray, no copy): one
             # compiled kernel whatever the arrays' flags
             Qd, Vd, pos_d = frozen(Q, Q.dtype), frozen(V, V.dtype), frozen(pos, np.int64)
-            screen = _screen(state, V, lambda: quantize(Vd) or False) if self.screen else False
+            screens = self.screen and may_screen
+            screen = _screen(state, V, lambda: quantize(Vd) or False) if screens else False
             runner = rescore_runner(
                 Qd, Vd, pos_d, kind, k, out_d, out_row, screen=screen or None, float32_results=True
             )
@@ -385,6 +391,16 @@ class Refiner:
         if not isinstance(screen, bool):
             raise ValueError(f"params entry 'screen' must be true or false, got {screen!r}")
         return metric, screen
+
+
+def _gathered(state: Snapshot, row_file: RowFile, pos: np.ndarray):
+    """A snapshot of only the rows ``pos`` names, read from ``row_file``, and ``pos`` as rows
+    of it (the screens are not built for a snapshot this short-lived)."""
+    valid = pos >= 0
+    rows, inverse = np.unique(pos[valid], return_inverse=True)
+    local = np.full(pos.shape, -1, np.int64)
+    local[valid] = inverse
+    return Snapshot(state.ids[rows], {"vectors": row_file.take(rows)}, 0), local
 
 
 def _top_k(dist, pos, ids_of_rows, k: int, out_d: np.ndarray, out_i: np.ndarray):

@@ -15,7 +15,10 @@ On disk (:meth:`VectorStore.arrays` / :meth:`VectorStore.restore`) the vectors a
 (:func:`advise_random`): a search reads a few scattered rows, and the kernel's default
 read-around would fetch up to 128 KiB of file around each one (a cold-cache search of a
 2M x 96 float32 store read ~208 MB for 1,600 rows); with the advice a row costs the pages
-it spans (``bench/rerank_store.py`` measures it).
+it spans (``bench/rerank_store.py`` measures it). A load with ``direct=True`` attaches a
+:class:`~hashlearn.rerank.rowfile.RowFile` to the snapshot: a search then reads only the rows
+it rescores, with direct I/O, and the page cache never holds the file (vector files larger than
+RAM). A write publishes a snapshot without it (the new rows live in memory).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from sklearn.utils.validation import check_array
 
 from hashlearn import io as _io
 from hashlearn.index._storage import IdStore, Snapshot
+from hashlearn.rerank.rowfile import RowFile
 
 __all__ = ["VectorStore", "MissingVectorsError", "advise_random", "canonical_csr", "as_dense"]
 
@@ -221,9 +225,10 @@ class VectorStore:
             arrays["vectors"] = np.ascontiguousarray(V)
         return state, arrays
 
-    def restore(self, state: dict, arrays: dict) -> None:
+    def restore(self, state: dict, arrays: dict, *, direct: bool = False) -> None:
         """Publish what :meth:`arrays` saved, every invariant checked (``ValueError``);
-        memory-mapped arrays stay mapped (advised for random access)."""
+        memory-mapped arrays stay mapped (advised for random access). ``direct``: dense
+        memory-mapped vectors are read row by row (:class:`RowFile`) by searches."""
         ids = _io.require_array(arrays, "vector_ids", np.int64, 1)
         if ids.size and (ids[0] < 0 or np.any(ids[1:] <= ids[:-1])):
             raise ValueError("array 'vector_ids' must be non-negative and strictly increasing")
@@ -235,11 +240,14 @@ class VectorStore:
             if vectors.dtype not in (np.float32, np.float64):
                 raise ValueError(f"array 'vectors' has dtype {vectors.dtype}, expected a float")
             advise_random(vectors)
+            derived = {"row_file": RowFile.of(vectors)} if direct and n else None
             self._ids = IdStore({"vectors": ((vectors.shape[1],), vectors.dtype)}, "VectorStore")
-            self._ids.restore(ids, {"vectors": vectors}, next_id)
+            self._ids.restore(ids, {"vectors": vectors}, next_id, derived)
         elif kind == "csr":
             d = _io.require_state(state, "n_features", int, low=0)
             data = arrays.get("vectors_data")
+            if direct:
+                raise ValueError("direct reads need dense vectors; these are CSR (use mmap=True)")
             if data is None or data.dtype not in (np.float32, np.float64):
                 raise ValueError("array 'vectors_data' is missing or not float32/float64")
             data = _io.require_array(arrays, "vectors_data", data.dtype, 1)
@@ -263,15 +271,17 @@ class VectorStore:
         else:
             raise ValueError(f"state entry 'vectors' must be dense, csr or none, got {kind!r}")
 
-    def replace(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+    def replace(self, ids: np.ndarray, vectors: np.ndarray, *, direct: bool = False) -> None:
         """Publish dense ``vectors`` under ``ids`` (ascending) as the new state, e.g. a file
-        grown in place and mapped again (:meth:`hashlearn.embeddings.EmbeddingIndex.open`)."""
+        grown in place and mapped again (:meth:`hashlearn.embeddings.EmbeddingIndex.open`);
+        ``direct``: searches read the rows of the mapped file with :class:`RowFile`."""
         advise_random(vectors)
+        derived = {"row_file": RowFile.of(vectors)} if direct and len(ids) else None
         if self._ids is None:
             self._ids = IdStore({"vectors": ((vectors.shape[1],), vectors.dtype)}, "VectorStore")
         with self._ids.writing():
             nxt = int(ids[-1]) + 1 if len(ids) else 0
-            self._ids.publish(Snapshot(ids, {"vectors": vectors}, nxt))
+            self._ids.publish(Snapshot(ids, {"vectors": vectors}, nxt, derived))
 
 
 def _id_table(state: Snapshot):
