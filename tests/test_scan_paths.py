@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hashlearn._utils import popcount
-from hashlearn.index import FlatIndex
+from hashlearn.index import FlatIndex, _knn_scan
 from hashlearn.index._knn_scan import knn_scan
 
 PATHS = ("wide", "portable")
@@ -41,9 +41,14 @@ def _scan(path, db, queries, k):
     return out_d, out_p
 
 
+@pytest.mark.parametrize("mask_first_from", [0, None])  # the wide scan's two 64-bit variants
 @pytest.mark.parametrize("n_words", [1, 2, 3, 4, 6, 8, 16])
 @pytest.mark.parametrize("m", [1, 2, 5])  # a lone query, a pair, pairs and an odd one out
-def test_both_paths_equal_brute_force_and_each_other(n_words, m, path_restored):
+def test_both_paths_equal_brute_force_and_each_other(
+    n_words, m, mask_first_from, path_restored, monkeypatch
+):
+    if mask_first_from is not None:  # mask before store whatever n / k
+        monkeypatch.setattr(_knn_scan, "MASK_FIRST_MIN_CODES_PER_K", mask_first_from)
     rng = np.random.default_rng(10 * n_words + m)
     n = 64 * 21 + 13  # whole mini-blocks across several blocks, then a partial one
     pool = rng.integers(0, 2**64, (30, n_words), dtype=np.uint64, endpoint=False)

@@ -246,10 +246,17 @@ def knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 
 #: vs 0.031 (k = 80) and 0.110 vs 0.101 (k = 1000), the recompute costing more than the
 #: stores (Zen 4, one thread, in-process A/B).
 _MASK_FIRST_MAX_WORDS = 1
+#: ... and only when the database holds at least this many codes per neighbour kept: the
+#: fewer codes pass a settled top k, the more the skipped stores save. ``bench/mask_first.py``
+#: (Zen 4, store-always / mask-first CPU time): n / k = 100k: 1.16, 10k: 1.02, 6k: 1.00-1.04,
+#: 3.3k: 0.96, 2k: 0.92-0.95, 600 (a searcher's shortlist of 100 over 60k codes): 0.91.
+MASK_FIRST_MIN_CODES_PER_K = 5000
 
 
 @njit(nogil=True, cache=True)
-def knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width):
+def knn_scan_wide(
+    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width, mask_first
+):
     """The wide path's kernel (CPUs with AVX-512 VPOPCNTDQ) for a word count given as the
     length of ``width``: whole mini-blocks through
     :func:`hashlearn._utils.popcount.wide_mini_block` (8 codes per 512-bit step, the pass
@@ -269,7 +276,7 @@ def knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block
             t, c = tau[qi], kept[qi]
             for i0 in range(b0, whole, _MINI_BLOCK):
                 o = np.uint64(i0) * wu
-                if n_words <= _MASK_FIRST_MAX_WORDS:  # a compile-time constant
+                if n_words <= _MASK_FIRST_MAX_WORDS and mask_first:  # the first: compile time
                     # the mask alone, and the block again with its distances stored only
                     # when a code passes (rarely, once the top k settles): no stores on
                     # the hot path where a block's distances cost little to recompute
@@ -317,6 +324,8 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p):
     if width is None:
         knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words)
     elif kernel_path(n_words, lone=q_end - q_start == 1) == "wide":
-        knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
+        mask_first = n >= MASK_FIRST_MIN_CODES_PER_K * k
+        args = (db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width, mask_first)
+        knn_scan_wide(*args)
     else:
         knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width)
