@@ -472,6 +472,7 @@ def test_a_refining_sharded_index_saves_and_loads(client, vectors, tmp_path):
     for loaded in (
         hashlearn.load(tmp_path / "idx", client=client),
         ShardedIndex.load(tmp_path / "idx", client=client, mmap=True),
+        ShardedIndex.load(tmp_path / "idx", client=client, mmap="direct"),  # rows read by I/O
     ):
         _equal(loaded.refine_search(Q, hasher.encode(Q), 10, 200), want)
         assert len(loaded) == len(X) - 50
@@ -502,6 +503,8 @@ def test_a_sharded_searcher_built_from_a_dask_array_saves_and_loads(client, vect
     loaded = hashlearn.load(tmp_path / "searcher", client=client)
     assert isinstance(loaded, Searcher) and isinstance(loaded.index, ShardedIndex)
     _equal(loaded.search(Q, 10, n_candidates=150), want)
+    direct = Searcher.load(tmp_path / "searcher", mmap="direct", client=client)
+    _equal(direct.search(Q, 10, n_candidates=150), want)
 
 
 @pytest.mark.slow

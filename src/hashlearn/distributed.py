@@ -208,7 +208,7 @@ def _load_shard(index_path, vectors_path, mmap, verify, refiner_spec):
     meta, arrays = io.read_dir(vectors_path, mmap=mmap, verify=verify)
     if meta["class"] != _VECTORS_CLASS:
         raise ValueError(f"{vectors_path} holds a {meta['class']}, not a shard's vectors.")
-    shard.refiner.store.restore(meta["state"], arrays)
+    shard.refiner.store.restore(meta["state"], arrays, direct=mmap == "direct")
     if not np.array_equal(shard.refiner.store.state.ids, index.ids):
         raise ValueError(f"{vectors_path}: the vectors' ids differ from the shard's codes' ids.")
     return shard
@@ -963,14 +963,17 @@ class ShardedIndex:
             ]
 
     @classmethod
-    def load(cls, *args, client=None, mmap: bool = False, verify: bool = True) -> ShardedIndex:
+    def load(
+        cls, *args, client=None, mmap: bool | str = False, verify: bool = True
+    ) -> ShardedIndex:
         """Load what :meth:`save` wrote: ``load(path, *, client=None, mmap=False)`` (the
         client defaults to ``distributed.get_client()``; ``hashlearn.load(path, client=...)``
         lands here), or the older ``load(client, path, mmap=False)``.
 
         Each shard (and its vectors) is loaded by a worker from ``path`` (memory-mapped when
-        ``mmap``; every sha256 checked when ``verify``), and reloaded from there if its
-        worker is lost.
+        ``mmap``; ``mmap="direct"``: a shard's refine reads only the rows it rescores,
+        :mod:`hashlearn.rerank.rowfile`; every sha256 checked when ``verify``), and reloaded
+        from there if its worker is lost.
         """
         from pathlib import Path
 
