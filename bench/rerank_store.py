@@ -1,38 +1,28 @@
-"""Bytes a cold-cache refine reads from a memory-mapped vector store (issue 29, item 3).
+"""Bytes a cold-cache refine reads from a vector store on disk (issue 29, item 3).
 
 A :class:`hashlearn.rerank.VectorStore` loaded with ``mmap=True`` keeps the float vectors on
 disk and pages in the rows a search rescores. With the kernel's default read-around a page
 fault reads up to 128 KiB of the file around the faulting page, so scattered rows cost far
 more than their bytes; the store advises its maps ``MADV_RANDOM``
-(:func:`hashlearn.rerank.store.advise_random`), so a fault reads the pages a row spans.
+(:func:`hashlearn.rerank.store.advise_random`), so a fault reads the pages a row spans: still
+4 KiB for a 384-byte row, and the pages stay in the page cache. Loaded with
+``mmap="direct"`` the store reads only its candidates' rows with ``O_DIRECT``
+(:class:`hashlearn.rerank.rowfile.RowFile`): the 512-byte blocks a row spans.
 
-For each advice (``normal``: the kernel's default, what the store did before; ``random``:
-the store's now) the vectors file is dropped from the page cache
-(``posix_fadvise(POSIX_FADV_DONTNEED)``), mapped, restored into a store and refined: ``-q``
+For each way (``normal``: a map with the kernel's default; ``random``: the map as
+``mmap=True`` advises it; ``direct``: ``RowFile``) the vectors file is dropped from the page
+cache (``posix_fadvise(POSIX_FADV_DONTNEED)``), restored into a store and refined: ``-q``
 queries with ``-c`` random candidate ids each, ``k`` = 10, no screen (the screen's compact
-copy is built from every row: a store larger than memory wants ``screen=False``). Reported:
-bytes read from storage (``/proc/self/io`` ``read_bytes``), major page faults
-(``getrusage``), and resident growth, against the bytes of the rows rescored.
-
-Measured (2026-11-27, this repository's 2-core VM, virtio disk, other jobs running;
-10 queries x 160 candidates = 1,599 rows, 0.61 MB of vectors):
-
-=====================  ===========  ==========  ============  ============
-store                  advice       read MB     read / rows   major faults
-=====================  ===========  ==========  ============  ============
-2M x 96 (768 MB)       normal       768.0       1251x         161
-2M x 96 (768 MB)       random       6.9         11.3x         1,687
-500k x 96 (192 MB)     normal       192.0       313x          36
-500k x 96 (192 MB)     random       6.8         11.1x         1,660
-=====================  ===========  ==========  ============  ============
-
-With the advice a row costs one 4 KiB page (a 384-byte row; two when it straddles a page):
-the floor of reading through the page cache, 4096 / (4 d) times the row's bytes, so about
-1-2x for rows of 1 KiB and more (d >= 256 float32).
+copy is built from every row: a store larger than memory wants ``screen=False``). Then a
+whole ``Searcher`` over the same vectors is saved, loaded with ``mmap="direct"`` and searched
+cold. Reported: bytes read from storage (``/proc/self/io`` ``read_bytes``), major page
+faults (``getrusage``), the file's pages left in the page cache (``mincore``), resident
+growth and milliseconds per query, against the bytes of the rows rescored. Figures:
+``docs/results.md`` (``--write``).
 
 Linux only (``/proc/self/io``, ``posix_fadvise``, ``madvise``). Usage::
 
-    python bench/rerank_store.py            # 2M x 96 float32 (768 MB file in --dir)
+    python bench/rerank_store.py [--write]  # 2M x 96 float32 (768 MB file in --dir)
     python bench/rerank_store.py -n 200000  # a quick run
 """
 
@@ -49,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from _common import load_average, machine, write_section
 from hashlearn.rerank import Refiner
 from hashlearn.rerank.store import advise_random
 
@@ -133,6 +124,81 @@ def measure(path: Path, advice: str, queries: np.ndarray, cand: np.ndarray) -> d
     }
 
 
+def measure_searcher(tmp: Path, vectors_path: Path, queries: np.ndarray, c: int) -> dict:
+    """End to end: a ``Searcher`` (64-bit LSH codes, ``FlatIndex``, Euclidean refine, no
+    screen) over the same vectors, saved, loaded with ``mmap="direct"``, its vectors file
+    dropped from the page cache, then searched (``n_candidates=c``, k = 10)."""
+    from hashlearn import RandomHyperplaneLSH, Searcher
+
+    X = np.load(vectors_path, mmap_mode="r")
+    s = Searcher(RandomHyperplaneLSH(64, random_state=0), rerank="euclidean", screen=False)
+    s.fit(np.asarray(X[:20000]))
+    for start in range(0, len(X), 262144):
+        s.add(np.asarray(X[start : start + 262144]))
+    s.save(tmp / "searcher")
+    del s
+    loaded = Searcher.load(tmp / "searcher", mmap="direct", verify=False)
+    [saved] = (tmp / "searcher").glob("vectors*.npy")
+    loaded.search(queries[:1], 10, n_candidates=c)  # compile, codes paged in
+    _drop_cache(saved)
+    before = (_read_bytes(), _rss_kib())
+    start = time.perf_counter()
+    _, I = loaded.search(queries, 10, n_candidates=c, n_threads=1)
+    wall = time.perf_counter() - start
+    after = (_read_bytes(), _rss_kib())
+    _, cand = loaded.index.search(loaded.hasher.encode(queries), c)
+    rows = len(np.unique(cand))
+    row_bytes = rows * X.shape[1] * 4
+    return {
+        "advice": "Searcher.load(mmap='direct')",
+        "rows": rows,
+        "row MB": row_bytes / 1e6,
+        "read MB": (after[0] - before[0]) / 1e6,
+        "read / row bytes": (after[0] - before[0]) / row_bytes,
+        "major faults": 0,
+        "RSS growth MB": (after[1] - before[1]) / 1024,
+        "cached MB": _cached_bytes(saved) / 1e6,
+        "ms / query": wall * 1e3 / len(queries),
+    }
+
+
+_LABELS = {
+    "normal": "memory map, kernel default (read-around)",
+    "random": "memory map, `MADV_RANDOM` (`mmap=True`)",
+    "direct": '`RowFile`, `O_DIRECT` (`mmap="direct"`)',
+}
+
+
+def _section(args, results, started, load_before) -> str:
+    rows = "\n".join(
+        f"| {_LABELS.get(r['advice'], '`' + r['advice'] + '` search, end to end')} | "
+        f"{r['rows']:,} | {r['row MB']:.2f} | {r['read MB']:.2f} | **{r['read / row bytes']:.2f}** "
+        f"| {r['cached MB']:.2f} | {r['RSS growth MB']:.1f} | {r['ms / query']:.2f} |"
+        for r in results
+    )
+    return (
+        "## Cold-cache reads of a vector store on disk (`bench/rerank_store.py`, issue 29 "
+        "item 3)\n\n"
+        f"Quiet machine, {started}-{time.strftime('%H:%M:%S', time.gmtime())} UTC, `python "
+        f"bench/rerank_store.py -n {args.n} -d {args.d} -q {args.q} -c {args.c} --write`; "
+        f"load average before {load_before}, after {load_average()}. {machine()}. A "
+        f"{args.n:,} x {args.d} float32 store ({args.n * args.d * 4 / 1e6:.0f} MB file), "
+        "its pages dropped from the page cache (`posix_fadvise(DONTNEED)`) before each "
+        f"search; {args.q} queries x {args.c} random candidate ids refined (k = 10, no screen, "
+        "one thread); bytes read from storage (`/proc/self/io` `read_bytes`), the file's "
+        "pages left in the page cache afterwards (`mincore`), resident growth (`VmRSS`). "
+        "The last row is a whole `Searcher` (64-bit LSH, `FlatIndex`, Euclidean refine) "
+        'saved and loaded with `mmap="direct"`, its Hamming shortlist as the candidates.\n\n'
+        "| vectors read through | rows refined | their bytes, MB | read from disk, MB | "
+        "read / rows' bytes | left in page cache, MB | RSS growth, MB | ms / query (cold) |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        f"{rows}\n\n"
+        "Through a map a row costs at least its 4 KiB page (10.7x a 384-byte row) and the "
+        "pages stay cached; `O_DIRECT` reads cost the 512-byte blocks a row spans (one or two), "
+        "and nothing is cached.\n"
+    )
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=2_000_000, help="vectors in the store")
@@ -140,9 +206,11 @@ def main(argv=None) -> None:
     parser.add_argument("-q", type=int, default=10, help="queries")
     parser.add_argument("-c", type=int, default=160, help="candidates per query")
     parser.add_argument("--dir", type=Path, default=None, help="where the file is written")
+    parser.add_argument("--write", action="store_true", help="update docs/results.md")
     args = parser.parse_args(argv)
     if not Path("/proc/self/io").exists() or not hasattr(os, "posix_fadvise"):
         sys.exit("needs Linux (/proc/self/io, posix_fadvise)")
+    started, load_before = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), load_average()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = Path(tmp) / "vectors.npy"
         _write_vectors(path, args.n, args.d)
@@ -151,10 +219,15 @@ def main(argv=None) -> None:
         cand = rng.integers(0, args.n, (args.q, args.c)).astype(np.int64)
         print(f"{args.n} x {args.d} float32 ({path.stat().st_size / 1e6:.0f} MB file), "
               f"{args.q} queries x {args.c} candidates, cold page cache")  # fmt: skip
-        for advice in ("normal", "random", "direct"):
-            r = measure(path, advice, queries, cand)
+        results = [
+            measure(path, advice, queries, cand) for advice in ("normal", "random", "direct")
+        ]
+        results.append(measure_searcher(Path(tmp), path, queries, args.c))
+        for r in results:
             print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in r.items()))  # fmt: skip
+    if args.write:
+        write_section("bench-rerank-store", _section(args, results, started, load_before))
 
 
 if __name__ == "__main__":
