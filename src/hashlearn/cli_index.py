@@ -3,6 +3,7 @@
 ::
 
     hashlearn index build EMB.npy --hasher itq --bits 256 [--metric cosine|ip|euclidean] --out DIR
+        [--ranking hamming|asymmetric]
     hashlearn index search DIR QUERIES.npy -k 10 [--overfetch 16] [--out RESULT.npy]
     hashlearn index info DIR
 
@@ -14,8 +15,9 @@
 
 The index is an :class:`~hashlearn.embeddings.EmbeddingIndex`, the preset of
 :class:`hashlearn.Searcher` for dense embeddings: any registered hasher by name, a Hamming
-shortlist of ``k * overfetch`` candidates, exact refinement by cosine similarity, inner
-product or Euclidean distance. Results follow the library's one convention: similarities
+shortlist of ``k * overfetch`` candidates (or, with ``--ranking asymmetric``, the candidates
+of highest asymmetric score against the query's projections: Gordo et al., TPAMI 2014),
+exact refinement by cosine similarity, inner product or Euclidean distance. Results follow the library's one convention: similarities
 largest first, distances smallest first.
 
 Inputs are ``.npy`` float matrices (memory-mapped), TEXMEX ``.fvecs`` files, or
@@ -403,6 +405,14 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     "distance (smallest first).",
 )
 @_count_option("--overfetch", 16, help="Default over-fetch factor saved with the index.")
+@click.option(
+    "--ranking",
+    default="hamming",
+    show_default=True,
+    type=click.Choice(["hamming", "asymmetric"]),
+    help="Shortlist by Hamming distance of the query's code, or by the asymmetric score of "
+    "its projections against the codes (more true neighbours per candidate; local index only).",
+)
 @_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
 @_count_option("--chunk-size", 65_536)
 @_count_option("--seed", 0, minimum=0)
@@ -417,6 +427,7 @@ def build(
     bits,
     metric,
     overfetch,
+    ranking,
     fit_size,
     chunk_size,
     seed,
@@ -431,6 +442,8 @@ def build(
     out = Path(out)
     if shards is not None and scheduler is None and local_cluster is None:
         raise IndexCommandError("--shards needs --scheduler ADDRESS or --local-cluster N.")
+    if ranking != "hamming" and (scheduler is not None or local_cluster is not None):
+        raise IndexCommandError("--ranking asymmetric needs a local index (no --scheduler).")
     if out.is_symlink():
         raise IndexCommandError(f"{out} is a symbolic link; refusing to write through it.")
     if out.exists() and not force:
@@ -441,7 +454,12 @@ def build(
     with _dask_client(scheduler, local_cluster, local_threads, timeout) as client:
         t0 = time.perf_counter()
         idx = EmbeddingIndex(
-            hasher, n_bits=bits, metric=metric, overfetch=overfetch, random_state=seed
+            hasher,
+            n_bits=bits,
+            metric=metric,
+            overfetch=overfetch,
+            random_state=seed,
+            ranking=ranking,
         )
         idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
         t_fit = time.perf_counter() - t0
@@ -476,7 +494,7 @@ def build(
     where = "" if client is None else f", {len(rows)} shards of {rows} rows"
     click.echo(
         f"built {out}: {matrix.n} vectors of dimension {matrix.d}, {hasher} {bits} bits, "
-        f"{metric}{where}; codes {mem['code']} B/vector (float {mem['float']} B); "
+        f"{metric}, {ranking} ranking{where}; codes {mem['code']} B/vector (float {mem['float']} B); "
         f"fit {t_fit:.1f} s, "
         f"total {time.perf_counter() - t0:.1f} s"
     )
@@ -583,6 +601,7 @@ def info(directory):
         idx = EmbeddingIndex.load(directory, mmap=True, verify=False)
         m = {"hasher": idx.hasher_name, "bits": idx.n_bits, "metric": idx.metric}
         m.update(overfetch=idx.overfetch, vectors=len(idx), dimension=idx.dim_)
+        m.update(ranking=idx.ranking)
         mem = idx.memory_per_vector()
     else:
         mem = bytes_per_vector(m["bits"], m["dimension"])
@@ -594,6 +613,7 @@ def info(directory):
         ("metric", m["metric"]),
         ("scores", "distances, smallest first" if euclidean else "similarities"),
         ("overfetch", m["overfetch"]),
+        ("ranking", m.get("ranking", "hamming")),
         ("vectors", m["vectors"]),
         ("dimension", m["dimension"]),
     ]

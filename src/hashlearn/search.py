@@ -30,6 +30,7 @@ from hashlearn._utils.parallel import bounded_threads
 from hashlearn._utils.seqlock import SeqLock
 from hashlearn._utils.validation import check_int
 from hashlearn.hashers.base import BaseHasher
+from hashlearn.index._asymmetric import check_ranking
 from hashlearn.index._neighbors import pad_candidates, relative_neighbors
 from hashlearn.index.base import BinaryIndex, make_index
 from hashlearn.rerank import available_rerankers, register_reranker
@@ -65,10 +66,9 @@ class Searcher:
     screen : bool, default=True
         Let the refine stage screen candidates with a compact copy of the vectors.
     ranking : {"hamming", "asymmetric"}, default="hamming"
-        How the index ranks the shortlist: Hamming distance of the query's code, or the
-        asymmetric score of the query's projections against the codes (Gordo et al., TPAMI
-        2014; :meth:`FlatIndex.search_asymmetric <hashlearn.index.FlatIndex.search_asymmetric>`:
-        float32 scores, largest first, without re-ranking). A local Hamming index only.
+        Shortlist by Hamming distance, or by the query's projections against the codes
+        (``index.search_asymmetric``, Gordo et al., TPAMI 2014; float32 scores, largest first,
+        without re-ranking): :func:`~hashlearn.index._asymmetric.check_ranking`.
 
     Examples
     --------
@@ -108,12 +108,7 @@ class Searcher:
             raise ValueError(f"{type(index).__name__} gives no distances; pass rerank=...")
         if n_candidates is not None:
             check_int(n_candidates, "n_candidates", "Searcher")
-        if ranking not in ("hamming", "asymmetric"):
-            raise ValueError(f"ranking must be 'hamming' or 'asymmetric', got {ranking!r}.")
-        if ranking == "asymmetric" and not (
-            isinstance(hasher, BaseHasher) and isinstance(index, BinaryIndex)
-        ):
-            raise ValueError("ranking='asymmetric' needs a hasher and a local Hamming index.")
+        check_ranking(ranking, hasher, index, "Searcher")
         refiner = Refiner(rerank, hasher=hasher, screen=screen)  # validates both
         self.hasher, self.index, self.rerank = hasher, index, rerank
         self.n_candidates, self.screen, self.ranking = n_candidates, bool(screen), ranking
@@ -207,11 +202,11 @@ class Searcher:
             _, cand = self._ranked(X, codes, n_candidates, n_threads)
         return self.refiner.refine(X, cand, k, n_threads=n_threads)
 
-    def _ranked(self, X, codes, k, n_threads):
-        if self.ranking == "asymmetric":
-            P = self.hasher.project(X)
-            return self.index.search_asymmetric(P, k, queries=codes, n_threads=n_threads)
-        return self.index.search(codes, k, n_threads=n_threads)
+    def _ranked(self, X, codes, k, n_threads):  # the shortlist, by the searcher's ranking
+        if self.ranking == "hamming":
+            return self.index.search(codes, k, n_threads=n_threads)
+        P = self.hasher.project(X)
+        return self.index.search_asymmetric(P, k, queries=codes, n_threads=n_threads)
 
     def neighbors(self, X, *, radius=None, n_bins=None, n_threads=None):
         """Neighbours within an absolute (``radius``) or relative (``n_bins``) Hamming threshold,

@@ -28,6 +28,14 @@ top k as they score in a binary heap (ties to the smaller position):
 * :func:`asymmetric_scan`: every code of the database;
 * :func:`asymmetric_rerank`: a candidate list per query (the Hamming shortlist to re-rank).
 
+Indexes reach the same kernels through :func:`scan_words` / :func:`rerank_words`, which take
+a snapshot's rows of words as they are (``FlatIndex.search_asymmetric``, and
+``BinaryIndex.search_asymmetric``'s shortlist re-rank for the other Hamming indexes).
+
+Which bit a projection of exactly 0 gets does not matter here: it adds ``0`` to ``s`` either
+way, so hashers thresholding with ``>= 0`` (most) and ``> 0`` (sign bits, BoostSSC) are
+ranked alike by their projections.
+
 The kernels are serial and GIL-free over a range of queries; the Python functions validate,
 then run chunks of queries on the thread pool (:func:`hashlearn._utils.parallel.parallel_chunks`).
 Scores are float32 sums of float32 table entries in a fixed order per code, so a code scores
@@ -44,8 +52,17 @@ from hashlearn._utils.kernel_args import frozen
 from hashlearn._utils.parallel import parallel_chunks
 from hashlearn._utils.validation import as_plain_array, check_codes, check_k
 from hashlearn.codes import as_words
+from hashlearn.hashers.base import BaseHasher
 
-__all__ = ["asymmetric_scan", "asymmetric_rerank", "byte_tables"]
+__all__ = [
+    "asymmetric_scan",
+    "asymmetric_rerank",
+    "byte_tables",
+    "check_projections",
+    "check_ranking",
+    "rerank_words",
+    "scan_words",
+]
 
 _BLOCK = 64  # codes scored before any is offered to the top k
 
@@ -240,13 +257,83 @@ def _check_projections(projections, owner: str) -> np.ndarray:
     return P
 
 
-def _words(codes: np.ndarray) -> tuple[np.ndarray, int]:
-    """Checked codes as read-only flat uint64 words (FlatIndex's layout), and words per code."""
-    return frozen(as_words(codes), np.uint64), max(1, (codes.shape[1] + 7) // 8)
+def check_projections(projections, n_bits: int, owner: str) -> np.ndarray:
+    """``projections`` checked as for :func:`asymmetric_scan`, with one column per bit of an
+    index of ``n_bits``-bit codes (``ValueError`` naming both widths otherwise)."""
+    P = _check_projections(projections, owner)
+    if P.shape[1] != n_bits:
+        raise ValueError(
+            f"projections of {owner} have {P.shape[1]} columns; the index holds {n_bits}-bit "
+            "codes (one projection per bit: the hasher's project(X))."
+        )
+    return P
+
+
+def check_ranking(ranking, hasher, index, owner: str) -> str:
+    """``ranking`` of a searcher over ``hasher`` and ``index``: ``"hamming"``, or
+    ``"asymmetric"`` for a hashlearn hasher (its ``project``) with a local index that ranks
+    codes (``search_asymmetric``; not a candidate-list index such as ``PermutationIndex`` or
+    ``TableIndex``, not a sharded index); anything else a one-line ``ValueError``."""
+    if ranking not in ("hamming", "asymmetric"):
+        raise ValueError(
+            f"The 'ranking' parameter of {owner} must be 'hamming' or 'asymmetric'. "
+            f"Got {ranking!r} instead."
+        )
+    ranks = callable(getattr(index, "search_asymmetric", None)) and not callable(
+        getattr(index, "candidates", None)
+    )
+    if ranking == "asymmetric" and not (isinstance(hasher, BaseHasher) and ranks):
+        raise ValueError(
+            f"{owner}(ranking='asymmetric') ranks a hasher's projections against the codes of "
+            "a local Hamming index (FlatIndex, MultiIndexHashing, HammingBallIndex); got "
+            f"{type(hasher).__name__} with {type(index).__name__}."
+        )
+    return ranking
+
+
+def _words(codes: np.ndarray) -> np.ndarray:
+    """Checked codes as uint64 words ``(n, n_words)`` (FlatIndex's layout)."""
+    n = codes.shape[0]
+    return as_words(codes).reshape(n, max(1, (codes.shape[1] + 7) // 8))
 
 
 def _empty_result(m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
+
+
+def scan_words(P: np.ndarray, words: np.ndarray, k: int, n_bits: int, n_threads=None):
+    """:func:`asymmetric_scan` over codes given as uint64 words ``(n, n_words)`` (a snapshot's
+    rows, not copied when C-ordered), for checked float32 ``P`` and ``k``: ``(S, positions)``."""
+    m, n = P.shape[0], words.shape[0]
+    out_s, out_i = _empty_result(m, k)
+    if m == 0 or n == 0:
+        return out_s, out_i
+    n_words, flat = words.shape[1], frozen(words.reshape(-1), np.uint64)
+
+    def run(start: int, stop: int) -> None:
+        scan_kernel(P, flat, n, n_words, n_bits, min(k, n), out_s, out_i, start, stop)
+
+    parallel_chunks(run, m, n_threads)
+    return out_s, out_i
+
+
+def rerank_words(
+    P: np.ndarray, words: np.ndarray, cand: np.ndarray, k: int, n_bits: int, n_threads=None
+):
+    """:func:`asymmetric_rerank` over codes given as uint64 words ``(n, n_words)``, for checked
+    float32 ``P``, ``k`` and candidate rows ``cand`` (int64 ``(m, c)`` in ``[-1, n)``)."""
+    m = P.shape[0]
+    out_s, out_i = _empty_result(m, k)
+    if m == 0 or words.shape[0] == 0 or cand.shape[1] == 0:
+        return out_s, out_i
+    n_words, flat = words.shape[1], frozen(words.reshape(-1), np.uint64)
+    cand, k_eff = frozen(cand, np.int64), min(k, cand.shape[1])
+
+    def run(start: int, stop: int) -> None:
+        rerank_kernel(P, flat, n_words, cand, n_bits, k_eff, out_s, out_i, start, stop)
+
+    parallel_chunks(run, m, n_threads)
+    return out_s, out_i
 
 
 def asymmetric_scan(projections, codes, k: int, *, n_threads: int | None = None):
@@ -274,17 +361,7 @@ def asymmetric_scan(projections, codes, k: int, *, n_threads: int | None = None)
     m, n_bits = P.shape
     codes = frozen(check_codes(codes, n_bits, "codes"), np.uint8)
     k = check_k(k, m, owner, bytes_per_result=12)
-    n = codes.shape[0]
-    out_s, out_i = _empty_result(m, k)
-    if m == 0 or n == 0:
-        return out_s, out_i
-    words, n_words = _words(codes)
-
-    def run(start: int, stop: int) -> None:
-        scan_kernel(P, words, n, n_words, n_bits, min(k, n), out_s, out_i, start, stop)
-
-    parallel_chunks(run, m, n_threads)
-    return out_s, out_i
+    return scan_words(P, _words(codes), k, n_bits, n_threads)
 
 
 def asymmetric_rerank(projections, codes, candidates, k: int, *, n_threads: int | None = None):
@@ -315,16 +392,5 @@ def asymmetric_rerank(projections, codes, candidates, k: int, *, n_threads: int 
             f"candidates of {owner} must be positions in [0, {n}) or -1 (empty). "
             f"Got values in [{cand.min()}, {cand.max()}]."
         )
-    cand = frozen(cand, np.int64)
     k = check_k(k, m, owner, bytes_per_result=12)
-    out_s, out_i = _empty_result(m, k)
-    if m == 0 or n == 0 or cand.shape[1] == 0:
-        return out_s, out_i
-    words, n_words = _words(codes)
-    k_eff = min(k, cand.shape[1])
-
-    def run(start: int, stop: int) -> None:
-        rerank_kernel(P, words, n_words, cand, n_bits, k_eff, out_s, out_i, start, stop)
-
-    parallel_chunks(run, m, n_threads)
-    return out_s, out_i
+    return rerank_words(P, _words(codes), cand, k, n_bits, n_threads)

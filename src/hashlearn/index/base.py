@@ -19,10 +19,13 @@ Conventions (all indexes):
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from hashlearn._utils.validation import check_codes, check_int, check_k
-from hashlearn.codes import as_words
+from hashlearn.codes import as_words, pack_bits
+from hashlearn.index._asymmetric import check_projections, rerank_words
 from hashlearn.index._storage import IdStore
 from hashlearn.io import Persistable
 
@@ -124,6 +127,50 @@ class BinaryIndex(IndexBase):
         number of codes removed. Safe while other threads search.
         """
         return self._store.remove(ids, missing=missing)
+
+    def search_asymmetric(
+        self, projections, k: int, *, queries=None, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best codes by asymmetric score ``s(q, x) = sum_j p_j (2 x_j - 1)``
+        (Gordo, Perronnin, Gong & Lazebnik, *Asymmetric distances for binary embeddings*,
+        TPAMI 2014) among each query's Hamming shortlist: the ``min(len(self), 4 k)``
+        nearest codes by :meth:`search`, re-ranked by the queries' real-valued projections
+        ``(m, n_bits)`` (a hasher's ``project(X)``).
+
+        ``queries``: the queries' codes for the shortlist (default ``projections >= 0``
+        packed; a hasher thresholding with ``> 0`` should pass its ``encode(X)``). Returns
+        ``(S float32 (m, k), I int64 (m, k))``: scores largest first, ties to the smaller id,
+        padded with ``-inf`` / ``-1``. :class:`~hashlearn.index.FlatIndex` scores every code
+        instead. The shortlist and the codes it re-ranks come from one state of the index
+        (a write in between: searched again; after three tries with writers held off).
+        """
+        owner = f"{type(self).__name__}.search_asymmetric"
+        if type(self).codes is not BinaryIndex.codes:
+            raise TypeError(
+                f"{owner}: this index keeps its codes outside its IdStore; search "
+                "asymmetrically with FlatIndex, MultiIndexHashing or HammingBallIndex."
+            )
+        P = check_projections(projections, self.n_bits, owner)
+        m = len(P)
+        k = check_k(k, m, owner, bytes_per_result=12)
+        if queries is None:
+            queries = pack_bits(P >= 0)
+        queries = self._check_queries(queries)
+        if len(queries) != m:
+            raise ValueError(f"{owner}: {len(queries)} query codes for {m} projections.")
+        for attempt in range(4):
+            with self._store.writing() if attempt == 3 else contextlib.nullcontext():
+                snap = self._store.snapshot
+                if snap.n == 0:
+                    return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
+                search = self.search  # type: ignore[attr-defined]  # every subclass has one
+                _, cand = search(queries, min(snap.n, 4 * k), n_threads=n_threads)
+                if self._store.snapshot is snap:  # the search saw this state
+                    break
+        # the shortlist as rows of the snapshot (ids ascending: ties go to the smaller id)
+        rows = np.where(cand >= 0, np.searchsorted(snap.ids, cand), -1)
+        S, pos = rerank_words(P, snap.rows["words"], rows, k, self.n_bits, n_threads)
+        return S, snap.to_ids(pos)
 
     def _check_codes(self, codes) -> np.ndarray:
         return check_codes(codes, self.n_bits, "codes")

@@ -15,8 +15,9 @@ import numpy as np
 from hashlearn import io
 from hashlearn._utils import range_scan as _range_scan
 from hashlearn._utils.parallel import parallel_chunks
-from hashlearn._utils.validation import check_codes
+from hashlearn._utils.validation import check_codes, check_k
 from hashlearn.codes import as_words
+from hashlearn.index._asymmetric import check_projections, scan_words
 from hashlearn.index._knn_scan import knn_scan
 from hashlearn.index._storage import Snapshot, check_code_state
 from hashlearn.index.base import BinaryIndex, register_index
@@ -162,6 +163,27 @@ class FlatIndex(BinaryIndex):
         queries = self._check_queries(queries)
         k = self._check_k(k, len(queries))
         return scan_search(snap, queries, k, self.n_bits, n_threads)
+
+    def search_asymmetric(
+        self, projections, k: int, *, queries=None, n_threads: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` codes of highest asymmetric score ``s(q, x) = sum_j p_j (2 x_j - 1)``
+        (Gordo, Perronnin, Gong & Lazebnik, *Asymmetric distances for binary embeddings*,
+        TPAMI 2014): the queries' real-valued projections ``(m, n_bits)`` (a hasher's
+        ``project(X)``) against every stored code, by
+        :func:`~hashlearn.index._asymmetric.scan_words`.
+
+        Returns ``(S float32 (m, k), I int64 (m, k))``: scores largest first, ties to the
+        smaller id, padded with ``-inf`` / ``-1``. ``queries`` (the queries' codes) is not
+        needed by the scan and ignored; it is accepted as by
+        :meth:`BinaryIndex.search_asymmetric <hashlearn.index.base.BinaryIndex.search_asymmetric>`.
+        """
+        snap = self._store.snapshot  # one state for the whole search
+        owner = f"{type(self).__name__}.search_asymmetric"
+        P = check_projections(projections, self.n_bits, owner)
+        k = check_k(k, len(P), owner, bytes_per_result=12)
+        S, pos = scan_words(P, snap.rows["words"], k, self.n_bits, n_threads)
+        return S, snap.to_ids(pos)
 
     def range_search(
         self, queries: np.ndarray, radius: int, *, n_threads: int | None = None
