@@ -129,6 +129,8 @@ class Searcher:
                     f"{self.index.n_bits}-bit codes; build the index with n_bits={bits}."
                 )
             self.index = make_index(self._index_name, n_bits=bits)
+        if callable(getattr(self.index, "train", None)):  # a coarse stage: IVFIndex's lists
+            self.index.train(self._encode(X))
         self._attach()
         return self
 

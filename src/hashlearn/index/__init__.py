@@ -8,6 +8,7 @@ from hashlearn.index.base import BinaryIndex, available_indexes, make_index, reg
 from hashlearn.index.cascade import Cascade
 from hashlearn.index.flat import FlatIndex
 from hashlearn.index.hamming_ball import HammingBallIndex
+from hashlearn.index.ivf import IVFIndex
 from hashlearn.index.mih import MultiIndexHashing
 from hashlearn.index.minhash_lsh import MinHashLSHIndex
 from hashlearn.index.permutation import PermutationIndex
@@ -18,6 +19,7 @@ __all__ = [
     "Cascade",
     "FlatIndex",
     "HammingBallIndex",
+    "IVFIndex",
     "MinHashLSHIndex",
     "MultiIndexHashing",
     "PermutationIndex",

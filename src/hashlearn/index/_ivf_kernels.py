@@ -1,0 +1,445 @@
+"""Numba kernels of :class:`~hashlearn.index.ivf.IVFIndex`: k-majority training, probing,
+the scan of the probed lists and the rewrite of the lists on a write.
+
+Layout (see :mod:`hashlearn.index.ivf`): the codes are C-contiguous ``uint64`` words grouped
+by list, list ``l`` holding rows ``offsets[l]:offsets[l+1]`` with their ids ascending; the
+centroids are ``n_lists`` codes in the same word layout. Every kernel is serial and GIL-free;
+the query kernels work on a range of queries ``q_start:q_end`` and callers run chunks of
+queries on several threads (:func:`hashlearn._utils.parallel.parallel_chunks`).
+
+The scan reuses the mini-block distances of :mod:`hashlearn.index._knn_scan` (64 codes'
+distances computed branch-free, then only the codes that pass are looked at). Unlike the flat
+scan, the codes of the probed lists are not visited in id order, so the top k is kept by
+(distance, id) explicitly: an item enters when its distance is below the current k-th, or
+equal to it with a smaller id, and a full buffer is cut back to exactly the k smallest
+(distance, id) pairs (a histogram over the ``b + 1`` distances, a sort of the ties only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from hashlearn._utils.popcount import popcount64, trailing_zeros64
+from hashlearn.index._knn_scan import _MINI_BLOCK, _mini_block_distances
+
+__all__ = [
+    "assign",
+    "bit_counts",
+    "ivf_knn_fixed_width",
+    "ivf_knn_any_width",
+    "ivf_range_count",
+    "ivf_range_fill",
+    "merge_lists",
+    "lists_sorted",
+]
+
+_ID_MAX = np.iinfo(np.int64).max
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@njit(nogil=True, cache=True)
+def assign(words, centroids, n_lists, n_words, out_list, out_dist, start, stop):
+    """Nearest centroid (Hamming; ties to the smaller list) of codes ``start:stop``."""
+    for i in range(start, stop):
+        o = i * n_words
+        best, best_d = 0, 1 << 30
+        for c in range(n_lists):
+            oc = c * n_words
+            d = 0
+            for w in range(n_words):
+                d += popcount64(words[o + w] ^ centroids[oc + w])
+            if d < best_d:
+                best, best_d = c, d
+        out_list[i] = best
+        out_dist[i] = best_d
+
+
+@njit(nogil=True, cache=True)
+def bit_counts(words, n, n_words, lists, counts, sizes):
+    """``counts[l, j]`` += how many codes of list ``l`` have bit ``j`` set; ``sizes[l]`` +=
+    the codes of list ``l`` (the votes of the majority centroid)."""
+    for i in range(n):
+        lst = lists[i]
+        sizes[lst] += 1
+        o = i * n_words
+        for w in range(n_words):
+            x = words[o + w]
+            while x:
+                counts[lst, w * 64 + trailing_zeros64(x)] += 1
+                x &= x - np.uint64(1)
+
+
+# ------------------------------------------------------------------------------ probing
+
+
+@njit(nogil=True, inline="always")
+def _probe_order(centroids, n_lists, queries, oq, n_words, vector, n_bits, cdist, hist, order):
+    """``order`` = the lists by (centroid distance to the query, list): a counting sort."""
+    for c0 in range(0, n_lists, _MINI_BLOCK):  # the flat scan's mini-block distances
+        m = min(_MINI_BLOCK, n_lists - c0)
+        _mini_block_distances(centroids, c0, m, queries, oq, n_words, vector, cdist[c0:])
+    hist[:] = 0
+    for c in range(n_lists):
+        hist[cdist[c]] += 1
+    start = 0
+    for d in range(n_bits + 1):
+        h = hist[d]
+        hist[d] = start
+        start += h
+    for c in range(n_lists):
+        d = cdist[c]
+        order[hist[d]] = c
+        hist[d] += 1
+
+
+@njit(nogil=True, inline="always")
+def _n_probed(order, offsets, n_lists, n_probe, min_codes):
+    """How many lists of ``order`` to scan: ``n_probe`` when positive, else the fewest
+    nearest lists holding at least ``min_codes`` codes (all lists when they hold fewer)."""
+    if n_probe > 0:
+        return min(n_probe, n_lists)
+    total = 0
+    for j in range(n_lists):
+        c = order[j]
+        total += offsets[c + 1] - offsets[c]
+        if total >= min_codes:
+            return j + 1
+    return n_lists
+
+
+# ------------------------------------------------------------------------ top k (d, id)
+
+
+@njit(nogil=True, cache=True)
+def _cut(buf_d, buf_i, count, k, hist, tmp):
+    """Keep exactly the ``k`` smallest (distance, id) of ``count`` buffered items (in place,
+    any order); returns the new bound ``(tau_d, tau_id)``: the k-th pair. A later item enters
+    only if its distance is below ``tau_d``, or equal with an id below ``tau_id``."""
+    hist[:] = 0
+    for j in range(count):
+        hist[buf_d[j]] += 1
+    total = 0
+    kth = 0
+    for d in range(hist.shape[0]):
+        if total + hist[d] >= k:
+            kth = d
+            break
+        total += hist[d]
+    ties_left = k - total  # >= 1: that many of the items at distance kth stay
+    n_ties = 0
+    for j in range(count):
+        if buf_d[j] == kth:
+            tmp[n_ties] = buf_i[j]
+            n_ties += 1
+    bound = np.sort(tmp[:n_ties])[ties_left - 1]
+    kept = 0
+    for j in range(count):
+        d = buf_d[j]
+        i = buf_i[j]
+        if d < kth or (d == kth and i <= bound):
+            buf_d[kept] = d
+            buf_i[kept] = i
+            kept += 1
+    return kth, bound
+
+
+@njit(nogil=True, cache=True)
+def _emit(buf_d, buf_i, count, k, hist, out_d, out_i, row):
+    """Write ``count <= k`` items to ``out[row]`` sorted by (distance, id), padded with -1."""
+    by_id = np.argsort(buf_i[:count])
+    hist[:] = 0
+    for j in range(count):
+        hist[buf_d[j]] += 1
+    start = 0
+    for d in range(hist.shape[0]):
+        h = hist[d]
+        hist[d] = start
+        start += h
+    for j in range(count):  # a stable counting sort by distance of the items in id order
+        t = by_id[j]
+        d = buf_d[t]
+        slot = hist[d]
+        hist[d] = slot + 1
+        out_d[row, slot] = d
+        out_i[row, slot] = buf_i[t]
+    for slot in range(count, k):
+        out_d[row, slot] = -1
+        out_i[row, slot] = -1
+
+
+# ---------------------------------------------------------------------------- k-NN scan
+
+
+@njit(nogil=True, inline="always")
+def _ivf_knn_core(
+    db,
+    ids,
+    offsets,
+    centroids,
+    n_lists,
+    queries,
+    q_start,
+    q_end,
+    k,
+    k_eff,
+    n_bits,
+    n_probe,
+    min_codes,
+    out_d,
+    out_i,
+    n_words,
+    vector,
+):
+    cap = 4 * k_eff + 64
+    buf_d = np.empty(cap, np.int32)
+    buf_i = np.empty(cap, np.int64)
+    tmp = np.empty(cap, np.int64)
+    hist = np.zeros(n_bits + 1, np.int64)
+    chist = np.zeros(n_bits + 1, np.int64)
+    cdist = np.empty(n_lists, np.int64)
+    order = np.empty(n_lists, np.int64)
+    dist = np.empty(_MINI_BLOCK, np.int64)
+    far = n_bits + 2  # a slot past a list's end: never passes
+    for q in range(q_start, q_end):
+        oq = np.uint64(q) * np.uint64(n_words)
+        _probe_order(centroids, n_lists, queries, oq, n_words, vector, n_bits, cdist, chist, order)
+        n_pr = _n_probed(order, offsets, n_lists, n_probe, min_codes)
+        kept = 0
+        tau_d = n_bits + 1
+        tau_i = _ID_MAX
+        for j in range(n_pr):
+            c = order[j]
+            lo, hi = offsets[c], offsets[c + 1]
+            for i0 in range(lo, hi, _MINI_BLOCK):
+                m = min(_MINI_BLOCK, hi - i0)
+                _mini_block_distances(db, i0, m, queries, oq, n_words, vector, dist)
+                for u in range(m, _MINI_BLOCK):
+                    dist[u] = far
+                mask = np.uint64(0)
+                for u in range(_MINI_BLOCK):  # d <= tau_d, branch-free (vectorised)
+                    mask |= np.uint64(dist[u] <= tau_d) << np.uint64(u)
+                while mask:
+                    u = trailing_zeros64(mask)
+                    mask &= mask - np.uint64(1)
+                    d = dist[u]
+                    item = ids[i0 + u]
+                    if d > tau_d or (d == tau_d and item >= tau_i):
+                        continue
+                    if kept == cap:
+                        tau_d, tau_i = _cut(buf_d, buf_i, kept, k_eff, hist, tmp)
+                        kept = k_eff
+                        if d > tau_d or (d == tau_d and item >= tau_i):
+                            continue
+                    buf_d[kept] = d
+                    buf_i[kept] = item
+                    kept += 1
+        if kept > k_eff:
+            _cut(buf_d, buf_i, kept, k_eff, hist, tmp)
+            kept = k_eff
+        _emit(buf_d, buf_i, kept, k, hist, out_d, out_i, q)
+
+
+@njit(nogil=True, cache=True)
+def ivf_knn_fixed_width(
+    db,
+    ids,
+    offsets,
+    centroids,
+    n_lists,
+    queries,
+    q_start,
+    q_end,
+    k,
+    k_eff,
+    n_bits,
+    n_probe,
+    min_codes,
+    out_d,
+    out_i,
+    width,
+):
+    """The k nearest of queries ``q_start:q_end`` in their probed lists, the word count a
+    compile-time constant (the length of the tuple ``width``, as in ``_knn_scan``)."""
+    n_words = len(width)
+    _ivf_knn_core(
+        db,
+        ids,
+        offsets,
+        centroids,
+        n_lists,
+        queries,
+        q_start,
+        q_end,
+        k,
+        k_eff,
+        n_bits,
+        n_probe,
+        min_codes,
+        out_d,
+        out_i,
+        n_words,
+        True,
+    )
+
+
+@njit(nogil=True, cache=True)
+def ivf_knn_any_width(
+    db,
+    ids,
+    offsets,
+    centroids,
+    n_lists,
+    queries,
+    q_start,
+    q_end,
+    k,
+    k_eff,
+    n_bits,
+    n_probe,
+    min_codes,
+    out_d,
+    out_i,
+    n_words,
+):
+    """:func:`ivf_knn_fixed_width` for word counts without a specialisation."""
+    _ivf_knn_core(
+        db,
+        ids,
+        offsets,
+        centroids,
+        n_lists,
+        queries,
+        q_start,
+        q_end,
+        k,
+        k_eff,
+        n_bits,
+        n_probe,
+        min_codes,
+        out_d,
+        out_i,
+        n_words,
+        False,
+    )
+
+
+# -------------------------------------------------------------------------- range scan
+
+
+@njit(nogil=True, inline="always")
+def _code_distance(db, i, queries, oq, n_words):
+    o = i * n_words
+    d = 0
+    for w in range(n_words):
+        d += popcount64(db[o + w] ^ queries[oq + w])
+    return d
+
+
+@njit(nogil=True, cache=True)
+def ivf_range_count(
+    db, offsets, centroids, n_lists, queries, n_words, n_bits, radius, n_probe, min_codes,
+    counts, q_start, q_end,
+):  # fmt: skip
+    """``counts[q]`` = codes within ``radius`` of query ``q`` in its probed lists."""
+    chist = np.zeros(n_bits + 1, np.int64)
+    cdist = np.empty(n_lists, np.int64)
+    order = np.empty(n_lists, np.int64)
+    for q in range(q_start, q_end):
+        oq = q * n_words
+        _probe_order(
+            centroids, n_lists, queries, np.uint64(oq), n_words, False, n_bits, cdist, chist, order
+        )
+        n_pr = _n_probed(order, offsets, n_lists, n_probe, min_codes)
+        count = 0
+        for j in range(n_pr):
+            c = order[j]
+            for i in range(offsets[c], offsets[c + 1]):
+                count += _code_distance(db, i, queries, oq, n_words) <= radius
+        counts[q] = count
+
+
+@njit(nogil=True, cache=True)
+def ivf_range_fill(
+    db, ids, offsets, centroids, n_lists, queries, n_words, n_bits, radius, n_probe,
+    min_codes, lims, out_d, out_i, q_start, q_end,
+):  # fmt: skip
+    """Fill query ``q``'s slots ``lims[q]:lims[q+1]`` with its codes within ``radius`` in
+    its probed lists, sorted by (distance, id)."""
+    chist = np.zeros(n_bits + 1, np.int64)
+    hist = np.zeros(n_bits + 1, np.int64)
+    cdist = np.empty(n_lists, np.int64)
+    order = np.empty(n_lists, np.int64)
+    for q in range(q_start, q_end):
+        oq = q * n_words
+        _probe_order(
+            centroids, n_lists, queries, np.uint64(oq), n_words, False, n_bits, cdist, chist, order
+        )
+        n_pr = _n_probed(order, offsets, n_lists, n_probe, min_codes)
+        lo = lims[q]
+        count = lims[q + 1] - lo
+        seg_d = np.empty(count, np.int32)
+        seg_i = np.empty(count, np.int64)
+        t = 0
+        for j in range(n_pr):
+            c = order[j]
+            for i in range(offsets[c], offsets[c + 1]):
+                d = _code_distance(db, i, queries, oq, n_words)
+                if d <= radius:
+                    seg_d[t] = d
+                    seg_i[t] = ids[i]
+                    t += 1
+        by_id = np.argsort(seg_i)
+        hist[:] = 0
+        for j in range(count):
+            hist[seg_d[j]] += 1
+        start = lo
+        for d in range(n_bits + 1):
+            h = hist[d]
+            hist[d] = start
+            start += h
+        for j in range(count):
+            s = by_id[j]
+            slot = hist[seg_d[s]]
+            hist[seg_d[s]] = slot + 1
+            out_d[slot] = seg_d[s]
+            out_i[slot] = seg_i[s]
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+@njit(nogil=True, cache=True)
+def merge_lists(old_w, old_ids, old_off, new_w, new_ids, new_off, n_words, out_w, out_ids):
+    """Lists of the old layout merged with those of the added codes, list by list, each
+    merged by id (both inputs hold every list's ids ascending; so does the output).
+    ``out_w`` / ``out_ids`` have room for both; returns nothing (offsets are the sums)."""
+    n_lists = old_off.shape[0] - 1
+    t = 0
+    for c in range(n_lists):
+        a, a_end = old_off[c], old_off[c + 1]
+        b, b_end = new_off[c], new_off[c + 1]
+        while a < a_end or b < b_end:
+            if b >= b_end or (a < a_end and old_ids[a] < new_ids[b]):
+                for w in range(n_words):
+                    out_w[t * n_words + w] = old_w[a * n_words + w]
+                out_ids[t] = old_ids[a]
+                a += 1
+            else:
+                for w in range(n_words):
+                    out_w[t * n_words + w] = new_w[b * n_words + w]
+                out_ids[t] = new_ids[b]
+                b += 1
+            t += 1
+
+
+@njit(nogil=True, cache=True)
+def lists_sorted(ids, offsets):
+    """Whether every list's ids are strictly ascending (a loaded layout's invariant)."""
+    for c in range(offsets.shape[0] - 1):
+        for i in range(offsets[c] + 1, offsets[c + 1]):
+            if ids[i] <= ids[i - 1]:
+                return False
+    return True
