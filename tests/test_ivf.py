@@ -279,6 +279,47 @@ def test_parameters_and_inputs_are_checked():
     assert isinstance(make_index("ivf", n_bits=32, n_lists=3), IVFIndex)
 
 
+def _asymmetric_oracle(P, codes, ids, cand, k):
+    """Scores ``sum_j p_j (2 x_j - 1)`` of each query's shortlist ``cand`` (ids), in numpy;
+    the k largest, ties to the smaller id."""
+    bits = np.unpackbits(codes, axis=1, bitorder="little")[:, : P.shape[1]].astype(np.float64)
+    where = {int(i): r for r, i in enumerate(ids)}
+    S = np.full((len(P), k), -np.inf)
+    I = np.full((len(P), k), -1, np.int64)  # noqa: E741
+    for row in range(len(P)):
+        c = cand[row][cand[row] >= 0]
+        score = (2 * bits[[where[int(i)] for i in c]] - 1) @ P[row].astype(np.float64)
+        order = np.lexsort((c, -score))[:k]
+        S[row, : len(order)], I[row, : len(order)] = score[order], c[order]
+    return S, I
+
+
+@pytest.mark.parametrize("n_bits", [40, 128])
+def test_search_asymmetric_re_ranks_the_shortlist(n_bits):
+    """Integer projections: every score is exact in float32, so the oracle is exact."""
+    rng = np.random.default_rng(n_bits)
+    codes = _codes(rng, 600, n_bits, dup=0.1)
+    ids = rng.choice(10**6, 600, replace=False)
+    ivf = IVFIndex(n_bits, n_lists=10)
+    ivf.add(codes, ids)
+    P = rng.integers(-4, 5, (25, n_bits)).astype(np.float32)
+    for k, n_probe in ((1, None), (8, 2), (30, ALL)):
+        S, I = ivf.search_asymmetric(P, k, n_probe=n_probe)
+        _, cand = ivf.search(np.packbits(P >= 0, axis=1, bitorder="little"), 4 * k, n_probe=n_probe)
+        want_S, want_I = _asymmetric_oracle(P, codes, ids, cand, k)
+        assert np.array_equal(S, want_S.astype(np.float32)) and np.array_equal(I, want_I), k
+    flat = FlatIndex(n_bits)
+    flat.add(codes, ids)
+    S, I = ivf.search_asymmetric(P, 3, queries=flat.codes[:25], n_probe=ALL)
+    _, cand = flat.search(flat.codes[:25], 12)
+    assert _same((S, I), _asymmetric_oracle(P, codes, ids, cand, 3))
+    assert ivf.search_asymmetric(P, 5)[0].dtype == np.float32
+    with pytest.raises(ValueError, match="query codes"):
+        ivf.search_asymmetric(P, 3, queries=flat.codes[:3])
+    empty = IVFIndex(n_bits).search_asymmetric(P[:2], 4)
+    assert np.all(empty[1] == -1) and np.all(empty[0] == -np.inf)
+
+
 # ------------------------------------------------------------------------- persistence
 
 
@@ -484,6 +525,11 @@ def test_searcher_with_ivf_end_to_end(tmp_path):
     loaded = hashlearn.load(tmp_path / "s")
     assert isinstance(loaded.index, IVFIndex)
     assert _same(loaded.search(Q, 10), (D, I))
+    asym = Searcher(hasher, IVFIndex(64, n_probe=ALL), rerank="euclidean", ranking="asymmetric")
+    asym.fit(db).add(db)
+    flat_asym = Searcher(hasher, FlatIndex(64), rerank="euclidean", ranking="asymmetric")
+    assert asym.search(Q, 10)[1].shape == (100, 10)
+    assert (asym.search(Q, 10)[1] == flat_asym.add(db).search(Q, 10)[1]).mean() >= 0.9
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Searcher(hasher, index="ivf").fit(db).add(db).search(Q, 5)[0].dtype == np.int32

@@ -27,8 +27,9 @@ import numpy as np
 
 from hashlearn._utils.parallel import parallel_chunks
 from hashlearn._utils.validation import check_codes, check_int
-from hashlearn.codes import as_words
+from hashlearn.codes import as_words, pack_bits
 from hashlearn.index import _ivf_kernels as _kernels
+from hashlearn.index._asymmetric import check_projections, rerank_words
 from hashlearn.index._knn_scan import _WIDTH_TAGS
 from hashlearn.index._storage import (
     ID_MAX,
@@ -373,6 +374,10 @@ class IVFIndex(BinaryIndex):
         queries = self._check_queries(queries)
         k = self._check_k(k, len(queries))
         probe = self._probe(n_probe, "IVFIndex.search")
+        return self._search_snapshot(snap, queries, k, probe, n_threads)
+
+    def _search_snapshot(self, snap: Snapshot, queries, k: int, probe: int, n_threads):
+        """:meth:`search` of checked arguments in one snapshot."""
         m, n = len(queries), snap.n
         layout = self._layout(snap)
         out_d = np.full((m, k), -1, np.int32)
@@ -394,6 +399,43 @@ class IVFIndex(BinaryIndex):
 
         parallel_chunks(scan, m, n_threads)
         return out_d, out_i
+
+    def search_asymmetric(
+        self,
+        projections,
+        k: int,
+        *,
+        queries=None,
+        n_threads: int | None = None,
+        n_probe: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best codes by asymmetric score ``s(q, x) = sum_j p_j (2 x_j - 1)``
+        (Gordo, Perronnin, Gong & Lazebnik, *Asymmetric distances for binary embeddings*,
+        TPAMI 2014) among each query's Hamming shortlist: the ``min(len(self), 4 k)``
+        nearest codes by :meth:`search` (its probing, ``n_probe``), as
+        :meth:`BinaryIndex.search_asymmetric <hashlearn.index.base.BinaryIndex.search_asymmetric>`
+        ranks them: ``(S float32 (m, k), I int64 (m, k))``, scores largest first, ties to the
+        smaller id, padded with ``-inf`` / ``-1``. Shortlist and codes come from one state.
+        """
+        owner = "IVFIndex.search_asymmetric"
+        P = check_projections(projections, self.n_bits, owner)
+        m = len(P)
+        k = self._check_k(k, m)
+        queries = self._check_queries(pack_bits(P >= 0) if queries is None else queries)
+        if len(queries) != m:
+            raise ValueError(f"{owner}: {len(queries)} query codes for {m} projections.")
+        probe = self._probe(n_probe, owner)
+        snap = self._store.snapshot
+        if snap.n == 0:
+            return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
+        _, cand = self._search_snapshot(snap, queries, min(snap.n, 4 * k), probe, n_threads)
+        # the shortlisted codes in id order, so that a tie goes to the smaller id
+        short = np.unique(cand[cand >= 0])
+        by_id = np.argsort(snap.ids)
+        rows = by_id[np.searchsorted(snap.ids[by_id], short)]
+        local = np.where(cand >= 0, np.searchsorted(short, cand), -1)
+        S, pos = rerank_words(P, snap.rows["words"][rows], local, k, self.n_bits, n_threads)
+        return S, np.where(pos >= 0, short[np.maximum(pos, 0)], -1)
 
     def range_search(
         self,
