@@ -12,7 +12,9 @@ vectors). Contenders, all on ONE thread, on the same data, in the same run:
 * random-hyperplane LSH, PCA hashing, ITQ and spectral hashing at 128/256/384/512 bits
   (PCA-based codes, ITQ, and sign bits have at most one bit per dimension: <= 384);
 * faiss ``IndexFlatIP`` (exact float search, BLAS over the whole query batch);
-* faiss ``IndexHNSWFlat`` (M=32, efConstruction=40, efSearch swept).
+* faiss ``IndexHNSWFlat`` (M=32, efConstruction=40, efSearch swept);
+* faiss RaBitQ (``IndexRaBitQFastScan`` and ``IndexIVFRaBitQ``, nprobe swept) with an exact
+  float refine (``IndexRefineFlat``, k_factor swept).
 
 Reported: recall@10 against the exact cosine top-10, queries/s (wall, whole query batch in
 one call), CPU seconds beside wall seconds, and memory per vector: the code bytes, what the
@@ -118,47 +120,58 @@ class FlatTimer:
         return wall
 
 
-def run_hnsw(base, queries, truth, flat: FlatTimer, repeats: int, ef_values, log) -> list[dict]:
+def run_faiss(
+    method, label, make, settings, data, flat: FlatTimer, repeats: int, log
+) -> list[dict]:
+    """A faiss contender: ``make()`` builds an empty index, trained and filled with the base
+    (timed as the build), then searched once per setting of ``settings`` (``[(param label,
+    apply(index))]``) per repetition, interleaved with the exact scan like every contender.
+    Memory per vector: the serialized index (a refine stage's float copy included)."""
     import faiss
 
-    index = faiss.IndexHNSWFlat(base.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = 40
-    _, build_wall, build_cpu = timed(lambda: index.add(np.ascontiguousarray(base)))
-    log(f"hnsw M=32 built in {build_wall:.1f} s")
+    base, queries, truth = data
+    index = make()
+
+    def build():
+        index.train(base)
+        index.add(base)
+
+    _, build_wall, build_cpu = timed(build)
+    log(f"{label} built in {build_wall:.1f} s")
     per_vector = len(faiss.serialize_index(index)) / len(base)
-    rows = []
-    walls = {ef: [] for ef in ef_values}
-    cpus = {ef: [] for ef in ef_values}
-    ratios = {ef: [] for ef in ef_values}
-    cpu_ratios = {ef: [] for ef in ef_values}
+    walls = {p: [] for p, _ in settings}
+    cpus = {p: [] for p, _ in settings}
+    ratios = {p: [] for p, _ in settings}
+    cpu_ratios = {p: [] for p, _ in settings}
     found = {}
     for _ in range(repeats):
         flat_wall = flat.time()
-        for ef in ef_values:
-            index.hnsw.efSearch = ef
+        for param, apply in settings:
+            apply(index)
             (_, ids), wall, cpu = timed(lambda: index.search(queries, K))
-            walls[ef].append(wall)
-            cpus[ef].append(cpu)
-            ratios[ef].append(flat_wall / wall)
-            cpu_ratios[ef].append(flat.cpus[-1] / max(cpu, 1e-9))
-            found[ef] = ids
-    for ef in ef_values:
-        wall = float(np.median(walls[ef]))
+            walls[param].append(wall)
+            cpus[param].append(cpu)
+            ratios[param].append(flat_wall / wall)
+            cpu_ratios[param].append(flat.cpus[-1] / max(cpu, 1e-9))
+            found[param] = ids
+    rows = []
+    for param, _ in settings:
+        wall = float(np.median(walls[param]))
         rows.append(
             {
-                "method": "faiss-hnsw",
-                "label": "HNSW M=32",
+                "method": method,
+                "label": label,
                 "bits": None,
-                "param": f"efSearch={ef}",
+                "param": param,
                 "overfetch": None,
-                "ef_search": ef,
-                "recall": recall_at_k(found[ef], truth),
+                "ef_search": None,
+                "recall": recall_at_k(found[param], truth),
                 "wall_s": wall,
-                "cpu_s": float(np.median(cpus[ef])),
+                "cpu_s": float(np.median(cpus[param])),
                 "qps": len(queries) / wall,
-                "qps_cpu": len(queries) / max(float(np.median(cpus[ef])), 1e-9),
-                "speedup_vs_flat": float(np.median(ratios[ef])),
-                "speedup_vs_flat_cpu": float(np.median(cpu_ratios[ef])),
+                "qps_cpu": len(queries) / max(float(np.median(cpus[param])), 1e-9),
+                "speedup_vs_flat": float(np.median(ratios[param])),
+                "speedup_vs_flat_cpu": float(np.median(cpu_ratios[param])),
                 "code_bytes": None,
                 "ram_bytes_per_vector": per_vector,
                 "float_bytes_per_vector": 0,
@@ -167,6 +180,78 @@ def run_hnsw(base, queries, truth, flat: FlatTimer, repeats: int, ef_values, log
                 "learned": False,
             }
         )
+    log(f"{label}: recall@10 " + " ".join(f"{r['recall']:.3f}" for r in rows))
+    return rows
+
+
+def run_hnsw(base, queries, truth, flat: FlatTimer, repeats: int, ef_values, log) -> list[dict]:
+    """faiss ``IndexHNSWFlat`` (M = 32, efConstruction 40), efSearch swept."""
+    import faiss
+
+    def make():
+        index = faiss.IndexHNSWFlat(base.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = 40
+        return index
+
+    def ef(value):
+        def apply(index):
+            index.hnsw.efSearch = value
+
+        return apply
+
+    settings = [(f"efSearch={v}", ef(v)) for v in ef_values]
+    rows = run_faiss(
+        "faiss-hnsw", "HNSW M=32", make, settings, (base, queries, truth), flat, repeats, log
+    )
+    for r, v in zip(rows, ef_values, strict=True):
+        r["ef_search"] = v
+    return rows
+
+
+def run_rabitq(base, queries, truth, flat: FlatTimer, repeats: int, log) -> list[dict]:
+    """faiss's RaBitQ (Gao & Long, SIGMOD 2024): the flat fast-scan index and the IVF one
+    (``nlist`` about 4 sqrt(n), nprobe swept), each with an exact float refine stage
+    (``IndexRefineFlat``, ``k_factor`` swept), inner product."""
+    import faiss
+
+    d, data = base.shape[1], (base, queries, truth)
+    ip = faiss.METRIC_INNER_PRODUCT
+
+    def refine_of(inner):
+        def make():
+            return faiss.IndexRefineFlat(inner())
+
+        return make
+
+    def setting(k_factor, nprobe=None):
+        def apply(index):
+            index.k_factor = k_factor
+            if nprobe is not None:
+                faiss.downcast_index(index.base_index).nprobe = nprobe
+
+        return apply
+
+    rows = run_faiss(
+        "faiss-rabitq-fastscan",
+        "RaBitQFastScan + refine",
+        refine_of(lambda: faiss.IndexRaBitQFastScan(d, ip)),
+        [(f"k_factor={f}", setting(f)) for f in (1, 2, 4, 8, 16)],
+        data,
+        flat,
+        repeats,
+        log,
+    )
+    nlist = max(1, int(4 * np.sqrt(len(base))))
+    rows += run_faiss(
+        "faiss-ivf-rabitq",
+        f"IVF{nlist}-RaBitQ + refine",
+        refine_of(lambda: faiss.IndexIVFRaBitQ(faiss.IndexFlatIP(d), d, nlist, ip)),
+        [(f"nprobe={p}, k_factor={f}", setting(f, p)) for p in (8, 16, 32, 64) for f in (2, 4, 8)],
+        data,
+        flat,
+        repeats,
+        log,
+    )
     return rows
 
 
@@ -454,6 +539,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--bits", default=",".join(map(str, BITS)))
     parser.add_argument("--methods", default=",".join(m[0] for m in METHODS))
     parser.add_argument("--no-hnsw", action="store_true")
+    parser.add_argument("--no-rabitq", action="store_true")
     parser.add_argument("--quick", action="store_true", help="128/384 bits, itq and sign only")
     parser.add_argument(
         "--timing",
@@ -515,6 +601,8 @@ def main(argv: list[str] | None = None) -> dict:
             )
     if not args.no_hnsw:
         rows += run_hnsw(base, queries, truth, flat, args.repeats, EF_SEARCH, log)
+    if not args.no_rabitq:
+        rows += run_rabitq(base, queries, truth, flat, args.repeats, log)
     flat_wall = float(np.median(flat.walls))
     flat_row = {
         "method": "faiss-flat-ip",
