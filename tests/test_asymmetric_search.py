@@ -339,6 +339,15 @@ def test_searcher_ranking_validation(digits_split):
         Searcher(h, ranking="cosine")
     with pytest.raises(ValueError, match="PermutationIndex"):
         Searcher(h, PermutationIndex(16), rerank="euclidean", ranking="asymmetric")
+
+    class Sharded:  # what the Searcher recognises a sharded index by (ShardedIndex's API)
+        n_bits = 16
+
+        def refine_search(self, *args):
+            raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match="IterativeQuantization with Sharded"):
+        Searcher(h, Sharded(), rerank="euclidean", ranking="asymmetric")
     tree = KMeansTree(random_state=0).fit(D)
     with pytest.raises(ValueError, match="KMeansTree with TableIndex"):
         Searcher(tree, TableIndex(tree.n_trees), rerank="euclidean", ranking="asymmetric")
@@ -398,3 +407,7 @@ def test_cli_build_with_asymmetric_ranking(tmp_path):
     assert r.exit_code == 0, r.output
     r = runner.invoke(cli_main, [*args[:-2], "--ranking", "cosine", "--force"])
     assert r.exit_code == 2
+    r = runner.invoke(  # refused before any scheduler is contacted
+        cli_main, [*args, "--force", "--ranking", "asymmetric", "--scheduler", "tcp://0.0.0.0:1"]
+    )
+    assert r.exit_code == 2 and "needs a local index" in r.output
