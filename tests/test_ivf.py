@@ -19,6 +19,7 @@ import pytest
 
 import hashlearn
 from hashlearn import Searcher, load_digits
+from hashlearn._utils.popcount import set_kernel_path
 from hashlearn.hashers import IterativeQuantization, RandomHyperplaneLSH
 from hashlearn.index import FlatIndex, IVFIndex, make_index
 from hashlearn.index import ivf as ivf_module
@@ -91,6 +92,27 @@ def test_every_list_probed_is_exactly_the_flat_scan(n_bits, explicit_ids):
     assert _same(ivf.range_search(queries, radius, n_probe=ALL), flat.range_search(queries, radius))
     assert np.array_equal(ivf.ids, flat.ids)
     assert np.array_equal(ivf.codes, flat.codes)
+
+
+@pytest.mark.parametrize("path", ["wide", "portable"])
+def test_both_kernel_paths_are_exact(path):
+    """The wide (512-bit steps, lists read past their end and masked) and the portable
+    scan give the flat scan's results on any CPU."""
+    rng = np.random.default_rng(21)
+    try:
+        set_kernel_path(path)
+        for n_bits in (64, 128, 256):
+            codes = _codes(rng, 1000, n_bits, dup=0.1)
+            ivf, flat = IVFIndex(n_bits, n_lists=23, n_probe=ALL), FlatIndex(n_bits)
+            ids = rng.permutation(4000)[:1000]
+            ivf.add(codes, ids)
+            flat.add(codes, ids)
+            q = _codes(rng, 9, n_bits)
+            for k in (1, 10, 200):
+                assert _same(ivf.search(q, k), flat.search(q, k)), (n_bits, k)
+                assert _same(ivf.search(q[:1], k), flat.search(q[:1], k)), (n_bits, k)
+    finally:
+        set_kernel_path(None)
 
 
 @pytest.mark.parametrize("levels", [3, 8])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashlearn._utils.popcount import popcount64, trailing_zeros64
+from hashlearn._utils.popcount import popcount64, trailing_zeros64, wide_mini_block
 from hashlearn.index._knn_scan import _MINI_BLOCK, _mini_block_distances
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "bit_counts",
     "ivf_knn_fixed_width",
     "ivf_knn_any_width",
+    "ivf_knn_wide",
     "ivf_range_count",
     "ivf_range_fill",
     "merge_lists",
@@ -75,39 +76,64 @@ def bit_counts(words, n, n_words, lists, counts, sizes):
 # ------------------------------------------------------------------------------ probing
 
 
+_SPLIT = 8  # copies of the distance histogram: consecutive lists count into different ones
+
+
 @njit(nogil=True, inline="always")
-def _probe_order(centroids, n_lists, queries, oq, n_words, vector, n_bits, cdist, hist, order):
-    """``order`` = the lists by (centroid distance to the query, list): a counting sort."""
+def _probe(
+    centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe, min_codes,
+    cdist, chist, order,
+):  # fmt: skip
+    """The lists a query scans, nearest centroid first (ties to the smaller list), in
+    ``order[:n]``; returns ``n``: ``n_probe`` lists when it is positive, else the fewest
+    nearest lists holding at least ``min_codes`` codes (all lists when they hold fewer).
+
+    No full sort: a histogram over the ``b + 1`` centroid distances (``_SPLIT`` copies, so
+    that neighbouring lists' counts do not wait on each other) gives the distance ``t`` at
+    which the target is reached; only the lists within ``t`` are then counting-sorted.
+    """
     for c0 in range(0, n_lists, _MINI_BLOCK):  # the flat scan's mini-block distances
         m = min(_MINI_BLOCK, n_lists - c0)
         _mini_block_distances(centroids, c0, m, queries, oq, n_words, vector, cdist[c0:])
-    hist[:] = 0
-    for c in range(n_lists):
-        hist[cdist[c]] += 1
-    start = 0
+    chist[:] = 0
+    if n_probe > 0:
+        target = min(n_probe, n_lists)
+        for c in range(n_lists):
+            chist[c % _SPLIT, cdist[c]] += 1
+    else:
+        target = min(min_codes, offsets[n_lists])
+        for c in range(n_lists):
+            chist[c % _SPLIT, cdist[c]] += offsets[c + 1] - offsets[c]
+    t, total = n_bits, 0
     for d in range(n_bits + 1):
-        h = hist[d]
-        hist[d] = start
-        start += h
+        for s in range(_SPLIT):
+            total += chist[s, d]
+        if total >= target:
+            t = d
+            break
+    # the lists within t, by (distance, list): a counting sort over distances 0..t
+    counts = chist[0]
+    counts[: t + 2] = 0
+    for c in range(n_lists):
+        if cdist[c] <= t:
+            counts[cdist[c] + 1] += 1
+    for d in range(t + 1):
+        counts[d + 1] += counts[d]
     for c in range(n_lists):
         d = cdist[c]
-        order[hist[d]] = c
-        hist[d] += 1
-
-
-@njit(nogil=True, inline="always")
-def _n_probed(order, offsets, n_lists, n_probe, min_codes):
-    """How many lists of ``order`` to scan: ``n_probe`` when positive, else the fewest
-    nearest lists holding at least ``min_codes`` codes (all lists when they hold fewer)."""
+        if d <= t:
+            order[counts[d]] = c
+            counts[d] += 1
+    n_within = counts[t]
     if n_probe > 0:
-        return min(n_probe, n_lists)
-    total = 0
-    for j in range(n_lists):
+        return min(n_probe, n_within)
+    got = 0
+    for j in range(n_within):
         c = order[j]
-        total += offsets[c + 1] - offsets[c]
-        if total >= min_codes:
+        got += offsets[c + 1] - offsets[c]
+        if got >= min_codes:
             return j + 1
-    return n_lists
+    return n_within
 
 
 # ------------------------------------------------------------------------ top k (d, id)
@@ -192,21 +218,26 @@ def _ivf_knn_core(
     out_i,
     n_words,
     vector,
+    width,
+    wide,
 ):
+    n_total = offsets[n_lists]
     cap = 4 * k_eff + 64
     buf_d = np.empty(cap, np.int32)
     buf_i = np.empty(cap, np.int64)
     tmp = np.empty(cap, np.int64)
     hist = np.zeros(n_bits + 1, np.int64)
-    chist = np.zeros(n_bits + 1, np.int64)
+    chist = np.zeros((_SPLIT, n_bits + 2), np.int64)
     cdist = np.empty(n_lists, np.int64)
     order = np.empty(n_lists, np.int64)
     dist = np.empty(_MINI_BLOCK, np.int64)
     far = n_bits + 2  # a slot past a list's end: never passes
     for q in range(q_start, q_end):
         oq = np.uint64(q) * np.uint64(n_words)
-        _probe_order(centroids, n_lists, queries, oq, n_words, vector, n_bits, cdist, chist, order)
-        n_pr = _n_probed(order, offsets, n_lists, n_probe, min_codes)
+        n_pr = _probe(
+            centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe,
+            min_codes, cdist, chist, order,
+        )  # fmt: skip
         kept = 0
         tau_d = n_bits + 1
         tau_i = _ID_MAX
@@ -215,12 +246,20 @@ def _ivf_knn_core(
             lo, hi = offsets[c], offsets[c + 1]
             for i0 in range(lo, hi, _MINI_BLOCK):
                 m = min(_MINI_BLOCK, hi - i0)
-                _mini_block_distances(db, i0, m, queries, oq, n_words, vector, dist)
-                for u in range(m, _MINI_BLOCK):
-                    dist[u] = far
-                mask = np.uint64(0)
-                for u in range(_MINI_BLOCK):  # d <= tau_d, branch-free (vectorised)
-                    mask |= np.uint64(dist[u] <= tau_d) << np.uint64(u)
+                if wide and i0 + _MINI_BLOCK <= n_total:  # a compile-time branch
+                    # 64 codes in 512-bit steps, those past the list (the next list's, in
+                    # the same array) masked off
+                    o = np.uint64(i0) * np.uint64(n_words)
+                    mask = wide_mini_block(db, o, queries, oq, tau_d + 1, dist, width)
+                    if m < _MINI_BLOCK:
+                        mask &= (np.uint64(1) << np.uint64(m)) - np.uint64(1)
+                else:
+                    _mini_block_distances(db, i0, m, queries, oq, n_words, vector, dist)
+                    for u in range(m, _MINI_BLOCK):
+                        dist[u] = far
+                    mask = np.uint64(0)
+                    for u in range(_MINI_BLOCK):  # d <= tau_d, branch-free (vectorised)
+                        mask |= np.uint64(dist[u] <= tau_d) << np.uint64(u)
                 while mask:
                     u = trailing_zeros64(mask)
                     mask &= mask - np.uint64(1)
@@ -282,6 +321,54 @@ def ivf_knn_fixed_width(
         out_i,
         n_words,
         True,
+        width,
+        False,
+    )
+
+
+@njit(nogil=True, cache=True)
+def ivf_knn_wide(
+    db,
+    ids,
+    offsets,
+    centroids,
+    n_lists,
+    queries,
+    q_start,
+    q_end,
+    k,
+    k_eff,
+    n_bits,
+    n_probe,
+    min_codes,
+    out_d,
+    out_i,
+    width,
+):
+    """:func:`ivf_knn_fixed_width` on the wide path (CPUs with AVX-512 VPOPCNTDQ or AVX2, see
+    :func:`hashlearn._utils.popcount.kernel_path`): whole mini-blocks of a list through
+    :func:`hashlearn._utils.popcount.wide_mini_block`, 8 codes per 512-bit step."""
+    n_words = len(width)
+    _ivf_knn_core(
+        db,
+        ids,
+        offsets,
+        centroids,
+        n_lists,
+        queries,
+        q_start,
+        q_end,
+        k,
+        k_eff,
+        n_bits,
+        n_probe,
+        min_codes,
+        out_d,
+        out_i,
+        n_words,
+        True,
+        width,
+        True,
     )
 
 
@@ -323,6 +410,8 @@ def ivf_knn_any_width(
         out_i,
         n_words,
         False,
+        (0,),
+        False,
     )
 
 
@@ -344,15 +433,15 @@ def ivf_range_count(
     counts, q_start, q_end,
 ):  # fmt: skip
     """``counts[q]`` = codes within ``radius`` of query ``q`` in its probed lists."""
-    chist = np.zeros(n_bits + 1, np.int64)
+    chist = np.zeros((_SPLIT, n_bits + 2), np.int64)
     cdist = np.empty(n_lists, np.int64)
     order = np.empty(n_lists, np.int64)
     for q in range(q_start, q_end):
         oq = q * n_words
-        _probe_order(
-            centroids, n_lists, queries, np.uint64(oq), n_words, False, n_bits, cdist, chist, order
-        )
-        n_pr = _n_probed(order, offsets, n_lists, n_probe, min_codes)
+        n_pr = _probe(
+            centroids, n_lists, offsets, queries, np.uint64(oq), n_words, False, n_bits,
+            n_probe, min_codes, cdist, chist, order,
+        )  # fmt: skip
         count = 0
         for j in range(n_pr):
             c = order[j]
@@ -368,16 +457,16 @@ def ivf_range_fill(
 ):  # fmt: skip
     """Fill query ``q``'s slots ``lims[q]:lims[q+1]`` with its codes within ``radius`` in
     its probed lists, sorted by (distance, id)."""
-    chist = np.zeros(n_bits + 1, np.int64)
+    chist = np.zeros((_SPLIT, n_bits + 2), np.int64)
     hist = np.zeros(n_bits + 1, np.int64)
     cdist = np.empty(n_lists, np.int64)
     order = np.empty(n_lists, np.int64)
     for q in range(q_start, q_end):
         oq = q * n_words
-        _probe_order(
-            centroids, n_lists, queries, np.uint64(oq), n_words, False, n_bits, cdist, chist, order
-        )
-        n_pr = _n_probed(order, offsets, n_lists, n_probe, min_codes)
+        n_pr = _probe(
+            centroids, n_lists, offsets, queries, np.uint64(oq), n_words, False, n_bits,
+            n_probe, min_codes, cdist, chist, order,
+        )  # fmt: skip
         lo = lims[q]
         count = lims[q + 1] - lo
         seg_d = np.empty(count, np.int32)

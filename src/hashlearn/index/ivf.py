@@ -26,6 +26,7 @@ import warnings
 import numpy as np
 
 from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.popcount import kernel_path
 from hashlearn._utils.validation import check_codes, check_int
 from hashlearn.codes import as_words, pack_bits
 from hashlearn.index import _ivf_kernels as _kernels
@@ -391,11 +392,15 @@ class IVFIndex(BinaryIndex):
         rest = (k, min(k, n), self.n_bits, probe, min_codes, out_d, out_i)
         width = _WIDTH_TAGS.get(self._n_words)
 
+        if width is None:
+            kernel, tail = _kernels.ivf_knn_any_width, self._n_words
+        else:
+            wide = kernel_path(self._n_words, lone=m == 1) == "wide"
+            kernel = _kernels.ivf_knn_wide if wide else _kernels.ivf_knn_fixed_width
+            tail = width
+
         def scan(start: int, stop: int) -> None:
-            if width is None:
-                _kernels.ivf_knn_any_width(*args, start, stop, *rest, self._n_words)
-            else:
-                _kernels.ivf_knn_fixed_width(*args, start, stop, *rest, width)
+            kernel(*args, start, stop, *rest, tail)
 
         parallel_chunks(scan, m, n_threads)
         return out_d, out_i
