@@ -353,3 +353,34 @@ def test_the_hasher_is_fitted_in_place_and_a_wrong_class_is_a_type_error(tmp_pat
         Searcher.load(tmp_path / "e")
     with pytest.raises(TypeError, match="not an EmbeddingIndex"):
         EmbeddingIndex.load(tmp_path / "s")
+
+
+def test_a_coarse_stage_with_one_list_is_the_flat_scan_and_round_trips(tmp_path):
+    """coarse=1: one list holds every code, so the search is exactly the flat one; coarse
+    indexes save, load (hashlearn.load too) and refuse open()'s in-place appends."""
+    import hashlearn
+    from hashlearn.index import IVFIndex
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((3000, 40)).astype(np.float32)
+    flat = EmbeddingIndex("itq", n_bits=32).fit(X[:1000]).add(X)
+    one = EmbeddingIndex("itq", n_bits=32, coarse=1).fit(X[:1000]).add(X)
+    assert isinstance(one.codes_, IVFIndex)
+    for overfetch in (1, 4, 16):
+        for a, b in zip(flat.search(X[:40], 10, overfetch=overfetch),
+                        one.search(X[:40], 10, overfetch=overfetch), strict=True):  # fmt: skip
+            np.testing.assert_array_equal(a, b)
+    auto = EmbeddingIndex("itq", n_bits=32, coarse="auto", ranking="asymmetric").fit(X[:1000])
+    auto.add(X)
+    assert auto.codes_.centroids.shape[0] > 1
+    want = auto.search(X[:40], 10)
+    auto.save(tmp_path / "e")
+    for loaded in (EmbeddingIndex.load(tmp_path / "e"), hashlearn.load(tmp_path / "e")):
+        assert loaded.coarse == "auto" and isinstance(loaded.codes_, IVFIndex)
+        for a, b in zip(loaded.search(X[:40], 10), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="coarse stage"):
+        EmbeddingIndex.open(tmp_path / "e")
+    for bad in (0, "many", 2.5):
+        with pytest.raises((ValueError, TypeError)):
+            EmbeddingIndex("itq", n_bits=32, coarse=bad)

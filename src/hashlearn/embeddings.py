@@ -45,6 +45,7 @@ from hashlearn import io as _io
 from hashlearn._utils.validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
+from hashlearn.index.ivf import IVFIndex
 from hashlearn.rerank.refiner import Refiner
 from hashlearn.search import Searcher
 
@@ -177,6 +178,13 @@ class EmbeddingIndex:
         distance, or the codes of highest asymmetric score against the query's real-valued
         projections (``Searcher(ranking="asymmetric")``, Gordo et al., TPAMI 2014), which
         finds more true neighbours in the same budget at a costlier scan.
+    coarse : None, int or "auto", default=None
+        A sub-linear coarse stage in front of the codes: ``None`` scans every code
+        (:class:`~hashlearn.index.FlatIndex`); a number of lists, or ``"auto"`` (about
+        ``4 sqrt(n)`` lists for a fit sample of ``n``), partitions the codes with
+        :class:`~hashlearn.index.IVFIndex`, trained at :meth:`fit` on the sample's codes,
+        and a search scans the lists nearest the query, as many as the budget
+        ``k * overfetch`` needs (the index's probing rule).
 
     Attributes
     ----------
@@ -211,8 +219,11 @@ class EmbeddingIndex:
         hasher_params: dict | None = None,
         random_state: int | None = 0,
         ranking: str = "hamming",
+        coarse: int | str | None = None,
     ):
         owner = "EmbeddingIndex"
+        if coarse is not None and coarse != "auto":
+            coarse = check_int(coarse, "coarse", owner)
         if ranking not in ("hamming", "asymmetric"):
             raise ValueError(
                 f"The 'ranking' parameter of {owner} must be 'hamming' or 'asymmetric'. "
@@ -257,6 +268,7 @@ class EmbeddingIndex:
         self.hasher_params = dict(hasher_params or {})
         self.random_state = random_state
         self.ranking = ranking
+        self.coarse = coarse
         self.searcher_: Searcher | None = None
         self.dim_: int | None = None
         self._path: Path | None = None  # set by open(): adds append to the save in place
@@ -272,7 +284,15 @@ class EmbeddingIndex:
             params["random_state"] = self.random_state
         return make_hasher(self.hasher, n_bits=self.n_bits, **params)
 
-    def _searcher(self, hasher: BaseHasher, codes: FlatIndex) -> Searcher:
+    def _make_index(self, codes: np.ndarray) -> FlatIndex | IVFIndex:
+        """An empty FlatIndex, or an IVFIndex trained on ``codes`` (the fit sample's)."""
+        if self.coarse is None:
+            return FlatIndex(self.n_bits)
+        n_lists = None if self.coarse == "auto" else min(int(self.coarse), len(codes))
+        seed = self.random_state if isinstance(self.random_state, int) else 0
+        return IVFIndex(self.n_bits, n_lists=n_lists, random_state=seed).train(codes)
+
+    def _searcher(self, hasher: BaseHasher, codes: FlatIndex | IVFIndex) -> Searcher:
         # screen=False: the float32 screen of rescore_runner, as this class always used
         return Searcher(
             hasher, codes, rerank=_RERANK[self.metric], screen=False, ranking=self.ranking
@@ -283,7 +303,7 @@ class EmbeddingIndex:
         return None if self.searcher_ is None else self.searcher_.hasher
 
     @property
-    def codes_(self) -> FlatIndex | None:
+    def codes_(self) -> FlatIndex | IVFIndex | None:
         return None if self.searcher_ is None else self.searcher_.index
 
     def _prepare(self, X, name: str, owner: str) -> np.ndarray:
@@ -311,7 +331,7 @@ class EmbeddingIndex:
                 f"{type(hasher).__name__} produced {produced}-bit codes on this sample, not "
                 f"n_bits={self.n_bits}; use n_bits <= {produced}."
             )
-        self.searcher_ = self._searcher(hasher, FlatIndex(self.n_bits))
+        self.searcher_ = self._searcher(hasher, self._make_index(hasher.encode(X)))
         self.dim_ = d
         self._path = None
         return self
@@ -416,6 +436,7 @@ class EmbeddingIndex:
             "random_state": self.random_state,
             "hasher_params": json.loads(json.dumps(self.hasher_params)),
             "ranking": self.ranking,
+            "coarse": self.coarse,
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -495,6 +516,7 @@ class EmbeddingIndex:
             hasher_params=params.get("hasher_params") or {},
             random_state=params.get("random_state"),
             ranking=params.get("ranking", "hamming"),  # saves before it ranked by Hamming
+            coarse=params.get("coarse"),  # saves before it: a flat scan
         )
         dirs = [state["hasher_dir"], state["codes_dir"]]
         for name in dirs:
@@ -502,8 +524,9 @@ class EmbeddingIndex:
                 raise ValueError(f"invalid component directory name {name!r}")
         hasher = _io.load(path / dirs[0], mmap=False, verify=verify)
         codes = _io.load(path / dirs[1], mmap=mmap, verify=verify)
-        if not isinstance(hasher, BaseHasher) or not isinstance(codes, FlatIndex):
-            raise ValueError("the components are not a hasher and a FlatIndex")
+        kind = FlatIndex if obj.coarse is None else IVFIndex
+        if not isinstance(hasher, BaseHasher) or type(codes) is not kind:
+            raise ValueError(f"the components are not a hasher and a {kind.__name__}")
         vectors = arrays.get("vectors")
         dim = state["dim"]
         if vectors is None or vectors.dtype != np.float32 or vectors.ndim != 2:
@@ -526,7 +549,11 @@ class EmbeddingIndex:
         return obj
 
     def _attach(
-        self, hasher: BaseHasher, codes: FlatIndex, vectors: np.ndarray, direct: bool = False
+        self,
+        hasher: BaseHasher,
+        codes: FlatIndex | IVFIndex,
+        vectors: np.ndarray,
+        direct: bool = False,
     ) -> None:
         """Build the searcher over loaded parts (the vectors are not copied)."""
         self.searcher_ = self._searcher(hasher, codes)
@@ -537,8 +564,14 @@ class EmbeddingIndex:
     def open(cls, path: str | os.PathLike, *, verify: bool = True) -> EmbeddingIndex:
         """Open a save memory-mapped for searching **and appending in place**: ``add`` then
         appends the vectors and codes to the files (O(new rows), crash-safe per chunk).
-        ``verify`` checks every array's sha256 first (like :meth:`load`)."""
+        ``verify`` checks every array's sha256 first (like :meth:`load`). Not for an index
+        with a coarse stage (its lists are rewritten by each add: load, add, save)."""
         obj = cls.load(path, mmap=True, verify=verify)
+        if obj.coarse is not None:
+            raise ValueError(
+                f"EmbeddingIndex.open appends in place to a flat index; {path} has a coarse "
+                "stage (coarse=...): load it, add, and save instead."
+            )
         path = Path(path)
         if path.is_symlink():
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
