@@ -24,7 +24,8 @@ from hashlearn._utils.popcount import popcount64, trailing_zeros64, wide_mini_bl
 from hashlearn.index._knn_scan import _MINI_BLOCK, _mini_block_distances
 
 __all__ = [
-    "assign",
+    "assign_any_width",
+    "assign_fixed_width",
     "bit_counts",
     "ivf_knn_fixed_width",
     "ivf_knn_any_width",
@@ -41,21 +42,40 @@ _ID_MAX = np.iinfo(np.int64).max
 # ----------------------------------------------------------------------------- training
 
 
-@njit(nogil=True, cache=True)
-def assign(words, centroids, n_lists, n_words, out_list, out_dist, start, stop):
-    """Nearest centroid (Hamming; ties to the smaller list) of codes ``start:stop``."""
+@njit(nogil=True, inline="always")
+def _assign_core(words, centroids, n_lists, out_list, out_dist, start, stop, n_words, vector):
+    dist = np.empty(_MINI_BLOCK, np.int64)
+    wu = np.uint64(n_words)
     for i in range(start, stop):
-        o = i * n_words
+        oq = np.uint64(i) * wu
         best, best_d = 0, 1 << 30
-        for c in range(n_lists):
-            oc = c * n_words
-            d = 0
-            for w in range(n_words):
-                d += popcount64(words[o + w] ^ centroids[oc + w])
-            if d < best_d:
-                best, best_d = c, d
+        for c0 in range(0, n_lists, _MINI_BLOCK):  # 64 centroids' distances, branch-free
+            m = min(_MINI_BLOCK, n_lists - c0)
+            _mini_block_distances(centroids, c0, m, words, oq, n_words, vector, dist)
+            low = best_d
+            for u in range(m):
+                low = min(low, dist[u])
+            if low < best_d:  # the first centroid at the new minimum
+                for u in range(m):
+                    if dist[u] == low:
+                        best, best_d = c0 + u, low
+                        break
         out_list[i] = best
         out_dist[i] = best_d
+
+
+@njit(nogil=True, cache=True)
+def assign_fixed_width(words, centroids, n_lists, out_list, out_dist, start, stop, width):
+    """Nearest centroid (Hamming; ties to the smaller list) of codes ``start:stop``, the
+    word count the length of ``width`` (a compile-time constant)."""
+    n_words = len(width)
+    _assign_core(words, centroids, n_lists, out_list, out_dist, start, stop, n_words, True)
+
+
+@njit(nogil=True, cache=True)
+def assign_any_width(words, centroids, n_lists, out_list, out_dist, start, stop, n_words):
+    """:func:`assign_fixed_width` for word counts without a specialisation."""
+    _assign_core(words, centroids, n_lists, out_list, out_dist, start, stop, n_words, False)
 
 
 @njit(nogil=True, cache=True)

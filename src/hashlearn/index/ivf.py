@@ -96,9 +96,9 @@ class IVFIndex(BinaryIndex):
         Code length in bits.
     n_lists : int or None, default=None
         Number of lists (k-majority centroids). ``None``: chosen by :meth:`train` as
-        ``round(4 * sqrt(n))`` for ``n`` training codes, clipped to ``[1, n]`` (faiss's
-        rule of thumb, 4 to 16 sqrt(n)). A number above the training codes' distinct
-        codes is clipped to them with a warning.
+        ``round(4 * sqrt(n))`` for ``n`` training codes, clipped to ``[1, n]`` and to the
+        distinct codes of the sample (faiss's rule of thumb, 4 to 16 sqrt(n)). A number
+        above the sample's distinct codes is clipped to them with a warning.
     n_probe : int or None, default=None
         Lists scanned per query. ``None`` follows from the budget: a k-NN search scans the
         nearest lists (by centroid distance) until they hold at least
@@ -205,24 +205,23 @@ class IVFIndex(BinaryIndex):
     def _k_majority(self, words: np.ndarray) -> np.ndarray:
         """Centroids (``uint64 (n_lists, W)``) by k-majority (Grana et al. 2013) on a sample."""
         rng = np.random.default_rng(self.random_state)
-        distinct = np.unique(words, axis=0)
         n = len(words)
         if self.n_lists is None:
-            n_lists = min(max(1, round(LISTS_PER_SQRT_N * math.sqrt(n))), len(distinct))
+            n_lists = min(max(1, round(LISTS_PER_SQRT_N * math.sqrt(n))), n)
         else:
             n_lists = self.n_lists
-            if n_lists > len(distinct):
-                warnings.warn(
-                    f"IVFIndex: n_lists={n_lists} but the training codes hold only "
-                    f"{len(distinct)} distinct codes; using {len(distinct)} lists.",
-                    stacklevel=3,
-                )
-                n_lists = len(distinct)
         if n > MAX_TRAIN_PER_LIST * n_lists:
             sample = np.sort(rng.choice(n, MAX_TRAIN_PER_LIST * n_lists, replace=False))
             words = words[sample]
-            distinct = np.unique(words, axis=0)
-            n_lists = min(n_lists, len(distinct))
+        distinct = np.unique(words, axis=0)
+        if n_lists > len(distinct):
+            if self.n_lists is not None:
+                warnings.warn(
+                    f"IVFIndex: n_lists={n_lists} but the training codes hold only "
+                    f"{len(distinct)} distinct codes; using {len(distinct)} lists.",
+                    stacklevel=4,
+                )
+            n_lists = len(distinct)
         centroids = np.ascontiguousarray(
             distinct[np.sort(rng.choice(len(distinct), n_lists, replace=False))]
         )
@@ -259,11 +258,15 @@ class IVFIndex(BinaryIndex):
         flat = np.ascontiguousarray(rows).reshape(-1)
         cent = np.ascontiguousarray(centroids).reshape(-1)
         n_lists, n_words = len(centroids), self._n_words
+        width = _WIDTH_TAGS.get(n_words)
+        if width is None:
+            kernel, tail = _kernels.assign_any_width, n_words
+        else:
+            kernel, tail = _kernels.assign_fixed_width, width
         if n:
+            flat.flags.writeable = cent.flags.writeable = False
             parallel_chunks(
-                lambda s, e: _kernels.assign(flat, cent, n_lists, n_words, lists, dist, s, e),
-                n,
-                None,
+                lambda s, e: kernel(flat, cent, n_lists, lists, dist, s, e, tail), n, None
             )
         return (lists, dist) if with_dist else lists
 
