@@ -259,6 +259,7 @@ class IVFIndex(BinaryIndex):
         cent = np.ascontiguousarray(centroids).reshape(-1)
         n_lists, n_words = len(centroids), self._n_words
         width = _WIDTH_TAGS.get(n_words)
+        tail: int | tuple[int, ...]  # the word count, or a tuple of that length
         if width is None:
             kernel, tail = _kernels.assign_any_width, n_words
         else:
@@ -395,6 +396,7 @@ class IVFIndex(BinaryIndex):
         rest = (k, min(k, n), self.n_bits, probe, min_codes, out_d, out_i)
         width = _WIDTH_TAGS.get(self._n_words)
 
+        tail: int | tuple[int, ...]  # the word count, or a tuple of that length
         if width is None:
             kernel, tail = _kernels.ivf_knn_any_width, self._n_words
         else:
