@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from hashlearn._utils.popcount import popcount64, trailing_zeros64, wide_mini_block
-from hashlearn.index._knn_scan import _MINI_BLOCK, _mini_block_distances
+from hashlearn.index._knn_scan import _MASK_FIRST_MAX_WORDS, _MINI_BLOCK, _mini_block_distances
 
 __all__ = [
     "assign_any_width",
@@ -266,11 +266,21 @@ def _ivf_knn_core(
             lo, hi = offsets[c], offsets[c + 1]
             for i0 in range(lo, hi, _MINI_BLOCK):
                 m = min(_MINI_BLOCK, hi - i0)
+                # a list's ids ascend: a block whose first id is past tau_i cannot win a tie,
+                # so only distances below tau_d pass (ties at tau_d stay out of the loop)
+                thr = tau_d if ids[i0] >= tau_i else tau_d + 1
                 if wide and i0 + _MINI_BLOCK <= n_total:  # a compile-time branch
                     # 64 codes in 512-bit steps, those past the list (the next list's, in
                     # the same array) masked off
                     o = np.uint64(i0) * np.uint64(n_words)
-                    mask = wide_mini_block(db, o, queries, oq, tau_d + 1, dist, width)
+                    if n_words <= _MASK_FIRST_MAX_WORDS:  # a compile-time constant
+                        # the mask alone, the distances stored only when a code passes (as
+                        # the flat scan does for such codes)
+                        mask = wide_mini_block(db, o, queries, oq, thr, None, width)
+                        if mask:
+                            mask = wide_mini_block(db, o, queries, oq, thr, dist, width)
+                    else:
+                        mask = wide_mini_block(db, o, queries, oq, thr, dist, width)
                     if m < _MINI_BLOCK:
                         mask &= (np.uint64(1) << np.uint64(m)) - np.uint64(1)
                 else:
@@ -278,8 +288,8 @@ def _ivf_knn_core(
                     for u in range(m, _MINI_BLOCK):
                         dist[u] = far
                     mask = np.uint64(0)
-                    for u in range(_MINI_BLOCK):  # d <= tau_d, branch-free (vectorised)
-                        mask |= np.uint64(dist[u] <= tau_d) << np.uint64(u)
+                    for u in range(_MINI_BLOCK):  # d < thr, branch-free (vectorised)
+                        mask |= np.uint64(dist[u] < thr) << np.uint64(u)
                 while mask:
                     u = trailing_zeros64(mask)
                     mask &= mask - np.uint64(1)
