@@ -13,6 +13,14 @@ scan, the codes of the probed lists are not visited in id order, so the top k is
 (distance, id) explicitly: an item enters when its distance is below the current k-th, or
 equal to it with a smaller id, and a full buffer is cut back to exactly the k smallest
 (distance, id) pairs (a histogram over the ``b + 1`` distances, a sort of the ties only).
+A list's ids ascend, so a mini-block whose first id is past the k-th item's admits only
+distances below it. On the wide path (:func:`hashlearn._utils.popcount.kernel_path`) whole
+mini-blocks go through :func:`hashlearn._utils.popcount.wide_mini_block`, reading past a
+list's end into the next list's codes (masked off), never past the array.
+
+Probing (:func:`_probe`) compares the query with every centroid by the same mini-blocks,
+finds the centroid distance at which the budget is reached by branch-free sums over eight
+distances a pass, and counting-sorts only the lists within it.
 """
 
 from __future__ import annotations
