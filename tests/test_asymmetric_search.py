@@ -121,6 +121,141 @@ def test_flat_exact_ties_go_to_the_smaller_id_and_removed_ids_vanish():
     np.testing.assert_array_equal(I, oracle_top(scores[:, keep], ids[keep], 20))
 
 
+# ------------------------------------------------------- the bounded scan (issue 32, item 1)
+#
+# FlatIndex.search_asymmetric / asymmetric_scan score exactly only the codes whose bit-plane
+# bound reaches the k-th score kept (_asymmetric.bounded_scan_kernel). The reference is the
+# kernel that scores every code (scan_words(..., bounded=False)): same float32 sums in the
+# same order per code, so ids and scores must be identical, bit for bit, whatever the
+# summation order; the numpy oracle checks both as in the tests above.
+
+BOUND_WIDTHS = (8, 13, 63, 64, 65, 100, 127, 128, 129, 200, 256, 383, 384, 511, 512)
+
+
+def clustered_case(n_bits, n=600, m=6, seed=0, centres=5, flip=0.1):
+    """Codes near a few centres and queries' projections near one centre's signs: the
+    structured case where the bound skips most codes."""
+    rng = np.random.default_rng(seed)
+    centre_bits = rng.integers(0, 2, (centres, n_bits), dtype=np.uint8)
+    bits = centre_bits[rng.integers(0, centres, n)] ^ (rng.random((n, n_bits)) < flip)
+    signs = 2.0 * centre_bits[rng.integers(0, centres, m)] - 1.0
+    scale = rng.uniform(0.1, 3.0, (m, n_bits))
+    P = (signs * scale + 0.5 * rng.standard_normal((m, n_bits))).astype(np.float32)
+    return bits.astype(np.uint8), P
+
+
+def full_and_bounded(P, bits, k, n_threads=1):
+    """(full scan, bounded scan, per-query codes scored by the bounded one), positions."""
+    from hashlearn.index._asymmetric import _words, scan_words
+
+    words = _words(pack_le(bits))
+    P = np.ascontiguousarray(P, np.float32)
+    full = scan_words(P, words, k, bits.shape[1], n_threads, bounded=False)
+    counts = np.zeros(len(P), np.int64)
+    bounded = scan_words(P, words, k, bits.shape[1], n_threads, counts=counts)
+    return full, bounded, counts
+
+
+def assert_identical(a, b):
+    np.testing.assert_array_equal(a[1], b[1])
+    np.testing.assert_array_equal(a[0].view(np.int32), b[0].view(np.int32))  # bit for bit
+
+
+@pytest.mark.parametrize("n_bits", BOUND_WIDTHS)
+def test_bounded_scan_is_the_full_scan_bit_for_bit(n_bits):
+    bits, P = clustered_case(n_bits, seed=n_bits)
+    _, _, P_random = random_case(n_bits, n=1, m=4, seed=n_bits)
+    positions = np.arange(len(bits), dtype=np.int64)
+    for Q in (P, P_random):
+        for k in (1, 10, 100, 600, 700):
+            full, bounded, counts = full_and_bounded(Q, bits, k)
+            assert_identical(full, bounded)
+            check(*bounded, oracle(Q, bits), positions, k, tolerance(Q))
+            assert (counts >= min(k, len(bits))).all() and (counts <= len(bits)).all()
+    _, _, counts = full_and_bounded(P, bits, 10)
+    assert counts.sum() < 0.5 * counts.size * len(bits)  # the bound skips most codes here
+
+
+@pytest.mark.parametrize("n_bits", [8, 13, 64, 65, 130, 256, 512])
+def test_bounded_scan_exact_ties_duplicates_and_zeros(n_bits):
+    rng = np.random.default_rng(n_bits)
+    pool = rng.integers(0, 2, (7, n_bits), dtype=np.uint8)
+    bits = pool[rng.integers(0, len(pool), 400)]  # duplicate codes: exact ties
+    ints = rng.integers(-3, 4, (5, n_bits)).astype(np.float32)  # zeros; exact float32 sums
+    cases = [
+        ints,
+        np.zeros((2, n_bits), np.float32),  # every score 0: the first k positions
+        np.full((2, n_bits), 0.75, np.float32),  # all equal: ranked by popcount
+        np.where(rng.random((3, n_bits)) < 0.8, 0.0, ints[:3]).astype(np.float32),
+    ]
+    positions = np.arange(len(bits), dtype=np.int64)
+    for Q in cases:
+        scores = oracle(Q, bits)
+        for k in (1, 10, 100, 400, 450):
+            full, bounded, _ = full_and_bounded(Q, bits, k)
+            assert_identical(full, bounded)
+            expected = oracle_top(scores, positions, k)
+            np.testing.assert_array_equal(bounded[1], expected)
+            valid = expected >= 0
+            got = np.take_along_axis(scores, np.where(valid, expected, 0), 1)
+            np.testing.assert_array_equal(bounded[0][valid], got[valid])
+
+
+def test_bounded_scan_bound_holds_for_every_code():
+    """The certified bound ||p||_1 + eps - 2 delta weight is at least each code's float32
+    score (tiny and huge magnitudes, zeros, one dominant projection)."""
+    from hashlearn.index._asymmetric import (
+        _PLANES,
+        _bound_weights,
+        _words,
+        byte_tables,
+        plane_masks,
+        rerank_words,
+    )
+
+    rng = np.random.default_rng(5)
+    for n_bits in (8, 63, 65, 128, 200, 512):
+        bits = rng.integers(0, 2, (300, n_bits), dtype=np.uint8)
+        words = _words(pack_le(bits))
+        n_words = words.shape[1]
+        flat = np.ascontiguousarray(words).reshape(-1)
+        P = rng.standard_normal((4, n_bits)) * 10.0 ** rng.integers(-20, 20, (4, 1))
+        P[1, rng.random(n_bits) < 0.5] = 0.0
+        P[2, 0] = 1e6 * np.abs(P[2]).max()
+        P = P.astype(np.float32)
+        cand = np.tile(np.arange(300, dtype=np.int64), (4, 1))
+        S, I = rerank_words(P, words, cand, 300, n_bits)  # every code's float32 score
+        table = np.empty(n_words * 2048, np.float32)
+        for q in range(4):
+            byte_tables(P[q], n_bits, table)
+            sign_words = np.empty(n_words, np.uint64)
+            planes = np.empty((_PLANES, n_words), np.uint64)
+            l1_eps, two_delta = plane_masks(P[q], n_bits, sign_words, planes)
+            weight = np.empty(300, np.int32)
+            _bound_weights(flat, 0, 300, n_words, sign_words, planes, weight)
+            bound = l1_eps - two_delta * weight.astype(np.float64)
+            assert (bound[I[q]] >= S[q].astype(np.float64)).all()
+            exact = oracle(P[q : q + 1], bits)[0]
+            assert (bound >= exact).all()
+
+
+def test_flat_search_asymmetric_is_the_full_scan_by_id():
+    from hashlearn.index._asymmetric import check_projections, scan_words
+
+    bits, P = clustered_case(160, n=900, m=9, seed=11)
+    ids = np.arange(len(bits), dtype=np.int64) * 7 + 3
+    index = FlatIndex(160)
+    index.add(pack_le(bits[::-1]), ids=ids[::-1])
+    words = index._store.snapshot.rows["words"]
+    Pc = check_projections(P, 160, "test")
+    for k in (1, 40, 160):
+        S_full, pos = scan_words(Pc, words, k, 160, 1, bounded=False)
+        for n_threads in (1, 3):
+            S, I = index.search_asymmetric(P, k, n_threads=n_threads)
+            np.testing.assert_array_equal(I, index._store.snapshot.to_ids(pos))
+            np.testing.assert_array_equal(S.view(np.int32), S_full.view(np.int32))
+
+
 def test_flat_search_asymmetric_threads_empty_and_bad_width():
     bits, ids, P = random_case(70, n=500, m=33, seed=3)
     index = FlatIndex(70)

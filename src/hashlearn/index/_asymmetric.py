@@ -25,8 +25,16 @@ are read as FlatIndex's 64-bit words (:func:`hashlearn.codes.as_words`: no copy 
 a whole number of words), the bytes cut from each word by shifts. Two modes, both keeping the
 top k as they score in a binary heap (ties to the smaller position):
 
-* :func:`asymmetric_scan`: every code of the database;
+* :func:`asymmetric_scan`: every code of the database, scoring exactly only the codes whose
+  certified upper bound reaches the k-th score kept so far (:func:`bounded_scan_kernel`);
 * :func:`asymmetric_rerank`: a candidate list per query (the Hamming shortlist to re-rank).
+
+The bound: with ``c_j = [p_j >= 0]`` and ``d = x XOR c``, ``s = ||p||_1 - 2 sum_j d_j |p_j|``.
+Weights ``w_j = min(floor(|p_j| / delta), 2^B - 1)`` give ``delta w_j <= |p_j|``, so
+``s <= ||p||_1 - 2 delta sum_t 2^t popcount(d & plane_t)`` over the ``B`` bit planes of
+``w`` (the bit-plane inner product of RaBitQ's quantized query, Gao & Long, SIGMOD 2024,
+Sec. 3.3); plus ``eps`` (the float32 bound below) it bounds the float32 score, so a code
+whose bound is below the k-th score kept is never in the top k and is not scored.
 
 Indexes reach the same kernels through :func:`scan_words` / :func:`rerank_words`, which take
 a snapshot's rows of words as they are (``FlatIndex.search_asymmetric``, and
@@ -50,6 +58,7 @@ from numba import njit
 
 from hashlearn._utils.kernel_args import frozen
 from hashlearn._utils.parallel import parallel_chunks
+from hashlearn._utils.popcount import popcount64
 from hashlearn._utils.validation import as_plain_array, check_codes, check_k
 from hashlearn.codes import as_words
 from hashlearn.hashers.base import BaseHasher
@@ -65,6 +74,11 @@ __all__ = [
 ]
 
 _BLOCK = 64  # codes scored before any is offered to the top k
+_PLANES = 4  # bit planes of the bound's weights (B; _bound_weights spells out the 4)
+_CLIP = 0.95  # quantile of |p| mapped to the top weight 2^B - 1
+_STRIDE = 8  # the seed weight from every _STRIDE-th code's weight
+#: word counts with a bounded kernel of their own (a constant width), keyed by a tuple
+_WIDTH_TAGS = {w: (0,) * w for w in (1, 2, 3, 4, 6, 8)}
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -208,6 +222,155 @@ def scan_kernel(P, words, n, n_words, n_bits, k, out_s, out_i, q_start, q_end): 
 
 
 @njit(nogil=True, cache=True)
+def plane_masks(p, n_bits, sign_words, planes):
+    """The query's bound of :func:`bounded_scan_kernel`; returns ``(||p||_1 + eps, 2 delta)``.
+
+    ``sign_words`` (uint64, one per code word) gets the query's code ``c_j = [p_j >= 0]``,
+    ``planes[t]`` bit plane ``t`` of the weights ``w_j = min(floor(|p_j| / delta), 2^B - 1)``
+    with ``delta`` the ``_CLIP`` quantile of ``|p|`` over ``2^B - 1`` (``B = _PLANES``), so
+    ``delta w_j <= |p_j|``. ``eps`` covers the float32 rounding of a code's table score and,
+    with one more ``2**-24 ||p||_1``, every float64 rounding of the bound.
+    """
+    n_words = sign_words.shape[0]
+    a = np.empty(n_bits, np.float64)
+    for w in range(n_words):
+        sign_words[w] = np.uint64(0)
+        for t in range(_PLANES):
+            planes[t, w] = np.uint64(0)
+    total = 0.0
+    for j in range(n_bits):
+        a[j] = abs(np.float64(p[j]))
+        total += a[j]
+        if p[j] >= 0:
+            sign_words[j >> 6] |= np.uint64(1) << np.uint64(j & 63)
+    top = (1 << _PLANES) - 1
+    ranked = np.sort(a)
+    scale = ranked[int(_CLIP * (n_bits - 1))]
+    if scale == 0.0:
+        scale = ranked[n_bits - 1]
+    delta = scale / top if scale > 0.0 else 1.0
+    for j in range(n_bits):
+        weight = min(int(np.floor(a[j] / delta)), top)
+        for t in range(_PLANES):
+            if (weight >> t) & 1:
+                planes[t, j >> 6] |= np.uint64(1) << np.uint64(j & 63)
+    eps = ((n_bits + 7) // 8 + 4) * 2.0**-24 * total
+    return total + eps, 2.0 * delta
+
+
+@njit(nogil=True, inline="always")
+def _weight_max(l1_eps, two_delta, tau, w_hi):
+    """The largest ``w`` in ``[-1, w_hi]`` with ``l1_eps - two_delta * w >= tau`` (the
+    expression nonincreasing in ``w``): codes of bound weight above it are skipped."""
+    r = (l1_eps - np.float64(tau)) / two_delta
+    w = -1 if not r >= 0.0 else (w_hi if r >= w_hi else int(r))
+    while w < w_hi and l1_eps - two_delta * (w + 1) >= tau:
+        w += 1
+    while w >= 0 and l1_eps - two_delta * w < tau:
+        w -= 1
+    return w
+
+
+@njit(nogil=True, inline="always")
+def _bound_weights(words, first, count, n_words, sign_words, planes, out):
+    """``out[u]`` = bound weight ``sum_t 2^t popcount((x XOR c) & plane_t)`` of code
+    ``first + u``; with ``n_words`` a compile-time constant LLVM vectorises across codes."""
+    nw = np.uint64(n_words)
+    o = np.uint64(first) * nw
+    for u in range(np.uint64(count)):
+        acc = 0
+        for w in range(nw):
+            d = words[o + u * nw + w] ^ sign_words[w]
+            acc += (
+                popcount64(d & planes[0, w])
+                + (popcount64(d & planes[1, w]) << 1)
+                + (popcount64(d & planes[2, w]) << 2)
+                + (popcount64(d & planes[3, w]) << 3)
+            )
+        out[u] = acc
+
+
+@njit(nogil=True, inline="always")
+def _offer_any(heap_s, heap_p, size, k, s, p):
+    """:func:`_offer` for pairs in any position order, as the full scan would keep them: a
+    score ``-inf`` (or NaN) never enters, a tie with the k-th goes to the smaller position."""
+    if size < k and not s > -np.inf:
+        return size
+    return _offer(heap_s, heap_p, size, k, s, p)
+
+
+@njit(nogil=True, inline="always")
+def _bounded_core(P, words, n, n_words, n_bits, k, out_s, out_i, scored, q_start, q_end):
+    table = np.empty(n_words * 8 * 256, np.float32)
+    heap_s = np.empty(k, np.float32)
+    heap_p = np.empty(k, np.int64)
+    sign_words = np.empty(n_words, np.uint64)
+    planes = np.empty((_PLANES, n_words), np.uint64)
+    w_hi = n_bits * ((1 << _PLANES) - 1)
+    weight = np.empty(n, np.int32)
+    hist = np.empty(w_hi + 1, np.int64)
+    stride = max(1, min(_STRIDE, n // (4 * k)))
+    seeds = (2 * k + stride - 1) // stride
+    for q in range(q_start, q_end):
+        byte_tables(P[q], n_bits, table)
+        l1_eps, two_delta = plane_masks(P[q], n_bits, sign_words, planes)
+        hist[:] = 0
+        for i0 in range(0, n, _BLOCK):
+            count = min(_BLOCK, n - i0)
+            _bound_weights(words, i0, count, n_words, sign_words, planes, weight[i0:])
+        for i in range(0, n, stride):  # every stride-th code: a cheap histogram of weights
+            hist[weight[i]] += 1
+        w_seed, below = 0, hist[0]  # about 2k codes of least weight seed the top k
+        while below < seeds and w_seed < w_hi:
+            w_seed += 1
+            below += hist[w_seed]
+        size, count = 0, 0
+        for i in range(n):
+            if weight[i] <= w_seed:
+                count += 1
+                size = _offer_any(heap_s, heap_p, size, k, _score(table, words, i, n_words), i)
+        tau = heap_s[0] if size == k else np.float32(-np.inf)
+        w_max = _weight_max(l1_eps, two_delta, tau, w_hi)
+        for i in range(n):
+            wi = weight[i]
+            if wi > w_seed and wi <= w_max:
+                count += 1
+                s = _score(table, words, i, n_words)
+                if size < k or s >= tau:
+                    size = _offer_any(heap_s, heap_p, size, k, s, i)
+                    if size == k and heap_s[0] != tau:
+                        tau = heap_s[0]
+                        w_max = _weight_max(l1_eps, two_delta, tau, w_hi)
+        scored[q] = count
+        _emit(heap_s, heap_p, size, out_s, out_i, q)
+
+
+@njit(nogil=True, cache=True)
+def bounded_scan_kernel(
+    P, words, n, n_words, n_bits, k, out_s, out_i, scored, q_start, q_end
+):  # pragma: no cover
+    """:func:`scan_kernel`'s top ``k``, scoring only the codes whose bound reaches ``tau``.
+
+    First every code's bound weight ``sum_t 2^t popcount(d & plane_t)`` (``d = x XOR c``,
+    ``_PLANES`` popcounts per word); the ~2k codes of least weight (a histogram of every
+    ``_STRIDE``-th weight picks the cut) are scored and seed the top k; then, in position
+    order, every other code whose bound ``||p||_1 + eps - 2 delta weight`` reaches the k-th
+    kept score ``tau``. A skipped code scores below ``tau``: no code the full scan keeps is
+    lost, and pairs enter by (score, position) whatever the order, so the top k, scores and
+    ties included, is :func:`scan_kernel`'s. ``scored[q]``: the codes scored exactly."""
+    _bounded_core(P, words, n, n_words, n_bits, k, out_s, out_i, scored, q_start, q_end)
+
+
+@njit(nogil=True, cache=True)
+def bounded_scan_fixed_width(
+    P, words, n, width, n_bits, k, out_s, out_i, scored, q_start, q_end
+):  # pragma: no cover
+    """:func:`bounded_scan_kernel` with the word count the length of the tuple ``width``, a
+    compile-time constant (one compiled kernel per count, as ``_knn_scan`` does)."""
+    _bounded_core(P, words, n, len(width), n_bits, k, out_s, out_i, scored, q_start, q_end)
+
+
+@njit(nogil=True, cache=True)
 def rerank_kernel(
     P, words, n_words, cand, n_bits, k, out_s, out_i, q_start, q_end
 ):  # pragma: no cover
@@ -301,17 +464,40 @@ def _empty_result(m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
 
 
-def scan_words(P: np.ndarray, words: np.ndarray, k: int, n_bits: int, n_threads=None):
+def scan_words(
+    P: np.ndarray,
+    words: np.ndarray,
+    k: int,
+    n_bits: int,
+    n_threads=None,
+    *,
+    bounded: bool = True,
+    counts: np.ndarray | None = None,
+):
     """:func:`asymmetric_scan` over codes given as uint64 words ``(n, n_words)`` (a snapshot's
-    rows, not copied when C-ordered), for checked float32 ``P`` and ``k``: ``(S, positions)``."""
+    rows, not copied when C-ordered), for checked float32 ``P`` and ``k``: ``(S, positions)``.
+
+    ``bounded``: :func:`bounded_scan_kernel` (default); ``False``: :func:`scan_kernel`, which
+    scores every code (same results; the baseline of ``bench/asymmetric.py``)."""
     m, n = P.shape[0], words.shape[0]
     out_s, out_i = _empty_result(m, k)
     if m == 0 or n == 0:
         return out_s, out_i
     n_words, flat = words.shape[1], frozen(words.reshape(-1), np.uint64)
+    k_eff = min(k, n)
+    if counts is None:
+        counts = np.empty(m, np.int64)
 
     def run(start: int, stop: int) -> None:
-        scan_kernel(P, flat, n, n_words, n_bits, min(k, n), out_s, out_i, start, stop)
+        if not bounded:
+            scan_kernel(P, flat, n, n_words, n_bits, k_eff, out_s, out_i, start, stop)
+            counts[start:stop] = n
+        elif n_words in _WIDTH_TAGS:
+            args = (P, flat, n, _WIDTH_TAGS[n_words], n_bits, k_eff, out_s, out_i, counts)
+            bounded_scan_fixed_width(*args, start, stop)
+        else:
+            args = (P, flat, n, n_words, n_bits, k_eff, out_s, out_i, counts)
+            bounded_scan_kernel(*args, start, stop)
 
     parallel_chunks(run, m, n_threads)
     return out_s, out_i

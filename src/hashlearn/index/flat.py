@@ -171,7 +171,8 @@ class FlatIndex(BinaryIndex):
         (Gordo, Perronnin, Gong & Lazebnik, *Asymmetric distances for binary embeddings*,
         TPAMI 2014): the queries' real-valued projections ``(m, n_bits)`` (a hasher's
         ``project(X)``) against every stored code, by
-        :func:`~hashlearn.index._asymmetric.scan_words`.
+        :func:`~hashlearn.index._asymmetric.scan_words`: exact, scoring only the codes whose
+        bit-plane upper bound reaches the k-th score so far.
 
         Returns ``(S float32 (m, k), I int64 (m, k))``: scores largest first, ties to the
         smaller id, padded with ``-inf`` / ``-1``. ``queries`` (the queries' codes) is not
