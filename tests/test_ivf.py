@@ -555,3 +555,44 @@ def test_searcher_with_ivf_end_to_end(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Searcher(hasher, index="ivf").fit(db).add(db).search(Q, 5)[0].dtype == np.int32
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def test_cli_build_with_a_coarse_stage(tmp_path):
+    from click.testing import CliRunner
+
+    from hashlearn.cli import main
+    from hashlearn.embeddings import EmbeddingIndex
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((900, 16)).astype(np.float32)
+    Q = rng.standard_normal((7, 16)).astype(np.float32)
+    np.save(tmp_path / "emb.npy", X)
+    np.save(tmp_path / "q.npy", Q)
+
+    def run(*args):
+        return CliRunner().invoke(main, ["index", *map(str, args)])
+
+    out = tmp_path / "idx"
+    r = run("build", tmp_path / "emb.npy", "--bits", 16, "--out", out, "--coarse", 8,
+            "--chunk-size", 250, "--fit-size", 900)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    loaded = EmbeddingIndex.load(out)
+    assert isinstance(loaded.codes_, IVFIndex) and len(loaded.codes_.centroids) == 8
+    direct = EmbeddingIndex("itq", n_bits=16, coarse=8).fit(X).add(X, chunk_size=250)
+    r = run("search", out, tmp_path / "q.npy", "-k", 5, "--out", tmp_path / "res.npy")
+    assert r.exit_code == 0, r.output
+    assert np.array_equal(np.load(tmp_path / "res.npy"), direct.search(Q, 5)[1])
+    r = run(
+        "build", tmp_path / "emb.npy", "--bits", 16, "--out", tmp_path / "a", "--coarse", "auto"
+    )
+    assert r.exit_code == 0, r.output
+    assert isinstance(EmbeddingIndex.load(tmp_path / "a").codes_, IVFIndex)
+    for bad in ("0", "x", "-3"):
+        r = run("build", tmp_path / "emb.npy", "--out", tmp_path / "b", "--coarse", bad)
+        assert r.exit_code == 2 and "--coarse" in r.stderr, r.output
+    r = run("build", tmp_path / "emb.npy", "--out", tmp_path / "c", "--coarse", 4,
+            "--scheduler", "tcp://127.0.0.1:1")  # fmt: skip
+    assert r.exit_code == 2 and "--coarse needs a local index" in r.stderr, r.output

@@ -413,6 +413,13 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     help="Shortlist by Hamming distance of the query's code, or by the asymmetric score of "
     "its projections against the codes (more true neighbours per candidate; local index only).",
 )
+@click.option(
+    "--coarse",
+    default=None,
+    metavar="N|auto",
+    help="An IVF coarse stage of N lists (auto: about 4 sqrt(n) of the fit sample), probed as "
+    "k x overfetch needs; built in memory, then saved.  [default: none, a flat scan]",
+)
 @_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
 @_count_option("--chunk-size", 65_536)
 @_count_option("--seed", 0, minimum=0)
@@ -428,6 +435,7 @@ def build(
     metric,
     overfetch,
     ranking,
+    coarse,
     fit_size,
     chunk_size,
     seed,
@@ -444,6 +452,14 @@ def build(
         raise IndexCommandError("--shards needs --scheduler ADDRESS or --local-cluster N.")
     if ranking != "hamming" and (scheduler is not None or local_cluster is not None):
         raise IndexCommandError("--ranking asymmetric needs a local index (no --scheduler).")
+    if coarse is not None and (scheduler is not None or local_cluster is not None):
+        raise IndexCommandError("--coarse needs a local index (no --scheduler).")
+    if coarse not in (None, "auto"):
+        if not coarse.isdigit() or int(coarse) < 1:
+            raise IndexCommandError(
+                f"--coarse must be a positive integer or 'auto'; got {coarse!r}."
+            )
+        coarse = int(coarse)
     if out.is_symlink():
         raise IndexCommandError(f"{out} is a symbolic link; refusing to write through it.")
     if out.exists() and not force:
@@ -460,14 +476,16 @@ def build(
             overfetch=overfetch,
             random_state=seed,
             ranking=ranking,
+            coarse=coarse,
         )
         idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
         t_fit = time.perf_counter() - t0
         tmp = out.parent / f".{out.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             if client is None:
-                idx.save(tmp)
-                opened = EmbeddingIndex.open(tmp)
+                if coarse is None:  # appended to the save chunk by chunk
+                    idx.save(tmp)
+                opened = EmbeddingIndex.open(tmp) if coarse is None else idx
                 with _progress(matrix.n, "encoding") as bar:
                     for start in range(0, matrix.n, chunk_size):
                         chunk = matrix.read(start, min(start + chunk_size, matrix.n))
@@ -478,6 +496,8 @@ def build(
                                 f"rows {start}..{start + len(chunk) - 1}: {exc}"
                             ) from None
                         bar.update(len(chunk))
+                if coarse is not None:
+                    idx.save(tmp)
             else:
                 rows = _build_sharded(client, idx, matrix, embeddings, shards, chunk_size, tmp)
                 manifest = {"hasher": hasher, "bits": bits, "metric": metric}
