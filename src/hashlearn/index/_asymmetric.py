@@ -58,7 +58,7 @@ from numba import njit
 
 from hashlearn._utils.kernel_args import frozen
 from hashlearn._utils.parallel import parallel_chunks
-from hashlearn._utils.popcount import popcount64
+from hashlearn._utils.popcount import popcount64, trailing_zeros64
 from hashlearn._utils.validation import as_plain_array, check_codes, check_k
 from hashlearn.codes import as_words
 from hashlearn.hashers.base import BaseHasher
@@ -74,8 +74,9 @@ __all__ = [
 ]
 
 _BLOCK = 64  # codes scored before any is offered to the top k
-_PLANES = 4  # bit planes of the bound's weights (B; _bound_weights spells out the 4)
-_CLIP = 0.95  # quantile of |p| mapped to the top weight 2^B - 1
+_U0 = np.uint64(0)
+_PLANES = 5  # bit planes of the bound's weights (B)
+_CLIP = 0.99  # quantile of |p| mapped to the top weight 2^B - 1
 _STRIDE = 8  # the seed weight from every _STRIDE-th code's weight
 #: word counts with a bounded kernel of their own (a constant width), keyed by a tuple
 _WIDTH_TAGS = {w: (0,) * w for w in (1, 2, 3, 4, 6, 8)}
@@ -276,18 +277,26 @@ def _bound_weights(words, first, count, n_words, sign_words, planes, out):
     """``out[u]`` = bound weight ``sum_t 2^t popcount((x XOR c) & plane_t)`` of code
     ``first + u``; with ``n_words`` a compile-time constant LLVM vectorises across codes."""
     nw = np.uint64(n_words)
-    o = np.uint64(first) * nw
+    block = words[first * n_words : (first + count) * n_words]  # indexed from 0: vectorises
     for u in range(np.uint64(count)):
         acc = 0
         for w in range(nw):
-            d = words[o + u * nw + w] ^ sign_words[w]
-            acc += (
-                popcount64(d & planes[0, w])
-                + (popcount64(d & planes[1, w]) << 1)
-                + (popcount64(d & planes[2, w]) << 2)
-                + (popcount64(d & planes[3, w]) << 3)
-            )
+            d = block[u * nw + w] ^ sign_words[w]
+            for t in range(_PLANES):
+                acc += popcount64(d & planes[t, w]) << t
         out[u] = acc
+
+
+@njit(nogil=True, inline="always")
+def _within(weight, first, lo, hi):
+    """Bit ``u`` set where ``lo <= weight[first + u] <= hi``, over a block of 64 (LLVM
+    vectorises it); ``weight`` is padded to whole blocks."""
+    span = np.uint32(hi - lo)
+    block = weight[first : first + _BLOCK]  # a slice: indexed from 0, the loop vectorises
+    mask = _U0
+    for u in range(_BLOCK):
+        mask |= np.uint64(np.uint32(block[u] - np.int32(lo)) <= span) << np.uint64(u)
+    return mask
 
 
 @njit(nogil=True, inline="always")
@@ -307,7 +316,7 @@ def _bounded_core(P, words, n, n_words, n_bits, k, out_s, out_i, scored, q_start
     sign_words = np.empty(n_words, np.uint64)
     planes = np.empty((_PLANES, n_words), np.uint64)
     w_hi = n_bits * ((1 << _PLANES) - 1)
-    weight = np.empty(n, np.int32)
+    weight = np.full(-(-n // _BLOCK) * _BLOCK, w_hi + 1, np.int32)  # padding never passes
     hist = np.empty(w_hi + 1, np.int64)
     stride = max(1, min(_STRIDE, n // (4 * k)))
     seeds = (2 * k + stride - 1) // stride
@@ -325,15 +334,22 @@ def _bounded_core(P, words, n, n_words, n_bits, k, out_s, out_i, scored, q_start
             w_seed += 1
             below += hist[w_seed]
         size, count = 0, 0
-        for i in range(n):
-            if weight[i] <= w_seed:
-                count += 1
+        for i0 in range(0, n, _BLOCK):  # the seeds, in position order
+            mask = _within(weight, i0, 0, w_seed)
+            count += popcount64(mask)
+            while mask:
+                i = i0 + trailing_zeros64(mask)
                 size = _offer_any(heap_s, heap_p, size, k, _score(table, words, i, n_words), i)
+                mask &= mask - np.uint64(1)
         tau = heap_s[0] if size == k else np.float32(-np.inf)
         w_max = _weight_max(l1_eps, two_delta, tau, w_hi)
-        for i in range(n):
-            wi = weight[i]
-            if wi > w_seed and wi <= w_max:
+        for i0 in range(0, n, _BLOCK):  # the others whose bound reaches tau
+            mask = _within(weight, i0, w_seed + 1, w_max) if w_max > w_seed else _U0
+            while mask:
+                i = i0 + trailing_zeros64(mask)
+                mask &= mask - np.uint64(1)
+                if weight[i] > w_max:  # tau rose within this block
+                    continue
                 count += 1
                 s = _score(table, words, i, n_words)
                 if size < k or s >= tau:
