@@ -188,6 +188,10 @@ def test_bounded_scan_exact_ties_duplicates_and_zeros(n_bits):
         np.full((2, n_bits), 0.75, np.float32),  # all equal: ranked by popcount
         np.where(rng.random((3, n_bits)) < 0.8, 0.0, ints[:3]).astype(np.float32),
     ]
+    huge = np.where(rng.random((2, n_bits)) < 0.5, -3e37, 3e37).astype(np.float32)  # overflow
+    full, bounded, counts = full_and_bounded(huge, bits, 10)
+    assert_identical(full, bounded)
+    assert (counts == len(bits)).all()
     positions = np.arange(len(bits), dtype=np.int64)
     for Q in cases:
         scores = oracle(Q, bits)

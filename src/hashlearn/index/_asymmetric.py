@@ -77,6 +77,7 @@ _BLOCK = 64  # codes scored before any is offered to the top k
 _U0 = np.uint64(0)
 _PLANES = 5  # bit planes of the bound's weights (B)
 _CLIP = 0.99  # quantile of |p| mapped to the top weight 2^B - 1
+_NO_OVERFLOW = 1e38  # ||p||_1 above which table sums may overflow float32
 _STRIDE = 8  # the seed weight from every _STRIDE-th code's weight
 #: word counts with a bounded kernel of their own (a constant width), keyed by a tuple
 _WIDTH_TAGS = {w: (0,) * w for w in (1, 2, 3, 4, 6, 8)}
@@ -230,7 +231,8 @@ def plane_masks(p, n_bits, sign_words, planes):
     ``planes[t]`` bit plane ``t`` of the weights ``w_j = min(floor(|p_j| / delta), 2^B - 1)``
     with ``delta`` the ``_CLIP`` quantile of ``|p|`` over ``2^B - 1`` (``B = _PLANES``), so
     ``delta w_j <= |p_j|``. ``eps`` covers the float32 rounding of a code's table score and,
-    with one more ``2**-24 ||p||_1``, every float64 rounding of the bound.
+    with one more ``2**-24 ||p||_1``, every float64 rounding of the bound. Where a float32
+    sum could overflow (``||p||_1 > 1e38``) the bound is ``+inf``: every code is scored.
     """
     n_words = sign_words.shape[0]
     a = np.empty(n_bits, np.float64)
@@ -255,6 +257,8 @@ def plane_masks(p, n_bits, sign_words, planes):
         for t in range(_PLANES):
             if (weight >> t) & 1:
                 planes[t, j >> 6] |= np.uint64(1) << np.uint64(j & 63)
+    if total > _NO_OVERFLOW:  # a float32 partial sum may overflow: no bound, score all
+        return np.inf, 2.0 * delta
     eps = ((n_bits + 7) // 8 + 4) * 2.0**-24 * total
     return total + eps, 2.0 * delta
 
