@@ -211,6 +211,7 @@ def test_bounded_scan_bound_holds_for_every_code():
     from hashlearn.index._asymmetric import (
         _PLANES,
         _bound_weights,
+        _full_weight,
         _words,
         byte_tables,
         plane_masks,
@@ -236,7 +237,12 @@ def test_bounded_scan_bound_holds_for_every_code():
             planes = np.empty((_PLANES, n_words), np.uint64)
             l1_eps, two_delta = plane_masks(P[q], n_bits, sign_words, planes)
             weight = np.empty(300, np.int32)
-            _bound_weights(flat, 0, 300, n_words, sign_words, planes, weight)
+            _bound_weights(flat, 0, 300, n_words, sign_words, planes, 0, weight)
+            top = np.empty(300, np.int32)  # the first pass's weights: top planes only
+            _bound_weights(flat, 0, 300, n_words, sign_words, planes, _PLANES - 1, top)
+            assert (top <= weight).all()
+            each = [_full_weight(flat, i, n_words, sign_words, planes) for i in range(300)]
+            np.testing.assert_array_equal(each, weight)
             bound = l1_eps - two_delta * weight.astype(np.float64)
             assert (bound[I[q]] >= S[q].astype(np.float64)).all()
             exact = oracle(P[q : q + 1], bits)[0]

@@ -34,7 +34,9 @@ Weights ``w_j = min(floor(|p_j| / delta), 2^B - 1)`` give ``delta w_j <= |p_j|``
 ``s <= ||p||_1 - 2 delta sum_t 2^t popcount(d & plane_t)`` over the ``B`` bit planes of
 ``w`` (the bit-plane inner product of RaBitQ's quantized query, Gao & Long, SIGMOD 2024,
 Sec. 3.3); plus ``eps`` (the float32 bound below) it bounds the float32 score, so a code
-whose bound is below the k-th score kept is never in the top k and is not scored.
+whose bound is below the k-th score kept is never in the top k and is not scored. Dropping
+low planes only lowers the weight, so the top plane alone (one popcount per word, as a
+Hamming scan) filters first and the other planes are counted where it passes.
 
 Indexes reach the same kernels through :func:`scan_words` / :func:`rerank_words`, which take
 a snapshot's rows of words as they are (``FlatIndex.search_asymmetric``, and
@@ -76,6 +78,8 @@ __all__ = [
 _BLOCK = 64  # codes scored before any is offered to the top k
 _U0 = np.uint64(0)
 _PLANES = 5  # bit planes of the bound's weights (B)
+_FIRST = 1  # top planes of the first pass (the others only where those pass)
+_DENSE = 10  # all planes for every code where over 1/_DENSE pass the top planes
 _CLIP = 0.99  # quantile of |p| mapped to the top weight 2^B - 1
 _NO_OVERFLOW = 1e38  # ||p||_1 above which table sums may overflow float32
 _STRIDE = 8  # the seed weight from every _STRIDE-th code's weight
@@ -277,18 +281,32 @@ def _weight_max(l1_eps, two_delta, tau, w_hi):
 
 
 @njit(nogil=True, inline="always")
-def _bound_weights(words, first, count, n_words, sign_words, planes, out):
-    """``out[u]`` = bound weight ``sum_t 2^t popcount((x XOR c) & plane_t)`` of code
-    ``first + u``; with ``n_words`` a compile-time constant LLVM vectorises across codes."""
+def _bound_weights(words, first, count, n_words, sign_words, planes, t0, out):
+    """``out[u]`` = bound weight ``sum_{t >= t0} 2^t popcount((x XOR c) & plane_t)`` of code
+    ``first + u`` (``t0 > 0``: a lower bound of the weight from the top planes only); with
+    ``n_words`` a compile-time constant LLVM vectorises across codes."""
     nw = np.uint64(n_words)
     block = words[first * n_words : (first + count) * n_words]  # indexed from 0: vectorises
     for u in range(np.uint64(count)):
         acc = 0
         for w in range(nw):
             d = block[u * nw + w] ^ sign_words[w]
-            for t in range(_PLANES):
+            for t in range(t0, _PLANES):
                 acc += popcount64(d & planes[t, w]) << t
         out[u] = acc
+
+
+@njit(nogil=True, inline="always")
+def _full_weight(words, i, n_words, sign_words, planes):
+    """The bound weight of code ``i`` over all planes."""
+    nw = np.uint64(n_words)
+    o = np.uint64(i) * nw
+    acc = 0
+    for w in range(nw):
+        d = words[o + w] ^ sign_words[w]
+        for t in range(_PLANES):
+            acc += popcount64(d & planes[t, w]) << t
+    return acc
 
 
 @njit(nogil=True, inline="always")
@@ -321,38 +339,60 @@ def _bounded_core(P, words, n, n_words, n_bits, k, out_s, out_i, scored, q_start
     planes = np.empty((_PLANES, n_words), np.uint64)
     w_hi = n_bits * ((1 << _PLANES) - 1)
     weight = np.full(-(-n // _BLOCK) * _BLOCK, w_hi + 1, np.int32)  # padding never passes
-    hist = np.empty(w_hi + 1, np.int64)
+    hist = np.empty(w_hi + 2, np.int64)  # + the scored codes' mark
     stride = max(1, min(_STRIDE, n // (4 * k)))
     seeds = (2 * k + stride - 1) // stride
+    t0 = _PLANES - _FIRST
     for q in range(q_start, q_end):
         byte_tables(P[q], n_bits, table)
         l1_eps, two_delta = plane_masks(P[q], n_bits, sign_words, planes)
-        hist[:] = 0
         for i0 in range(0, n, _BLOCK):
-            count = min(_BLOCK, n - i0)
-            _bound_weights(words, i0, count, n_words, sign_words, planes, weight[i0:])
-        for i in range(0, n, stride):  # every stride-th code: a cheap histogram of weights
-            hist[weight[i]] += 1
-        w_seed, below = 0, hist[0]  # about 2k codes of least weight seed the top k
-        while below < seeds and w_seed < w_hi:
-            w_seed += 1
-            below += hist[w_seed]
-        size, count = 0, 0
-        for i0 in range(0, n, _BLOCK):  # the seeds, in position order
-            mask = _within(weight, i0, 0, w_seed)
-            count += popcount64(mask)
-            while mask:
-                i = i0 + trailing_zeros64(mask)
-                size = _offer_any(heap_s, heap_p, size, k, _score(table, words, i, n_words), i)
-                mask &= mask - np.uint64(1)
-        tau = heap_s[0] if size == k else np.float32(-np.inf)
-        w_max = _weight_max(l1_eps, two_delta, tau, w_hi)
+            count_b = min(_BLOCK, n - i0)
+            _bound_weights(words, i0, count_b, n_words, sign_words, planes, t0, weight[i0:])
+        size, count, exact = 0, 0, t0 == 0
+        while True:
+            hist[:] = 0
+            for i in range(0, n, stride):  # every stride-th code: a cheap histogram of weights
+                hist[weight[i]] += 1
+            w_seed, below = 0, hist[0]  # about 2k codes of least weight seed the top k
+            while below < seeds and w_seed < w_hi:
+                w_seed += 1
+                below += hist[w_seed]
+            for i0 in range(0, n, _BLOCK):  # the seeds, in position order
+                mask = _within(weight, i0, 0, w_seed)
+                count += popcount64(mask)
+                while mask:
+                    i = i0 + trailing_zeros64(mask)
+                    s = _score(table, words, i, n_words)
+                    size = _offer_any(heap_s, heap_p, size, k, s, i)
+                    mask &= mask - np.uint64(1)
+            tau = heap_s[0] if size == k else np.float32(-np.inf)
+            w_max = _weight_max(l1_eps, two_delta, tau, w_hi)
+            if exact:
+                break
+            passing = 0
+            for w in range(w_seed + 1, w_max + 1):
+                passing += hist[w]
+            if passing * stride * _DENSE <= n:
+                break
+            exact = True  # the top planes select too little: all planes, seeded again
+            for i0 in range(0, n, _BLOCK):
+                mask = _within(weight, i0, 0, w_seed)
+                count_b = min(_BLOCK, n - i0)
+                _bound_weights(words, i0, count_b, n_words, sign_words, planes, 0, weight[i0:])
+                while mask:  # scored already: never again
+                    weight[i0 + trailing_zeros64(mask)] = w_hi + 1
+                    mask &= mask - np.uint64(1)
+        lo = w_seed + 1  # pass 2: the codes of weight in [lo, w_max]
         for i0 in range(0, n, _BLOCK):  # the others whose bound reaches tau
-            mask = _within(weight, i0, w_seed + 1, w_max) if w_max > w_seed else _U0
+            mask = _within(weight, i0, lo, w_max) if w_max >= lo else _U0
             while mask:
                 i = i0 + trailing_zeros64(mask)
                 mask &= mask - np.uint64(1)
-                if weight[i] > w_max:  # tau rose within this block
+                if exact:
+                    if weight[i] > w_max:  # tau rose within this block
+                        continue
+                elif _full_weight(words, i, n_words, sign_words, planes) > w_max:
                     continue
                 count += 1
                 s = _score(table, words, i, n_words)
@@ -371,13 +411,15 @@ def bounded_scan_kernel(
 ):  # pragma: no cover
     """:func:`scan_kernel`'s top ``k``, scoring only the codes whose bound reaches ``tau``.
 
-    First every code's bound weight ``sum_t 2^t popcount(d & plane_t)`` (``d = x XOR c``,
-    ``_PLANES`` popcounts per word); the ~2k codes of least weight (a histogram of every
-    ``_STRIDE``-th weight picks the cut) are scored and seed the top k; then, in position
-    order, every other code whose bound ``||p||_1 + eps - 2 delta weight`` reaches the k-th
-    kept score ``tau``. A skipped code scores below ``tau``: no code the full scan keeps is
-    lost, and pairs enter by (score, position) whatever the order, so the top k, scores and
-    ties included, is :func:`scan_kernel`'s. ``scored[q]``: the codes scored exactly."""
+    A code's bound weight is ``sum_t 2^t popcount(d & plane_t)`` (``d = x XOR c``); its top
+    ``_FIRST`` planes alone give a lower bound of it, so a bound on the score. First that
+    partial weight of every code; the ~2k codes of least weight (cut by a histogram of every
+    ``_STRIDE``-th weight) are scored and seed the top k. Where over ``1/_DENSE`` of the
+    codes would still pass, every code's full weight instead, and seeds again. Then, in
+    position order, each other code whose bound ``||p||_1 + eps - 2 delta weight`` (its full
+    weight, computed if needed) reaches the k-th kept score ``tau`` is scored. A skipped code
+    scores below ``tau`` and pairs enter by (score, position) whatever the order, so the top
+    k, scores and ties included, is :func:`scan_kernel`'s. ``scored[q]``: codes scored."""
     _bounded_core(P, words, n, n_words, n_bits, k, out_s, out_i, scored, q_start, q_end)
 
 
