@@ -248,9 +248,10 @@ def knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, 
 _MASK_FIRST_MAX_WORDS = 1
 #: ... and only when the database holds at least this many codes per neighbour kept: the
 #: fewer codes pass a settled top k, the more the skipped stores save. ``bench/mask_first.py``
-#: (Zen 4, store-always / mask-first CPU time): n / k = 100k: 1.16, 10k: 1.02, 6k: 1.00-1.04,
-#: 3.3k: 0.96, 2k: 0.92-0.95, 600 (a searcher's shortlist of 100 over 60k codes): 0.91.
-MASK_FIRST_MIN_CODES_PER_K = 5000
+#: (quiet Zen 4, 2026-11-27, store-always / mask-first CPU time): n / k = 100k: 1.19, 33k:
+#: 1.13, 20k: 1.04, 10k: 1.05, 6.7k: 1.00, 6k: 0.96, 3.3k: 0.95, 2k: 0.91-0.93, 600 (a
+#: searcher's shortlist of 100 over 60k codes): 0.89.
+MASK_FIRST_MIN_CODES_PER_K = 8000
 
 
 @njit(nogil=True, cache=True)
