@@ -316,12 +316,13 @@ def _asymmetric_oracle(P, codes, ids, cand, k):
     return S, I
 
 
+@pytest.mark.parametrize("id_span", [10**6, 700])  # sparse ids: sorting; dense: tables
 @pytest.mark.parametrize("n_bits", [40, 128])
-def test_search_asymmetric_re_ranks_the_shortlist(n_bits):
+def test_search_asymmetric_re_ranks_the_shortlist(n_bits, id_span):
     """Integer projections: every score is exact in float32, so the oracle is exact."""
     rng = np.random.default_rng(n_bits)
     codes = _codes(rng, 600, n_bits, dup=0.1)
-    ids = rng.choice(10**6, 600, replace=False)
+    ids = rng.choice(id_span, 600, replace=False)
     ivf = IVFIndex(n_bits, n_lists=10)
     ivf.add(codes, ids)
     P = rng.integers(-4, 5, (25, n_bits)).astype(np.float32)

@@ -74,6 +74,27 @@ class _Lists:
         return self.centroids.shape[0]
 
 
+def _id_ordered(ids: np.ndarray, cand: np.ndarray):
+    """``(short, rows, local)``: the distinct candidate ids ascending, their rows in the
+    snapshot (whose ``ids`` are in list order), and ``cand`` as indices into ``short`` (-1
+    kept). Ids spanning at most ``4 n + 1024`` values go through O(n + m k) tables, others
+    through sorting."""
+    valid = cand >= 0
+    span = int(ids.max(initial=-1)) + 1
+    if span <= 4 * len(ids) + 1024:
+        seen = np.zeros(span, bool)
+        seen[cand[valid]] = True
+        short = np.flatnonzero(seen)
+        row_of = np.empty(span, np.int64)
+        row_of[ids] = np.arange(len(ids))
+        rank = np.cumsum(seen) - 1
+        return short, row_of[short], np.where(valid, rank[np.where(valid, cand, 0)], -1)
+    short = np.unique(cand[valid])
+    by_id = np.argsort(ids)
+    rows = by_id[np.searchsorted(ids[by_id], short)]
+    return short, rows, np.where(valid, np.searchsorted(short, cand), -1)
+
+
 def _read_only(a: np.ndarray) -> np.ndarray:
     """``a`` as a kernel input: C-ordered and read-only, its dtype kept."""
     return frozen(a, a.dtype)
@@ -439,10 +460,7 @@ class IVFIndex(BinaryIndex):
             return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
         _, cand = self._search_snapshot(snap, queries, min(snap.n, 4 * k), probe, n_threads)
         # the shortlisted codes in id order, so that a tie goes to the smaller id
-        short = np.unique(cand[cand >= 0])
-        by_id = np.argsort(snap.ids)
-        rows = by_id[np.searchsorted(snap.ids[by_id], short)]
-        local = np.where(cand >= 0, np.searchsorted(short, cand), -1)
+        short, rows, local = _id_ordered(snap.ids, cand)
         S, pos = rerank_words(P, snap.rows["words"][rows], local, k, self.n_bits, n_threads)
         return S, np.where(pos >= 0, short[np.maximum(pos, 0)], -1)
 
