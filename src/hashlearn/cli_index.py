@@ -512,9 +512,10 @@ def build(
             raise
     mem = idx.memory_per_vector()  # per vector, from the fitted preset's dimension and bits
     where = "" if client is None else f", {len(rows)} shards of {rows} rows"
+    coarse_note = "" if idx.coarse is None else f", IVF coarse stage ({idx.coarse})"
     click.echo(
         f"built {out}: {matrix.n} vectors of dimension {matrix.d}, {hasher} {bits} bits, "
-        f"{metric}, {ranking} ranking{where}; codes {mem['code']} B/vector (float {mem['float']} B); "
+        f"{metric}, {ranking} ranking{coarse_note}{where}; codes {mem['code']} B/vector (float {mem['float']} B); "
         f"fit {t_fit:.1f} s, "
         f"total {time.perf_counter() - t0:.1f} s"
     )
@@ -622,6 +623,11 @@ def info(directory):
         m = {"hasher": idx.hasher_name, "bits": idx.n_bits, "metric": idx.metric}
         m.update(overfetch=idx.overfetch, vectors=len(idx), dimension=idx.dim_)
         m.update(ranking=idx.ranking)
+        if idx.coarse is not None:
+            sizes = idx.codes_.list_sizes
+            m.update(
+                coarse=f"IVF, {len(sizes)} lists ({idx.coarse}), {sizes.max()} codes in the largest"
+            )
         mem = idx.memory_per_vector()
     else:
         mem = bytes_per_vector(m["bits"], m["dimension"])
@@ -634,6 +640,7 @@ def info(directory):
         ("scores", "distances, smallest first" if euclidean else "similarities"),
         ("overfetch", m["overfetch"]),
         ("ranking", m.get("ranking", "hamming")),
+        ("coarse stage", m.get("coarse", "none (a flat scan)")),
         ("vectors", m["vectors"]),
         ("dimension", m["dimension"]),
     ]
