@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import rewrite_array
 from hashlearn import io, load_digits
 from hashlearn.hashers import MinHash, RBMHashing
 from hashlearn.metric import ITML, KernelITML
@@ -106,17 +107,6 @@ def _save_forest(kind, small, path):
     return path
 
 
-def _rewrite_array(path, name, change):
-    """Rewrite array ``name`` of a save through ``change(arr) -> arr``, with a valid sha256."""
-    meta = json.loads((path / "meta.json").read_text())
-    entry = meta["arrays"][name]
-    arr = change(np.load(path / entry["file"]))
-    np.save(path / entry["file"], arr)
-    entry["sha256"] = hashlib.sha256((path / entry["file"]).read_bytes()).hexdigest()
-    entry["shape"] = list(arr.shape)
-    (path / "meta.json").write_text(json.dumps(meta))
-
-
 @pytest.mark.parametrize("kind", ["bsf", "kmeans", "lsh"])
 def test_forest_round_trip_loads_with_the_same_keys(kind, small, tmp_path):
     path = _save_forest(kind, small, tmp_path / kind)
@@ -147,13 +137,13 @@ def test_damaged_tree_arrays_are_refused_at_load(kind, damage, small, tmp_path):
     """Before: these loaded, and keys() walked out of the arrays or forever."""
     path = _save_forest(kind, small, tmp_path / kind)
     name, change = TREE_DAMAGE[damage]
-    _rewrite_array(path, name, change)
+    rewrite_array(path, name, change)
     with pytest.raises(ValueError):
         io.load(path)
 
 
 def test_lsh_tables_directions_of_the_wrong_shape_are_refused(small, tmp_path):
     path = _save_forest("lsh", small, tmp_path / "lsh")
-    _rewrite_array(path, "directions_", lambda a: a[:-1])
+    rewrite_array(path, "directions_", lambda a: a[:-1])
     with pytest.raises(ValueError):
         io.load(path)

@@ -8,7 +8,6 @@ codes must stay close to the flat scan's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -18,29 +17,14 @@ import numpy as np
 import pytest
 
 import hashlearn
+from conftest import knn_from_distances, popcount_distances, rewrite_array
 from hashlearn import Searcher, load_digits
 from hashlearn._utils.popcount import set_kernel_path
 from hashlearn.hashers import IterativeQuantization, RandomHyperplaneLSH
 from hashlearn.index import FlatIndex, IVFIndex, make_index
 from hashlearn.index import ivf as ivf_module
 
-POP8 = np.array([bin(v).count("1") for v in range(256)], np.int64)
 ALL = 10**6  # n_probe above any n_lists: every list
-
-
-def _hamming(q: np.ndarray, db: np.ndarray) -> np.ndarray:
-    if len(db) == 0:
-        return np.zeros((len(q), 0), np.int64)
-    return POP8[q[:, None, :] ^ db[None, :, :]].sum(axis=2)
-
-
-def _knn(dist: np.ndarray, ids: np.ndarray, k: int):
-    D = np.full((len(dist), k), -1, np.int64)
-    I = np.full((len(dist), k), -1, np.int64)  # noqa: E741
-    for row in range(len(dist)):
-        order = np.lexsort((ids, dist[row]))[:k]
-        D[row, : len(order)], I[row, : len(order)] = dist[row][order], ids[order]
-    return D, I
 
 
 def _codes(rng, n, n_bits, *, dup=0.0, levels=None):
@@ -140,13 +124,15 @@ def _probed_oracle(index: IVFIndex, queries: np.ndarray, k: int):
     need = max(ivf_module.PROBE_FACTOR * k, -(-ivf_module.MIN_PROBE_LISTS * len(ids) // n_lists))
     D = np.full((len(queries), k), -1, np.int64)
     I = np.full((len(queries), k), -1, np.int64)  # noqa: E741
-    cdist = _hamming(queries, centroids)
+    cdist = popcount_distances(queries, centroids)
     for row in range(len(queries)):
         order = np.lexsort((np.arange(n_lists), cdist[row]))
         reach = np.cumsum(sizes[order])
         n_probe = int(np.searchsorted(reach, need)) + 1 if reach[-1] >= need else n_lists
         rows = np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in order[:n_probe]])
-        d, i = _knn(_hamming(queries[row : row + 1], codes[rows]), ids[rows], k)
+        d, i = knn_from_distances(
+            popcount_distances(queries[row : row + 1], codes[rows]), ids[rows], k
+        )
         D[row], I[row] = d[0], i[0]
     return D, I
 
@@ -224,7 +210,7 @@ def test_add_remove_sequences_match_brute_force():
         assert np.array_equal(ivf.codes, rows_arr)
         assert ivf.list_sizes.sum() == len(items) == len(ivf)
         for k in (1, 5, 60):
-            want = _knn(_hamming(queries, rows_arr), ids_arr, k)
+            want = knn_from_distances(popcount_distances(queries, rows_arr), ids_arr, k)
             assert _same(ivf.search(queries, k, n_probe=ALL), want), (step, k)
         assert _same(ivf.search(queries, 5), _probed_oracle(ivf, queries, 5)), step
     with pytest.raises(ValueError, match="not in the index"):
@@ -271,7 +257,7 @@ def test_k_majority_centroids_are_members_majorities():
         assert np.all((votes == 0) | ((votes > 0) == (cbits[c] == 1))), c
     # each code in the list of its nearest centroid (ties to the smaller list)
     lists = np.repeat(np.arange(5), np.diff(offsets))
-    assert np.array_equal(lists, np.argmin(_hamming(stored, centroids), axis=1))
+    assert np.array_equal(lists, np.argmin(popcount_distances(stored, centroids), axis=1))
 
 
 def test_parameters_and_inputs_are_checked():
@@ -346,17 +332,6 @@ def test_search_asymmetric_re_ranks_the_shortlist(n_bits, id_span):
 # ------------------------------------------------------------------------- persistence
 
 
-def _rewrite_array(path, name, change):
-    """Rewrite array ``name`` of a save through ``change(arr) -> arr``, with a valid sha256."""
-    meta = json.loads((path / "meta.json").read_text())
-    entry = meta["arrays"][name]
-    arr = change(np.load(path / entry["file"]))
-    np.save(path / entry["file"], arr)
-    entry["sha256"] = hashlib.sha256((path / entry["file"]).read_bytes()).hexdigest()
-    entry["shape"] = list(arr.shape)
-    (path / "meta.json").write_text(json.dumps(meta))
-
-
 @pytest.fixture
 def saved(tmp_path):
     rng = np.random.default_rng(4)
@@ -419,7 +394,7 @@ DAMAGE = {
 def test_damaged_saves_are_refused(saved, damage):
     _, _, path = saved
     name, change = DAMAGE[damage]
-    _rewrite_array(path, name, change)
+    rewrite_array(path, name, change)
     with pytest.raises(ValueError):
         IVFIndex.load(path)
 
@@ -429,7 +404,7 @@ def test_duplicate_ids_across_lists_are_refused(saved):
     meta = json.loads((path / "meta.json").read_text())
     offsets = np.load(path / meta["arrays"]["offsets"]["file"])
     starts = np.repeat(offsets[:-1], np.diff(offsets))
-    _rewrite_array(path, "ids", lambda a: np.arange(len(a)) - starts)  # each list 0, 1, ...
+    rewrite_array(path, "ids", lambda a: np.arange(len(a)) - starts)  # each list 0, 1, ...
     with pytest.raises(ValueError, match="duplicate"):
         IVFIndex.load(path)
 
@@ -460,7 +435,7 @@ def test_readers_see_a_published_state_while_a_writer_writes():
     def state():
         order = sorted(items)
         rows = np.array([items[i] for i in order]).reshape(-1, 3)
-        return _knn(_hamming(queries, rows), np.array(order, np.int64), k)
+        return knn_from_distances(popcount_distances(queries, rows), np.array(order, np.int64), k)
 
     states.append(state())
     for step in range(24):
