@@ -74,25 +74,33 @@ class _Lists:
         return self.centroids.shape[0]
 
 
-def _id_ordered(ids: np.ndarray, cand: np.ndarray):
+def _id_ordered(snap: Snapshot, cand: np.ndarray):
     """``(short, rows, local)``: the distinct candidate ids ascending, their rows in the
-    snapshot (whose ``ids`` are in list order), and ``cand`` as indices into ``short`` (-1
-    kept). Ids spanning at most ``4 n + 1024`` values go through O(n + m k) tables, others
-    through sorting."""
+    snapshot (whose ids are in list order), and ``cand`` as indices into ``short`` (-1 kept).
+
+    The snapshot's ids in ascending order and their rows are sorted once per snapshot
+    (cached). A batch with candidates for at least a quarter of the ids spanning at most
+    ``4 n + 1024`` values is put in order through O(n + m k) tables (no sort); smaller
+    batches sort their own candidates only."""
+    sorted_ids, rows_of_sorted = snap.derived("ivf_id_order", _id_order)
     valid = cand >= 0
-    span = int(ids.max(initial=-1)) + 1
-    if span <= 4 * len(ids) + 1024:
+    span = int(sorted_ids[-1]) + 1 if len(sorted_ids) else 0
+    if 4 * cand.size >= snap.n and span <= 4 * snap.n + 1024:
         seen = np.zeros(span, bool)
         seen[cand[valid]] = True
         short = np.flatnonzero(seen)
-        row_of = np.empty(span, np.int64)
-        row_of[ids] = np.arange(len(ids))
         rank = np.cumsum(seen) - 1
-        return short, row_of[short], np.where(valid, rank[np.where(valid, cand, 0)], -1)
-    short = np.unique(cand[valid])
-    by_id = np.argsort(ids)
-    rows = by_id[np.searchsorted(ids[by_id], short)]
-    return short, rows, np.where(valid, np.searchsorted(short, cand), -1)
+        local = np.where(valid, rank[np.where(valid, cand, 0)], -1)
+    else:
+        short, inverse = np.unique(cand[valid], return_inverse=True)
+        local = np.full(cand.shape, -1, np.int64)
+        local[valid] = inverse
+    return short, rows_of_sorted[np.searchsorted(sorted_ids, short)], local
+
+
+def _id_order(snap: Snapshot) -> tuple[np.ndarray, np.ndarray]:
+    by_id = np.argsort(snap.ids, kind="stable")
+    return snap.ids[by_id], by_id
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
@@ -460,7 +468,7 @@ class IVFIndex(BinaryIndex):
             return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
         _, cand = self._search_snapshot(snap, queries, min(snap.n, 4 * k), probe, n_threads)
         # the shortlisted codes in id order, so that a tie goes to the smaller id
-        short, rows, local = _id_ordered(snap.ids, cand)
+        short, rows, local = _id_ordered(snap, cand)
         S, pos = rerank_words(P, snap.rows["words"][rows], local, k, self.n_bits, n_threads)
         return S, np.where(pos >= 0, short[np.maximum(pos, 0)], -1)
 
