@@ -113,14 +113,14 @@ def mixture_sample(real: np.ndarray, n: int, n_queries: int, log, seed: int = 0)
         x = pca.inverse_transform(z) + rng.standard_normal((len(c), real.shape[1])) * residual_sd
         X[start : start + len(c)] = x / np.linalg.norm(x, axis=1, keepdims=True)
     base, queries = X[:n], np.ascontiguousarray(X[n:])
-    truth = np.empty((n_queries, K), np.int64)
+    truth = np.zeros((n_queries, K), np.int64)
     best_s = np.full((n_queries, K), -np.inf)
     for start in range(0, n, 131_072):
         block = base[start : start + 131_072].astype(np.float64)
         scores = queries.astype(np.float64) @ block.T
         top = np.argpartition(-scores, K - 1, axis=1)[:, :K]
         cand_s = np.concatenate([best_s, np.take_along_axis(scores, top, 1)], axis=1)
-        cand_i = np.concatenate([truth if start else np.zeros_like(truth), top + start], axis=1)
+        cand_i = np.concatenate([truth, top + start], axis=1)
         order = np.argsort(-cand_s, axis=1, kind="stable")[:, :K]
         best_s = np.take_along_axis(cand_s, order, 1)
         truth = np.take_along_axis(cand_i, order, 1)
