@@ -120,3 +120,57 @@ def test_info_names_the_kernel_path_and_cpu(path_restored):
         assert "family" in result.stdout and "model" in result.stdout
         kernel = [line for line in result.stdout.splitlines() if line.startswith("hamming kernel")]
         assert len(kernel) == 1 and f" {path} at every code length" in kernel[0], kernel
+
+
+@pytest.mark.parametrize("n_words", [1, 4, 6])
+@pytest.mark.parametrize("k", [32, 100, 300])
+def test_sampled_bound_scans_equal_brute_force_on_both_paths(n_words, k, path_restored):
+    """A large k over enough codes starts each bound from a sample (``sample_plan``); the
+    results stay exact, ties and all, on both paths and with the bound off."""
+    rng = np.random.default_rng(100 * n_words + k)
+    n = 64 * 8 * 20 + 37
+    assert _knn_scan.sample_plan(n, k)[0] > 0
+    pool = rng.integers(0, 2**64, (400, n_words), dtype=np.uint64, endpoint=False)
+    db = pool[rng.integers(0, len(pool), n)]  # many exact ties
+    db[::3] ^= rng.integers(0, 2**64, (len(db[::3]), n_words), dtype=np.uint64, endpoint=False)
+    queries = np.concatenate([db[:3], pool[:2], np.zeros((1, n_words), np.uint64)])
+    want_d, want_p = _brute_knn(db, queries, k)
+    for path in PATHS:
+        got_d, got_p = _scan(path, db, queries, k)
+        np.testing.assert_array_equal(got_d, want_d, err_msg=path)
+        np.testing.assert_array_equal(got_p, want_p, err_msg=path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_too_tight_sampled_bound_scans_the_query_again(path, path_restored, monkeypatch):
+    """Copies of the query planted in the sampled mini-blocks only (three per block) make
+    the sample's bound 1 while only 48 codes lie below it: the scan sees fewer than k and
+    scans that query again from the loosest bound, so the result is still exact."""
+    n_words, k, n = 4, 200, 64 * 128
+    stride, rank = _knn_scan.sample_plan(n, k)
+    rng = np.random.default_rng(7)
+    db = rng.integers(0, 2**64, (n, n_words), dtype=np.uint64, endpoint=False)
+    query = db[1].copy()
+    db[db.tolist().index(query.tolist())] ^= np.uint64(1)  # no accidental copy
+    planted = [64 * b + u for b in range(0, n // 64, stride) for u in (0, 1, 2)]
+    assert rank <= len(planted) < k
+    db[planted] = query
+    popcount.set_kernel_path(path)
+    tau0 = np.empty(1, np.int64)
+    wide = path == "wide"
+    width = _knn_scan._WIDTH_TAGS[n_words]
+    _knn_scan.sampled_bounds(db.ravel(), n, query, 0, 1, 256, stride, rank, width, wide, tau0)
+    assert tau0[0] == 1  # the planted copies alone set the bound
+    calls = []
+    original = _knn_scan.knn_scan
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("sampled", True))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_knn_scan, "knn_scan", counting)
+    got_d, got_p = _scan(path, db, query[None, :], k)
+    assert calls == [False]  # the one scan again, without the sample
+    want_d, want_p = _brute_knn(db, query[None, :], k)
+    np.testing.assert_array_equal(got_d, want_d)
+    np.testing.assert_array_equal(got_p, want_p)
