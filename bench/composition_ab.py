@@ -88,13 +88,20 @@ def searcher_rows(new, old, X_db, X_q, label, sparse, repeats):
 
 
 def embedding_rows(new, old, X_db, X_q, repeats):
+    """``EmbeddingIndex()`` and, where the old revision has it, the IVF coarse stage."""
     rows = []
-    built = [lib.EmbeddingIndex().fit(X_db[:20000]).add(X_db) for lib in (new, old)]
-    for overfetch in (8, 16):
-        calls = [lambda e=e, o=overfetch: e.search(X_q, K, overfetch=o, n_threads=1) for e in built]
-        same = bool(np.array_equal(calls[0]()[1], calls[1]()[1]))
-        label = f"EmbeddingIndex(), overfetch {overfetch}"
-        rows.append(_timed("dense (784 float32)", label, calls, X_q, repeats, same, bound=True))
+    for params, name in (({}, "EmbeddingIndex()"), ({"coarse": "auto"}, 'coarse="auto"')):
+        try:
+            built = [lib.EmbeddingIndex(**params).fit(X_db[:20000]).add(X_db) for lib in (new, old)]
+        except TypeError:  # an older revision without this parameter
+            continue
+        for overfetch in (8, 16):
+            calls = [
+                lambda e=e, o=overfetch: e.search(X_q, K, overfetch=o, n_threads=1) for e in built
+            ]
+            same = bool(np.array_equal(calls[0]()[1], calls[1]()[1]))
+            label = f"{name}, overfetch {overfetch}"
+            rows.append(_timed("dense (784 float32)", label, calls, X_q, repeats, same, bound=True))
     return rows
 
 

@@ -1,12 +1,12 @@
 """When the wide 64-bit Hamming scan should test a mini-block's mask before storing distances.
 
 :func:`hashlearn.index._knn_scan.knn_scan_wide` can compute a mini-block's pass mask alone and
-recompute its distances only when a code passes (``mask_first``), or always store the
-distances. The first wins when few codes pass a settled top k, i.e. when the database holds
-many codes per neighbour kept; ``knn_scan`` picks it when ``n >= MASK_FIRST_MIN_CODES_PER_K
-* k``. This bench times both variants in-process, interleaved, one thread, on random 64-bit
+recompute its distances only when a code passes (``mask_first``), or note the mini-blocks
+with a passing code and compute those codes' distances after the block ("deferred"). The
+first wins when few codes pass a settled top k, i.e. when the database holds many codes per
+neighbour kept; ``knn_scan`` picks it when ``n >= MASK_FIRST_MIN_CODES_PER_K * k``. This bench times both variants in-process, interleaved, one thread, on random 64-bit
 codes, CPU time (``time.process_time``), for a grid of ``n`` and ``k``, and prints the ratio
-store-always / mask-first (> 1: mask-first is faster). Needs a CPU with AVX-512 VPOPCNTDQ
+deferred / mask-first (> 1: mask-first is faster). Needs a CPU with AVX-512 VPOPCNTDQ
 (the wide path); elsewhere it says so and exits.
 
     python bench/mask_first.py [--queries 500] [--repeats 5]
@@ -33,8 +33,10 @@ def _time(db, n, Q, k, mask_first: bool) -> float:
     out_d = np.empty((m, k), np.int32)
     out_p = np.empty((m, k), np.int64)
     block = _knn_scan._MINI_BLOCK * 32
+    tau0, short = np.full(m, 65, np.int64), np.zeros(m, np.bool_)  # no starting bound
     start = time.process_time()
-    _knn_scan.knn_scan_wide(db, n, Q, 0, m, k, 64, out_d, out_p, block, (0,), mask_first)
+    args = (out_d, out_p, block, (0,), mask_first, tau0, short)
+    _knn_scan.knn_scan_wide(db, n, Q, 0, m, k, 64, *args)
     return time.process_time() - start
 
 
@@ -46,7 +48,7 @@ def main(argv=None) -> None:
     if kernel_path(1) != "wide":
         sys.exit("this CPU takes the portable path: the variants do not apply")
     rng = np.random.default_rng(0)
-    print("n, k, n/k, mask-first ms/query, store-always ms/query, store-always / mask-first")
+    print("n, k, n/k, mask-first ms/query, deferred ms/query, deferred / mask-first")
     for n in (60_000, 200_000, 1_000_000):
         db = rng.integers(0, 2**63, n, dtype=np.uint64)
         db.flags.writeable = False

@@ -78,16 +78,17 @@ def test_every_list_probed_is_exactly_the_flat_scan(n_bits, explicit_ids):
     assert np.array_equal(ivf.codes, flat.codes)
 
 
+@pytest.mark.parametrize("n_lists", [23, 3])  # lists of ~43 codes, and of several mini-blocks
 @pytest.mark.parametrize("path", ["wide", "portable"])
-def test_both_kernel_paths_are_exact(path):
-    """The wide (512-bit steps, lists read past their end and masked) and the portable
-    scan give the flat scan's results on any CPU."""
+def test_both_kernel_paths_are_exact(path, n_lists):
+    """The wide (512-bit steps, lists read past their end and masked, passing mini-blocks
+    taken after each list) and the portable scan give the flat scan's results on any CPU."""
     rng = np.random.default_rng(21)
     try:
         set_kernel_path(path)
         for n_bits in (64, 128, 256):
             codes = _codes(rng, 1000, n_bits, dup=0.1)
-            ivf, flat = IVFIndex(n_bits, n_lists=23, n_probe=ALL), FlatIndex(n_bits)
+            ivf, flat = IVFIndex(n_bits, n_lists=n_lists, n_probe=ALL), FlatIndex(n_bits)
             ids = rng.permutation(4000)[:1000]
             ivf.add(codes, ids)
             flat.add(codes, ids)
