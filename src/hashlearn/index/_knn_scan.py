@@ -60,11 +60,13 @@ _SPARSE_MAX = 8  # passing codes of a mini-block whose distances are computed on
 
 #: The sampled starting bound (:func:`sample_plan`): the most codes one sampled mini-block
 #: adds to the sample (a database stored in clusters can hold a query's near neighbours in
-#: one mini-block; counting a subset only loosens the bound), the least k and sampled
-#: mini-blocks that use it, and the queries sharing one pass over ~16 KiB of sampled codes.
+#: one mini-block; counting a subset only loosens the bound), the sampling stride, the
+#: least k, the most codes per neighbour kept and the least sampled mini-blocks that use
+#: it, and the queries sharing one pass over ~16 KiB of sampled codes.
 _SAMPLE_PER_BLOCK = 8
 _SAMPLE_STRIDE = 8
 _SAMPLE_MIN_K = 32
+_SAMPLE_MAX_CODES_PER_K = 1500
 _SAMPLE_MIN_BLOCKS = 16
 _SAMPLE_QUERIES = 128
 _SAMPLE_PASS_WORDS = 2048
@@ -79,8 +81,15 @@ def sample_plan(n: int, k: int) -> tuple[int, int]:
     ``rank`` = mu + 3 sqrt(mu) + 2 for mu that expected count: for codes in random order
     the bound falls below the k-th distance (and that query is scanned again) with
     probability under 0.1 %.
+
+    Only for k >= 32 and at most 1500 codes per neighbour kept: the sample costs 1/8 of a
+    scan and saves the buffering of the codes that pass while the bound settles, about
+    k ln(n / k) of them. Quiet Zen 4, random codes, one thread, CPU time, no sample /
+    sample: 40k 256-bit codes, k = 120 (n / k = 333): 1.24; 200k, k = 300 (667): 1.23;
+    1M, k = 1000: 1.19; 200k, k = 100 (2000): 1.04 (256 bits), 0.98 (512 bits); 400k,
+    k = 100 (4000): 0.98; 1M, k = 100 (10^4): about 0.9.
     """
-    if k < _SAMPLE_MIN_K:
+    if k < _SAMPLE_MIN_K or n > _SAMPLE_MAX_CODES_PER_K * k:
         return 0, 0
     stride = _SAMPLE_STRIDE
     blocks = -(-(n // _MINI_BLOCK) // stride)  # ceil: mini-blocks 0, stride, 2 stride, ...
@@ -392,13 +401,14 @@ def knn_scan_any_width(
 #: codes, k = 10, batch: 0.082 vs 0.097 ms per query with the distances always stored; 60k
 #: 256-bit codes, k = 80 (a searcher's shortlist): 0.054 vs 0.046, and 128-bit codes 0.036
 #: vs 0.031 (k = 80) and 0.110 vs 0.101 (k = 1000), the recompute costing more than the
-#: stores (Zen 4, one thread, in-process A/B).
+#: stores (Zen 4, one thread, in-process A/B; wider codes now take the deferred form).
 _MASK_FIRST_MAX_WORDS = 1
 #: ... and only when the database holds at least this many codes per neighbour kept: the
-#: fewer codes pass a settled top k, the more the skipped stores save. ``bench/mask_first.py``
-#: (quiet Zen 4, 2026-11-27, store-always / mask-first CPU time): n / k = 100k: 1.19, 33k:
-#: 1.13, 20k: 1.04, 10k: 1.05, 6.7k: 1.00, 6k: 0.96, 3.3k: 0.95, 2k: 0.91-0.93, 600 (a
-#: searcher's shortlist of 100 over 60k codes): 0.89.
+#: fewer codes pass a settled top k, the more the skipped work saves. ``bench/mask_first.py``
+#: (quiet Zen 4, 2026-11-27 23:03 UTC, deferred / mask-first CPU time): n / k = 100k: 1.18,
+#: 33k: 1.15, 20k: 0.99, 10k: 1.06, 6.7k: 0.95, 6k: 0.94, 3.3k: 0.98, 2k: 0.89-0.90, 600
+#: (a searcher's shortlist of 100 over 60k codes): 0.90 (against storing every mini-block's
+#: distances before the deferred form: the same crossover, near 8k).
 MASK_FIRST_MIN_CODES_PER_K = 8000
 
 
