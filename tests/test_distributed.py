@@ -172,6 +172,17 @@ def test_empty_index_filled_by_add_equals_flat(client, problem, n_shards, index)
     assert max(sizes) - min(sizes) <= 1  # rows are spread evenly
 
 
+def test_empty_shards_placed_when_no_worker_is_known_yet(client, problem, monkeypatch):
+    """A cluster still starting reports no workers: the empty shards go wherever dask puts
+    them (it refuses ``allow_other_workers`` without ``workers``), and the index works."""
+    db, q = problem
+    monkeypatch.setattr(client, "scheduler_info", lambda *a, **kw: {"workers": {}})
+    sharded = ShardedIndex(client, n_bits=64, n_shards=3)
+    sharded.add(db)
+    monkeypatch.undo()
+    _equal(sharded.search(q, 10), _flat_like([(db, None)]).search(q, 10))
+
+
 def test_range_search_equals_brute_force(client, problem):
     db, q = problem
     sharded = ShardedIndex(client, n_bits=64, n_shards=3)

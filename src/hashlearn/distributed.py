@@ -516,10 +516,14 @@ class ShardedIndex:
             base = self._submit(src.fallback, s)  # the save is gone: as before it
         elif src.kind == "empty":  # placed round-robin on the workers: one shard per worker
             workers = sorted(c.scheduler_info().get("workers", {}))
-            where = {"workers": [workers[s % len(workers)]]} if workers else {}
-            base = c.submit(
-                _new_shard, *build, self._refiner, pure=False, allow_other_workers=True, **where
+            # a preference, not a pin; with no worker known yet (a cluster still starting),
+            # none: dask refuses allow_other_workers without workers
+            where = (
+                {"workers": [workers[s % len(workers)]], "allow_other_workers": True}
+                if workers
+                else {}
             )
+            base = c.submit(_new_shard, *build, self._refiner, pure=False, **where)
         elif src.kind == "arrays":
             codes, ids = src.payload
             [data] = c.scatter([codes], hash=False)
