@@ -33,9 +33,9 @@ def _time(db, n, Q, k, mask_first: bool) -> float:
     out_d = np.empty((m, k), np.int32)
     out_p = np.empty((m, k), np.int64)
     block = _knn_scan._MINI_BLOCK * 32
-    tau0, short = np.full(m, 65, np.int64), np.zeros(m, np.bool_)  # no starting bound
+    tau0 = np.full(m, 65, np.int64)  # no starting bound
     start = time.process_time()
-    args = (out_d, out_p, block, (0,), mask_first, tau0, short)
+    args = (out_d, out_p, block, (0,), mask_first, tau0)
     _knn_scan.knn_scan_wide(db, n, Q, 0, m, k, 64, *args)
     return time.process_time() - start
 

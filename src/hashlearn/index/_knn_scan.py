@@ -41,6 +41,8 @@ several threads (:func:`hashlearn._utils.parallel.parallel_chunks`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -84,10 +86,10 @@ def sample_plan(n: int, k: int) -> tuple[int, int]:
 
     Only for k >= 32 and at most 1500 codes per neighbour kept: the sample costs 1/8 of a
     scan and saves the buffering of the codes that pass while the bound settles, about
-    k ln(n / k) of them. Quiet Zen 4, random codes, one thread, CPU time, no sample /
-    sample: 40k 256-bit codes, k = 120 (n / k = 333): 1.24; 200k, k = 300 (667): 1.23;
-    1M, k = 1000: 1.19; 200k, k = 100 (2000): 1.04 (256 bits), 0.98 (512 bits); 400k,
-    k = 100 (4000): 0.98; 1M, k = 100 (10^4): about 0.9.
+    k ln(n / k) of them. ``bench/scan_bound.py`` (quiet, AMD EPYC family 25 model 17,
+    AVX-512 VPOPCNTDQ, random codes, one thread, CPU time, without / with the sample): 256
+    bits, n / k = 100: 1.52, 333: 1.25, 667: 1.20, 1000: 1.11-1.16, 2000: 1.02 (512 bits:
+    0.97), 4000: 0.98, 10^4: 0.94.
     """
     if k < _SAMPLE_MIN_K or n > _SAMPLE_MAX_CODES_PER_K * k:
         return 0, 0
@@ -96,7 +98,7 @@ def sample_plan(n: int, k: int) -> tuple[int, int]:
     if blocks < _SAMPLE_MIN_BLOCKS:
         return 0, 0
     mu = k * blocks * _MINI_BLOCK / n
-    return stride, int(np.ceil(mu + 3.0 * np.sqrt(mu) + 2.0))
+    return stride, math.ceil(mu + 3.0 * math.sqrt(mu) + 2.0)
 
 
 @njit(nogil=True, cache=True)
@@ -165,11 +167,12 @@ def _rank_bound(row, t, rank):
 
 
 @njit(nogil=True, inline="always")
-def _flag_short(kept, k, tau0, n_bits, short):
-    """Mark the queries whose starting bound (below ``n_bits + 1``) left fewer than k codes
-    beneath it."""
+def _flag_short(kept, k, tau0, n_bits):
+    """Set ``tau0[qi]`` to 0 where the query's starting bound (below ``n_bits + 1``) left
+    fewer than k codes beneath it (a bound is at least 1, so 0 marks nothing else)."""
     for qi in range(kept.shape[0]):
-        short[qi] = kept[qi] < k and tau0[qi] <= n_bits
+        if kept[qi] < k and tau0[qi] <= n_bits:
+            tau0[qi] = 0
 
 
 @njit(nogil=True, cache=True)  # called rarely: compiled once, not inlined
@@ -333,13 +336,13 @@ def _tail(db, i0, m, queries, oq, n_words, vector, n_bits, dist):
 
 @njit(nogil=True, inline="always")
 def _knn_core(
-    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, vector, tau0, short
+    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, vector, tau0
 ):
     """Body of the portable ``knn_scan_*`` kernels; ``n_words`` is a constant in the
     specialised ones. Queries go two per pass over a mini-block (the second reuses the
     codes' words from registers); an odd one out, or a lone query, passes alone.
-    ``tau0``: each query's starting bound (:func:`sampled_bounds`); ``short``: set where it
-    proved too tight."""
+    ``tau0``: each query's starting bound (:func:`sampled_bounds`), set to 0 where it
+    proved too tight (:func:`_flag_short`)."""
     n_q = q_end - q_start
     cap, buf_d, buf_p, kept, tau, hist = _top_k_state(n_q, k, n_bits)
     tau[:] = tau0
@@ -369,31 +372,27 @@ def _knn_core(
                     ma = _passing(dist_a, ta)
                     ta, ka = _accept(dist_a, i0, ta, ka, qa * cap, buf_d, buf_p, cap, k, hist, ma)
             tau[qa], kept[qa] = ta, ka
-    _flag_short(kept, k, tau0, n_bits, short)
+    _flag_short(kept, k, tau0, n_bits)
     _emit_all(buf_d, buf_p, cap, kept, k, hist, out_d, out_p, q_start)
 
 
 @njit(nogil=True, cache=True)
 def knn_scan_fixed_width(
-    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width, tau0, short
+    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width, tau0
 ):
     """The kernel for a common word count, given as the *length* of the tuple ``width``: a
     tuple's length is part of its type, so numba compiles (and caches) one kernel per word
     count with the count a constant, which lets LLVM unroll and vectorise the word loop."""
     n_words = len(width)
-    _knn_core(
-        db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, True, tau0, short
-    )
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, True, tau0)
 
 
 @njit(nogil=True, cache=True)
 def knn_scan_any_width(
-    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words, tau0, short
+    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, n_words, tau0
 ):
     """The kernel for word counts without a specialisation (``n_words`` at run time)."""
-    _knn_core(
-        db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, False, tau0, short
-    )
+    _knn_core(db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, n_words, block, False, tau0)
 
 
 #: Widths (64-bit words) up to which the wide scan tests a mini-block by its mask before
@@ -405,7 +404,7 @@ def knn_scan_any_width(
 _MASK_FIRST_MAX_WORDS = 1
 #: ... and only when the database holds at least this many codes per neighbour kept: the
 #: fewer codes pass a settled top k, the more the skipped work saves. ``bench/mask_first.py``
-#: (quiet Zen 4, 2026-11-27 23:03 UTC, deferred / mask-first CPU time): n / k = 100k: 1.18,
+#: (quiet AMD EPYC family 25 model 17, AVX-512 VPOPCNTDQ, 2026-11-27 23:03 UTC, deferred / mask-first CPU time): n / k = 100k: 1.18,
 #: 33k: 1.15, 20k: 0.99, 10k: 1.06, 6.7k: 0.95, 6k: 0.94, 3.3k: 0.98, 2k: 0.89-0.90, 600
 #: (a searcher's shortlist of 100 over 60k codes): 0.90 (against storing every mini-block's
 #: distances before the deferred form: the same crossover, near 8k).
@@ -414,14 +413,14 @@ MASK_FIRST_MIN_CODES_PER_K = 8000
 
 @njit(nogil=True, cache=True)
 def knn_scan_wide(
-    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width, mask_first, tau0, short
+    db, n, queries, q_start, q_end, k, n_bits, out_d, out_p, block, width, mask_first, tau0
 ):
     """The wide path's kernel (CPUs with AVX-512 VPOPCNTDQ) for a word count given as the
     length of ``width``: whole mini-blocks through
     :func:`hashlearn._utils.popcount.wide_mini_block` (8 codes per 512-bit step, the pass
     mask from a vector compare), one query per pass over a block (a code's words are one
     load per 8 words, so pairing queries saves little), the last partial mini-block
-    the portable way; ``tau0`` and ``short`` as in :func:`_knn_core`."""
+    the portable way; ``tau0`` as in :func:`_knn_core`."""
     n_words = len(width)
     n_q = q_end - q_start
     cap, buf_d, buf_p, kept, tau, hist = _top_k_state(n_q, k, n_bits)
@@ -467,7 +466,7 @@ def knn_scan_wide(
                 mask = _passing(dist, t)
                 t, c = _accept(dist, whole, t, c, qi * cap, buf_d, buf_p, cap, k, hist, mask)
             tau[qi], kept[qi] = t, c
-    _flag_short(kept, k, tau0, n_bits, short)
+    _flag_short(kept, k, tau0, n_bits)
     _emit_all(buf_d, buf_p, cap, kept, k, hist, out_d, out_p, q_start)
 
 
@@ -501,20 +500,20 @@ def knn_scan(db, n, queries, q_start, q_end, k, n_bits, n_words, out_d, out_p, s
     width = _WIDTH_TAGS.get(n_words)
     wide = width is not None and kernel_path(n_words, lone=q_end - q_start == 1) == "wide"
     tau0 = np.empty(q_end - q_start, np.int64)
-    if stride and width is not None:
+    tau0.fill(n_bits + 1)  # (np.full costs twice as much: a lone query's overhead)
+    use_sample = bool(stride) and width is not None
+    if use_sample:
         sampled_bounds(db, n, queries, q_start, q_end, n_bits, stride, rank, width, wide, tau0)
-    else:
-        tau0[:] = n_bits + 1
-    short = np.zeros(q_end - q_start, np.bool_)
     tail = (out_d, out_p, block)
     if width is None:
-        knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, *tail, n_words, tau0, short)
+        knn_scan_any_width(db, n, queries, q_start, q_end, k, n_bits, *tail, n_words, tau0)
     elif wide:
         mask_first = n >= MASK_FIRST_MIN_CODES_PER_K * k
-        args = (*tail, width, mask_first, tau0, short)
+        args = (*tail, width, mask_first, tau0)
         knn_scan_wide(db, n, queries, q_start, q_end, k, n_bits, *args)
     else:
-        knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, *tail, width, tau0, short)
-    for qi in np.flatnonzero(short):  # the sample's bound was too tight: scan these again
-        q = q_start + int(qi)
-        knn_scan(db, n, queries, q, q + 1, k, n_bits, n_words, out_d, out_p, sampled=False)
+        knn_scan_fixed_width(db, n, queries, q_start, q_end, k, n_bits, *tail, width, tau0)
+    if use_sample:  # a query whose sampled bound was too tight is scanned again without it
+        for qi in np.flatnonzero(tau0 == 0):
+            q = q_start + int(qi)
+            knn_scan(db, n, queries, q, q + 1, k, n_bits, n_words, out_d, out_p, sampled=False)
