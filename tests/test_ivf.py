@@ -100,6 +100,59 @@ def test_both_kernel_paths_are_exact(path, n_lists):
         set_kernel_path(None)
 
 
+@pytest.mark.parametrize("path", ["wide", "portable"])
+def test_the_sampled_starting_bound_is_exact(path):
+    """k >= 32 over probed lists of >= 8 k codes: every 8th mini-block of the probed lists
+    is scanned first for a starting bound; the results stay the flat scan's (lists of many
+    mini-blocks, many lists, duplicates), for a lone query and for a batch scanned list by
+    list, on one thread and on several."""
+    rng = np.random.default_rng(33)
+    try:
+        set_kernel_path(path)
+        for n_bits, n_lists in ((64, 4), (256, 40)):
+            codes = _codes(rng, 12_000, n_bits, dup=0.05)
+            ids = rng.permutation(40_000)[:12_000]
+            ivf, flat = IVFIndex(n_bits, n_lists=n_lists, n_probe=ALL), FlatIndex(n_bits)
+            ivf.add(codes, ids)
+            flat.add(codes, ids)
+            q = np.concatenate([codes[:5], _codes(rng, 5, n_bits)])
+            for k in (32, 100, 500):
+                want = flat.search(q, k)
+                assert _same(ivf.search(q, k, n_threads=1), want), (n_bits, k)
+                assert _same(ivf.search(q, k, n_threads=3), want), (n_bits, k)
+                assert _same(ivf.search(q[:1], k), flat.search(q[:1], k)), (n_bits, k)
+    finally:
+        set_kernel_path(None)
+
+
+@pytest.mark.parametrize("path", ["wide", "portable"])
+def test_a_too_tight_sampled_bound_scans_the_query_again(path):
+    """One list in id order: its mini-blocks 0, 8, 16, ... (64 codes each) are the sample.
+    Copies of the query fill the first 8 codes of three sampled mini-blocks only: the
+    sample's rank-th smallest distance (rank 19 for k = 64 over 1/8 of the codes) is 0,
+    which leaves 24 < k codes below the bound; the query is scanned again without it, alone
+    and in a batch, and the result is exact."""
+    rng = np.random.default_rng(5)
+    n_bits = 128
+    codes = _codes(rng, 8192, n_bits)
+    query = _codes(rng, 1, n_bits)[0]
+    for block in (0, 8, 16):
+        codes[64 * block : 64 * block + 8] = query
+    try:
+        set_kernel_path(path)
+        ivf, flat = IVFIndex(n_bits, n_lists=1, n_probe=1), FlatIndex(n_bits)
+        ivf.add(codes)
+        flat.add(codes)
+        together = np.stack([codes[5], query, codes[9]])  # the grouped scan of a batch
+        for k in (64, 200):
+            got = ivf.search(query[None], k)
+            assert _same(got, flat.search(query[None], k)), k
+            assert (got[0][0] == 0).sum() == 24
+            assert _same(ivf.search(together, k), flat.search(together, k)), k
+    finally:
+        set_kernel_path(None)
+
+
 @pytest.mark.parametrize("levels", [3, 8])
 def test_heavy_ties_go_to_the_smaller_id(levels):
     """Codes over a few bits: most distances tie, across lists; the smaller ids win."""

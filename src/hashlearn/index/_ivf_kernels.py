@@ -21,6 +21,12 @@ list's end into the next list's codes (masked off), never past the array.
 Probing (:func:`_probe`) compares the query with every centroid by the same mini-blocks,
 finds the centroid distance at which the budget is reached by branch-free sums over eight
 distances a pass, and counting-sorts only the lists within it.
+
+For k >= 32 a query's top k starts from a sampled bound (:func:`_sample_rank`: every 8th
+mini-block of its probed lists first, as the flat scan's ``sample_plan``); a bound that leaves
+fewer than k codes is dropped and the query scanned again, so results stay exact. A batch is
+scanned list by list (:func:`_ivf_knn_group`): each probed list is read from memory once for
+all the queries that probe it; a lone query is scanned on its own (:func:`_ivf_knn_one`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ import numpy as np
 from numba import njit
 
 from hashlearn._utils.popcount import popcount64, trailing_zeros64, wide_mini_block
-from hashlearn.index._knn_scan import _MASK_FIRST_MAX_WORDS, _MINI_BLOCK, _mini_block_distances
+from hashlearn.index._knn_scan import (
+    _MASK_FIRST_MAX_WORDS,
+    _MINI_BLOCK,
+    _SAMPLE_MIN_BLOCKS,
+    _SAMPLE_MIN_K,
+    _SAMPLE_STRIDE,
+    _mini_block_distances,
+    _rank_bound,
+)
 
 __all__ = [
     "assign_any_width",
@@ -45,6 +59,9 @@ __all__ = [
 ]
 
 _ID_MAX = np.iinfo(np.int64).max
+#: the sampled starting bound (:func:`_sample_rank`) only where the probed lists hold at
+#: least this many codes per neighbour kept (fewer: the bound would often leave fewer than k)
+_SAMPLE_MIN_CODES_PER_K = 8
 
 
 # ----------------------------------------------------------------------------- training
@@ -110,7 +127,7 @@ _LEVELS = 8  # centroid distances whose lists' weights one pass sums
 @njit(nogil=True, inline="always")
 def _probe(
     centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe, min_codes,
-    cdist, counts, order,
+    cdist, counts, order, width, wide,
 ):  # fmt: skip
     """The lists a query scans, nearest centroid first (ties to the smaller list), in
     ``order[:n]`` (``order`` has room for ``2 n_lists``); returns ``n``: ``n_probe`` lists when it is positive, else the fewest
@@ -123,7 +140,11 @@ def _probe(
     """
     for c0 in range(0, n_lists, _MINI_BLOCK):  # the flat scan's mini-block distances
         m = min(_MINI_BLOCK, n_lists - c0)
-        _mini_block_distances(centroids, c0, m, queries, oq, n_words, vector, cdist[c0:])
+        if wide and m == _MINI_BLOCK:  # a compile-time branch: 8 centroids a 512-bit step
+            o = np.uint64(c0) * np.uint64(n_words)
+            wide_mini_block(centroids, o, queries, oq, n_bits + 1, cdist[c0:], width)
+        else:
+            _mini_block_distances(centroids, c0, m, queries, oq, n_words, vector, cdist[c0:])
     unit = n_probe > 0
     target = min(n_probe, n_lists) if unit else min(min_codes, offsets[n_lists])
     low = n_bits
@@ -246,6 +267,301 @@ def _emit(buf_d, buf_i, count, k, hist, out_d, out_i, row):
 
 
 @njit(nogil=True, inline="always")
+def _block_mask(db, i0, m, n_total, queries, oq, n_words, vector, width, wide, thr, dist):
+    """The codes of mini-block ``i0:i0+m`` (one list's) at distance below ``thr``: a bit mask,
+    their distances in ``dist``. On the wide path a whole 64-code step, the codes past the
+    list (the next list's, in the same array) masked off; never past the array."""
+    if wide and i0 + _MINI_BLOCK <= n_total:  # a compile-time branch
+        o = np.uint64(i0) * np.uint64(n_words)
+        if n_words <= _MASK_FIRST_MAX_WORDS:  # a compile-time constant
+            # the mask alone, the distances stored only when a code passes (as the flat
+            # scan does for such codes)
+            mask = wide_mini_block(db, o, queries, oq, thr, None, width)
+            if mask:
+                mask = wide_mini_block(db, o, queries, oq, thr, dist, width)
+        else:
+            mask = wide_mini_block(db, o, queries, oq, thr, dist, width)
+        if m < _MINI_BLOCK:
+            mask &= (np.uint64(1) << np.uint64(m)) - np.uint64(1)
+        return mask
+    _mini_block_distances(db, i0, m, queries, oq, n_words, vector, dist)
+    mask = np.uint64(0)
+    for u in range(m):  # d < thr, branch-free (vectorised)
+        mask |= np.uint64(dist[u] < thr) << np.uint64(u)
+    return mask
+
+
+@njit(nogil=True, inline="always")
+def _is_sampled(c, j):
+    """Whether mini-block ``j`` of list ``c`` belongs to the sample of the starting bound:
+    every ``_SAMPLE_STRIDE``-th block, the phase set by the list, so that each list is
+    sampled alike whichever query probes it."""
+    return (c + j) % _SAMPLE_STRIDE == 0
+
+
+@njit(nogil=True, inline="always")
+def _sample_rank(offsets, lists, n_pr, k):
+    """The rank whose sampled distance bounds the top ``k`` of the probed ``lists[:n_pr]``:
+    ``rank`` = mu + 3 sqrt(mu) + 2 for mu = k x the sampled share of their codes, as the
+    flat scan's :func:`~hashlearn.index._knn_scan.sample_plan` draws it (for codes in random
+    order the bound falls below the k-th distance with probability under 0.1 %); 0 (no
+    bound) when they hold fewer than ``_SAMPLE_MIN_CODES_PER_K * k`` codes or fewer than
+    ``_SAMPLE_MIN_BLOCKS`` sampled mini-blocks."""
+    n_codes = sampled = blocks = 0
+    for j in range(n_pr):
+        c = lists[j]
+        lo, hi = offsets[c], offsets[c + 1]
+        n_codes += hi - lo
+        for i0 in range(lo, hi, _MINI_BLOCK):
+            if _is_sampled(c, (i0 - lo) // _MINI_BLOCK):
+                sampled += min(_MINI_BLOCK, hi - i0)
+                blocks += 1
+    if blocks < _SAMPLE_MIN_BLOCKS or n_codes < _SAMPLE_MIN_CODES_PER_K * k:
+        return 0
+    mu = k * sampled / n_codes
+    return int(np.ceil(mu + 3.0 * np.sqrt(mu) + 2.0))
+
+
+@njit(nogil=True, inline="always")
+def _count_sample(mask, dist, row, t, counted, rank):
+    """Count the sampled distances of ``mask`` into the histogram ``row``; once ``2 rank``
+    lie below ``t``, tighten ``t`` to 1 + the ``rank``-th smallest. Returns ``(t,
+    counted)``."""
+    while mask:
+        row[dist[trailing_zeros64(mask)]] += 1
+        counted += 1
+        mask &= mask - np.uint64(1)
+    if counted >= 2 * rank:  # only distances below the rank-th count from here
+        return _rank_bound(row, t, rank)
+    return t, counted
+
+
+@njit(nogil=True, inline="always")
+def _take(mask, dist, ids, i0, buf_d, buf_i, tmp, hist, kept, tau_d, tau_i, k_eff):
+    """Offer the passing codes of mini-block ``i0`` to a query's top ``k_eff`` by
+    (distance, id), kept in ``buf_d / buf_i`` (cut back to exactly ``k_eff`` when full).
+    Returns the new ``(kept, tau_d, tau_i)``."""
+    cap = buf_d.shape[0]
+    while mask:
+        u = trailing_zeros64(mask)
+        mask &= mask - np.uint64(1)
+        d = dist[u]
+        item = ids[i0 + u]
+        if d > tau_d or (d == tau_d and item >= tau_i):
+            continue
+        if kept == cap:
+            tau_d, tau_i = _cut(buf_d, buf_i, kept, k_eff, hist, tmp)
+            kept = k_eff
+            if d > tau_d or (d == tau_d and item >= tau_i):
+                continue
+        buf_d[kept] = d
+        buf_i[kept] = item
+        kept += 1
+    return kept, tau_d, tau_i
+
+
+@njit(nogil=True, inline="always")
+def _threshold(ids, i0, tau_d, tau_i):
+    """A list's ids ascend: a block whose first id is past ``tau_i`` cannot win a tie, so
+    only distances below ``tau_d`` pass (ties at ``tau_d`` stay out of the loop)."""
+    return tau_d if ids[i0] >= tau_i else tau_d + 1
+
+
+@njit(nogil=True, inline="always")
+def _start(tau0, n_bits):
+    """The top-k state a scan starts from: ``(kept, tau_d, tau_i)``; with a bound
+    ``tau0 <= n_bits`` only distances below it enter."""
+    return 0, tau0, (-1 if tau0 <= n_bits else _ID_MAX)
+
+
+@njit(nogil=True, inline="always")
+def _scan_lists(
+    db, ids, offsets, lists, n_pr, n_total, queries, oq, n_words, vector, width, wide, k_eff,
+    n_bits, tau0, buf_d, buf_i, tmp, hist, dist,
+):  # fmt: skip
+    """One query's top ``k_eff`` over its probed ``lists[:n_pr]``, from the bound ``tau0``
+    (``n_bits + 1``: none); returns the number kept (``< k_eff``: the bound was too tight,
+    or the lists hold fewer codes)."""
+    kept, tau_d, tau_i = _start(tau0, n_bits)
+    for j in range(n_pr):
+        c = lists[j]
+        lo, hi = offsets[c], offsets[c + 1]
+        for i0 in range(lo, hi, _MINI_BLOCK):
+            thr = _threshold(ids, i0, tau_d, tau_i)
+            mask = _block_mask(
+                db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words, vector,
+                width, wide, thr, dist,
+            )  # fmt: skip
+            kept, tau_d, tau_i = _take(
+                mask, dist, ids, i0, buf_d, buf_i, tmp, hist, kept, tau_d, tau_i, k_eff
+            )
+    return kept
+
+
+@njit(nogil=True, inline="always")
+def _finish(kept, k, k_eff, buf_d, buf_i, tmp, hist, out_d, out_i, q):
+    if kept > k_eff:
+        _cut(buf_d, buf_i, kept, k_eff, hist, tmp)
+        kept = k_eff
+    _emit(buf_d, buf_i, kept, k, hist, out_d, out_i, q)
+
+
+@njit(nogil=True, inline="always")
+def _ivf_knn_one(
+    db, ids, offsets, centroids, n_lists, queries, q, k, k_eff, n_bits, n_probe, min_codes,
+    out_d, out_i, n_words, vector, width, wide, scratch,
+):  # fmt: skip
+    """One query: probe, the sampled bound over its lists, the scan (again without the
+    bound when it left fewer than ``k_eff``)."""
+    buf_d, buf_i, tmp, hist, by_level, cdist, order, dist = scratch
+    n_total = offsets[n_lists]
+    oq = np.uint64(q) * np.uint64(n_words)
+    n_pr = _probe(
+        centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe,
+        min_codes, cdist, by_level, order, width, wide,
+    )  # fmt: skip
+    tau0 = n_bits + 1
+    rank = _sample_rank(offsets, order, n_pr, k_eff) if k_eff >= _SAMPLE_MIN_K else 0
+    if rank:
+        hist[:] = 0
+        t, counted = n_bits + 1, 0
+        for j in range(n_pr):
+            c = order[j]
+            lo, hi = offsets[c], offsets[c + 1]
+            for i0 in range(lo, hi, _MINI_BLOCK):
+                if _is_sampled(c, (i0 - lo) // _MINI_BLOCK):
+                    mask = _block_mask(
+                        db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words,
+                        vector, width, wide, t, dist,
+                    )  # fmt: skip
+                    t, counted = _count_sample(mask, dist, hist, t, counted, rank)
+        t, counted = _rank_bound(hist, t, rank)
+        if counted >= rank:
+            tau0 = t
+    kept = _scan_lists(
+        db, ids, offsets, order, n_pr, n_total, queries, oq, n_words, vector, width, wide,
+        k_eff, n_bits, tau0, buf_d, buf_i, tmp, hist, dist,
+    )  # fmt: skip
+    if kept < k_eff and tau0 <= n_bits:  # too tight: the lists again, from b + 1
+        kept = _scan_lists(
+            db, ids, offsets, order, n_pr, n_total, queries, oq, n_words, vector, width, wide,
+            k_eff, n_bits, n_bits + 1, buf_d, buf_i, tmp, hist, dist,
+        )  # fmt: skip
+    _finish(kept, k, k_eff, buf_d, buf_i, tmp, hist, out_d, out_i, q)
+
+
+@njit(nogil=True, inline="always")
+def _ivf_knn_group(
+    db, ids, offsets, centroids, n_lists, queries, g0, g1, k, k_eff, n_bits, n_probe,
+    min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
+):  # fmt: skip
+    """Queries ``g0:g1`` together, list by list: each probed list is read from memory once
+    for all the queries that probe it (it stays in cache while each of them scans it),
+    instead of once per query. Every query keeps its own top k, sampled bound
+    and rescan, so its results are :func:`_ivf_knn_one`'s."""
+    buf_d1, buf_i1, tmp, hist, by_level, cdist, order, dist = scratch
+    n_total = offsets[n_lists]
+    mg = g1 - g0
+    # probing: each query's lists, then the queries of each list (CSR, queries ascending)
+    q_ptr = np.zeros(mg + 1, np.int64)
+    probed = np.empty(max(64, 4 * mg), np.int64)
+    for qi in range(mg):
+        oq = np.uint64(g0 + qi) * np.uint64(n_words)
+        n_pr = _probe(
+            centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe,
+            min_codes, cdist, by_level, order, width, wide,
+        )  # fmt: skip
+        if q_ptr[qi] + n_pr > probed.shape[0]:
+            grown = np.empty(2 * (q_ptr[qi] + n_pr), np.int64)
+            grown[: q_ptr[qi]] = probed[: q_ptr[qi]]
+            probed = grown
+        probed[q_ptr[qi] : q_ptr[qi] + n_pr] = order[:n_pr]
+        q_ptr[qi + 1] = q_ptr[qi] + n_pr
+    l_ptr = np.zeros(n_lists + 1, np.int64)
+    for p in range(q_ptr[mg]):
+        l_ptr[probed[p] + 1] += 1
+    for c in range(n_lists):
+        l_ptr[c + 1] += l_ptr[c]
+    fill = l_ptr[:-1].copy()
+    by_list = np.empty(q_ptr[mg], np.int64)
+    for qi in range(mg):
+        for p in range(q_ptr[qi], q_ptr[qi + 1]):
+            c = probed[p]
+            by_list[fill[c]] = qi
+            fill[c] += 1
+    # the sampled starting bounds, the sampled blocks read once for all their queries
+    tau0 = np.full(mg, n_bits + 1, np.int64)
+    rank = np.zeros(mg, np.int64)
+    if k_eff >= _SAMPLE_MIN_K:
+        for qi in range(mg):
+            rank[qi] = _sample_rank(offsets, probed[q_ptr[qi] :], q_ptr[qi + 1] - q_ptr[qi], k_eff)
+        rows = np.zeros((mg, n_bits + 1), np.int32)
+        t = np.full(mg, n_bits + 1, np.int64)
+        counted = np.zeros(mg, np.int64)
+        for c in range(n_lists):
+            lo, hi = offsets[c], offsets[c + 1]
+            for p in range(l_ptr[c], l_ptr[c + 1]):
+                qi = by_list[p]
+                if rank[qi] == 0:
+                    continue
+                oq = np.uint64(g0 + qi) * np.uint64(n_words)
+                t_q, n_q, row = t[qi], counted[qi], rows[qi]
+                for i0 in range(lo, hi, _MINI_BLOCK):
+                    if _is_sampled(c, (i0 - lo) // _MINI_BLOCK):
+                        mask = _block_mask(
+                            db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words,
+                            vector, width, wide, t_q, dist,
+                        )  # fmt: skip
+                        t_q, n_q = _count_sample(mask, dist, row, t_q, n_q, rank[qi])
+                t[qi], counted[qi] = t_q, n_q
+        for qi in range(mg):
+            if rank[qi]:
+                bound, n_below = _rank_bound(rows[qi], t[qi], rank[qi])
+                if n_below >= rank[qi]:
+                    tau0[qi] = bound
+    # the scan, list by list, each query from its own bound
+    cap = buf_d1.shape[0]
+    buf_d = np.empty((mg, cap), np.int32)
+    buf_i = np.empty((mg, cap), np.int64)
+    kept = np.zeros(mg, np.int64)
+    tau_d = np.empty(mg, np.int64)
+    tau_i = np.empty(mg, np.int64)
+    for qi in range(mg):
+        kept[qi], tau_d[qi], tau_i[qi] = _start(tau0[qi], n_bits)
+    for c in range(n_lists):
+        lo, hi = offsets[c], offsets[c + 1]
+        for p in range(l_ptr[c], l_ptr[c + 1]):  # the list stays in cache across its queries
+            qi = by_list[p]
+            oq = np.uint64(g0 + qi) * np.uint64(n_words)
+            n_kept, t_d, t_i = kept[qi], tau_d[qi], tau_i[qi]
+            row_d, row_i = buf_d[qi], buf_i[qi]
+            for i0 in range(lo, hi, _MINI_BLOCK):
+                thr = _threshold(ids, i0, t_d, t_i)
+                mask = _block_mask(
+                    db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words, vector,
+                    width, wide, thr, dist,
+                )  # fmt: skip
+                n_kept, t_d, t_i = _take(
+                    mask, dist, ids, i0, row_d, row_i, tmp, hist, n_kept, t_d, t_i, k_eff
+                )
+            kept[qi], tau_d[qi], tau_i[qi] = n_kept, t_d, t_i
+    for qi in range(mg):
+        q = g0 + qi
+        if kept[qi] < k_eff and tau0[qi] <= n_bits:  # too tight: its lists again, alone
+            n_pr = q_ptr[qi + 1] - q_ptr[qi]
+            kept[qi] = _scan_lists(
+                db, ids, offsets, probed[q_ptr[qi] :], n_pr, n_total, queries,
+                np.uint64(q) * np.uint64(n_words), n_words, vector, width, wide, k_eff, n_bits,
+                n_bits + 1, buf_d[qi], buf_i[qi], tmp, hist, dist,
+            )  # fmt: skip
+        _finish(kept[qi], k, k_eff, buf_d[qi], buf_i[qi], tmp, hist, out_d, out_i, q)
+
+
+#: queries scanned together by :func:`_ivf_knn_group` (their top-k buffers live at once)
+_GROUP_QUERIES = 1024
+
+
+@njit(nogil=True, inline="always")
 def _ivf_knn_core(
     db,
     ids,
@@ -267,74 +583,28 @@ def _ivf_knn_core(
     width,
     wide,
 ):
-    n_total = offsets[n_lists]
     cap = 4 * k_eff + 64
-    buf_d = np.empty(cap, np.int32)
-    buf_i = np.empty(cap, np.int64)
-    tmp = np.empty(cap, np.int64)
-    hist = np.zeros(n_bits + 1, np.int64)
-    by_level = np.zeros(n_bits + 2, np.int64)
-    cdist = np.empty(n_lists, np.int64)
-    order = np.empty(2 * n_lists, np.int64)
-    dist = np.empty(_MINI_BLOCK, np.int64)
-    far = n_bits + 2  # a slot past a list's end: never passes
-    for q in range(q_start, q_end):
-        oq = np.uint64(q) * np.uint64(n_words)
-        n_pr = _probe(
-            centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe,
-            min_codes, cdist, by_level, order,
+    scratch = (
+        np.empty(cap, np.int32),  # one query's top-k buffer: distances
+        np.empty(cap, np.int64),  # ... and ids
+        np.empty(cap, np.int64),  # the ties of a cut
+        np.zeros(n_bits + 1, np.int64),  # a histogram of distances
+        np.zeros(n_bits + 2, np.int64),  # probing: lists per centroid distance
+        np.empty(n_lists, np.int64),  # probing: centroid distances
+        np.empty(2 * n_lists, np.int64),  # probing: the lists in order
+        np.empty(_MINI_BLOCK, np.int64),  # a mini-block's distances
+    )
+    if q_end - q_start == 1:
+        _ivf_knn_one(
+            db, ids, offsets, centroids, n_lists, queries, q_start, k, k_eff, n_bits, n_probe, min_codes, out_d, out_i, n_words,
+            vector, width, wide, scratch,
         )  # fmt: skip
-        kept = 0
-        tau_d = n_bits + 1
-        tau_i = _ID_MAX
-        for j in range(n_pr):
-            c = order[j]
-            lo, hi = offsets[c], offsets[c + 1]
-            for i0 in range(lo, hi, _MINI_BLOCK):
-                m = min(_MINI_BLOCK, hi - i0)
-                # a list's ids ascend: a block whose first id is past tau_i cannot win a tie,
-                # so only distances below tau_d pass (ties at tau_d stay out of the loop)
-                thr = tau_d if ids[i0] >= tau_i else tau_d + 1
-                if wide and i0 + _MINI_BLOCK <= n_total:  # a compile-time branch
-                    # 64 codes in 512-bit steps, those past the list (the next list's, in
-                    # the same array) masked off
-                    o = np.uint64(i0) * np.uint64(n_words)
-                    if n_words <= _MASK_FIRST_MAX_WORDS:  # a compile-time constant
-                        # the mask alone, the distances stored only when a code passes (as
-                        # the flat scan does for such codes)
-                        mask = wide_mini_block(db, o, queries, oq, thr, None, width)
-                        if mask:
-                            mask = wide_mini_block(db, o, queries, oq, thr, dist, width)
-                    else:
-                        mask = wide_mini_block(db, o, queries, oq, thr, dist, width)
-                    if m < _MINI_BLOCK:
-                        mask &= (np.uint64(1) << np.uint64(m)) - np.uint64(1)
-                else:
-                    _mini_block_distances(db, i0, m, queries, oq, n_words, vector, dist)
-                    for u in range(m, _MINI_BLOCK):
-                        dist[u] = far
-                    mask = np.uint64(0)
-                    for u in range(_MINI_BLOCK):  # d < thr, branch-free (vectorised)
-                        mask |= np.uint64(dist[u] < thr) << np.uint64(u)
-                while mask:
-                    u = trailing_zeros64(mask)
-                    mask &= mask - np.uint64(1)
-                    d = dist[u]
-                    item = ids[i0 + u]
-                    if d > tau_d or (d == tau_d and item >= tau_i):
-                        continue
-                    if kept == cap:
-                        tau_d, tau_i = _cut(buf_d, buf_i, kept, k_eff, hist, tmp)
-                        kept = k_eff
-                        if d > tau_d or (d == tau_d and item >= tau_i):
-                            continue
-                    buf_d[kept] = d
-                    buf_i[kept] = item
-                    kept += 1
-        if kept > k_eff:
-            _cut(buf_d, buf_i, kept, k_eff, hist, tmp)
-            kept = k_eff
-        _emit(buf_d, buf_i, kept, k, hist, out_d, out_i, q)
+        return
+    for g0 in range(q_start, q_end, _GROUP_QUERIES):
+        _ivf_knn_group(
+            db, ids, offsets, centroids, n_lists, queries, g0, min(q_end, g0 + _GROUP_QUERIES), k, k_eff, n_bits, n_probe, min_codes,
+            out_d, out_i, n_words, vector, width, wide, scratch,
+        )  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
@@ -496,7 +766,7 @@ def ivf_range_count(
         oq = q * n_words
         n_pr = _probe(
             centroids, n_lists, offsets, queries, np.uint64(oq), n_words, False, n_bits,
-            n_probe, min_codes, cdist, by_level, order,
+            n_probe, min_codes, cdist, by_level, order, (0,), False,
         )  # fmt: skip
         count = 0
         for j in range(n_pr):
@@ -521,7 +791,7 @@ def ivf_range_fill(
         oq = q * n_words
         n_pr = _probe(
             centroids, n_lists, offsets, queries, np.uint64(oq), n_words, False, n_bits,
-            n_probe, min_codes, cdist, by_level, order,
+            n_probe, min_codes, cdist, by_level, order, (0,), False,
         )  # fmt: skip
         lo = lims[q]
         count = lims[q + 1] - lo
