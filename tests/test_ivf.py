@@ -80,7 +80,7 @@ def test_every_list_probed_is_exactly_the_flat_scan(n_bits, explicit_ids):
 
 @pytest.mark.parametrize("n_lists", [23, 3])  # lists of ~43 codes, and of several mini-blocks
 @pytest.mark.parametrize("path", ["wide", "portable"])
-def test_both_kernel_paths_are_exact(path, n_lists):
+def test_both_kernel_paths_are_exact(path, n_lists, grouped_always):
     """The wide (512-bit steps, lists read past their end and masked, passing mini-blocks
     taken after each list) and the portable scan give the flat scan's results on any CPU."""
     rng = np.random.default_rng(21)
@@ -100,12 +100,20 @@ def test_both_kernel_paths_are_exact(path, n_lists):
         set_kernel_path(None)
 
 
+@pytest.fixture
+def grouped_always(monkeypatch):
+    """A batch scanned list by list at any size (by default only past 16 MiB of codes)."""
+    monkeypatch.setattr(ivf_module, "GROUP_MIN_WORDS", 0)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("path", ["wide", "portable"])
-def test_the_sampled_starting_bound_is_exact(path):
+def test_the_sampled_starting_bound_is_exact(path, grouped, monkeypatch):
     """k >= 32 over probed lists of >= 8 k codes: every 8th mini-block of the probed lists
     is scanned first for a starting bound; the results stay the flat scan's (lists of many
     mini-blocks, many lists, duplicates), for a lone query and for a batch scanned list by
-    list, on one thread and on several."""
+    list (``grouped``) or query by query, on one thread and on several."""
+    monkeypatch.setattr(ivf_module, "GROUP_MIN_WORDS", 0 if grouped else 10**18)
     rng = np.random.default_rng(33)
     try:
         set_kernel_path(path)
@@ -126,7 +134,7 @@ def test_the_sampled_starting_bound_is_exact(path):
 
 
 @pytest.mark.parametrize("path", ["wide", "portable"])
-def test_a_too_tight_sampled_bound_scans_the_query_again(path):
+def test_a_too_tight_sampled_bound_scans_the_query_again(path, grouped_always):
     """One list in id order: its mini-blocks 0, 8, 16, ... (64 codes each) are the sample.
     Copies of the query fill the first 8 codes of three sampled mini-blocks only: the
     sample's rank-th smallest distance (rank 19 for k = 64 over 1/8 of the codes) is 0,
@@ -154,7 +162,7 @@ def test_a_too_tight_sampled_bound_scans_the_query_again(path):
 
 
 @pytest.mark.parametrize("levels", [3, 8])
-def test_heavy_ties_go_to_the_smaller_id(levels):
+def test_heavy_ties_go_to_the_smaller_id(levels, grouped_always):
     """Codes over a few bits: most distances tie, across lists; the smaller ids win."""
     rng = np.random.default_rng(levels)
     codes = _codes(rng, 900, 64, levels=levels)

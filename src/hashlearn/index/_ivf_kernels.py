@@ -576,6 +576,7 @@ def _ivf_knn_core(
     n_bits,
     n_probe,
     min_codes,
+    grouped,
     out_d,
     out_i,
     n_words,
@@ -594,11 +595,12 @@ def _ivf_knn_core(
         np.empty(2 * n_lists, np.int64),  # probing: the lists in order
         np.empty(_MINI_BLOCK, np.int64),  # a mini-block's distances
     )
-    if q_end - q_start == 1:
-        _ivf_knn_one(
-            db, ids, offsets, centroids, n_lists, queries, q_start, k, k_eff, n_bits, n_probe, min_codes, out_d, out_i, n_words,
-            vector, width, wide, scratch,
-        )  # fmt: skip
+    if q_end - q_start == 1 or not grouped:
+        for q in range(q_start, q_end):
+            _ivf_knn_one(
+                db, ids, offsets, centroids, n_lists, queries, q, k, k_eff, n_bits, n_probe,
+                min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
+            )  # fmt: skip
         return
     for g0 in range(q_start, q_end, _GROUP_QUERIES):
         _ivf_knn_group(
@@ -622,6 +624,7 @@ def ivf_knn_fixed_width(
     n_bits,
     n_probe,
     min_codes,
+    grouped,
     out_d,
     out_i,
     width,
@@ -643,6 +646,7 @@ def ivf_knn_fixed_width(
         n_bits,
         n_probe,
         min_codes,
+        grouped,
         out_d,
         out_i,
         n_words,
@@ -667,6 +671,7 @@ def ivf_knn_wide(
     n_bits,
     n_probe,
     min_codes,
+    grouped,
     out_d,
     out_i,
     width,
@@ -689,6 +694,7 @@ def ivf_knn_wide(
         n_bits,
         n_probe,
         min_codes,
+        grouped,
         out_d,
         out_i,
         n_words,
@@ -713,6 +719,7 @@ def ivf_knn_any_width(
     n_bits,
     n_probe,
     min_codes,
+    grouped,
     out_d,
     out_i,
     n_words,
@@ -732,6 +739,7 @@ def ivf_knn_any_width(
         n_bits,
         n_probe,
         min_codes,
+        grouped,
         out_d,
         out_i,
         n_words,
