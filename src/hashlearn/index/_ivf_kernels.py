@@ -375,6 +375,25 @@ def _start(tau0, n_bits):
 
 
 @njit(nogil=True, inline="always")
+def _scan_list(
+    db, ids, lo, hi, n_total, queries, oq, n_words, vector, width, wide, k_eff, buf_d, buf_i,
+    tmp, hist, dist, kept, tau_d, tau_i,
+):  # fmt: skip
+    """Offer the codes of one list (rows ``lo:hi``) to a query's top ``k_eff`` held in
+    ``buf_d / buf_i`` with state ``(kept, tau_d, tau_i)``; returns the new state."""
+    for i0 in range(lo, hi, _MINI_BLOCK):
+        thr = _threshold(ids, i0, tau_d, tau_i)
+        mask = _block_mask(
+            db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words, vector, width,
+            wide, thr, dist,
+        )  # fmt: skip
+        kept, tau_d, tau_i = _take(
+            mask, dist, ids, i0, buf_d, buf_i, tmp, hist, kept, tau_d, tau_i, k_eff
+        )
+    return kept, tau_d, tau_i
+
+
+@njit(nogil=True, inline="always")
 def _scan_lists(
     db, ids, offsets, lists, n_pr, n_total, queries, oq, n_words, vector, width, wide, k_eff,
     n_bits, tau0, buf_d, buf_i, tmp, hist, dist,
@@ -385,16 +404,10 @@ def _scan_lists(
     kept, tau_d, tau_i = _start(tau0, n_bits)
     for j in range(n_pr):
         c = lists[j]
-        lo, hi = offsets[c], offsets[c + 1]
-        for i0 in range(lo, hi, _MINI_BLOCK):
-            thr = _threshold(ids, i0, tau_d, tau_i)
-            mask = _block_mask(
-                db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words, vector,
-                width, wide, thr, dist,
-            )  # fmt: skip
-            kept, tau_d, tau_i = _take(
-                mask, dist, ids, i0, buf_d, buf_i, tmp, hist, kept, tau_d, tau_i, k_eff
-            )
+        kept, tau_d, tau_i = _scan_list(
+            db, ids, offsets[c], offsets[c + 1], n_total, queries, oq, n_words, vector, width,
+            wide, k_eff, buf_d, buf_i, tmp, hist, dist, kept, tau_d, tau_i,
+        )  # fmt: skip
     return kept
 
 
@@ -533,18 +546,10 @@ def _ivf_knn_group(
         for p in range(l_ptr[c], l_ptr[c + 1]):  # the list stays in cache across its queries
             qi = by_list[p]
             oq = np.uint64(g0 + qi) * np.uint64(n_words)
-            n_kept, t_d, t_i = kept[qi], tau_d[qi], tau_i[qi]
-            row_d, row_i = buf_d[qi], buf_i[qi]
-            for i0 in range(lo, hi, _MINI_BLOCK):
-                thr = _threshold(ids, i0, t_d, t_i)
-                mask = _block_mask(
-                    db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words, vector,
-                    width, wide, thr, dist,
-                )  # fmt: skip
-                n_kept, t_d, t_i = _take(
-                    mask, dist, ids, i0, row_d, row_i, tmp, hist, n_kept, t_d, t_i, k_eff
-                )
-            kept[qi], tau_d[qi], tau_i[qi] = n_kept, t_d, t_i
+            kept[qi], tau_d[qi], tau_i[qi] = _scan_list(
+                db, ids, lo, hi, n_total, queries, oq, n_words, vector, width, wide, k_eff,
+                buf_d[qi], buf_i[qi], tmp, hist, dist, kept[qi], tau_d[qi], tau_i[qi],
+            )  # fmt: skip
     for qi in range(mg):
         q = g0 + qi
         if kept[qi] < k_eff and tau0[qi] <= n_bits:  # too tight: its lists again, alone
