@@ -337,6 +337,24 @@ def _count_sample(mask, dist, row, t, counted, rank):
 
 
 @njit(nogil=True, inline="always")
+def _sample_list(
+    db, c, offsets, n_total, queries, oq, n_words, vector, width, wide, dist, row, t, counted,
+    rank,
+):  # fmt: skip
+    """Count the sampled mini-blocks of list ``c`` into a query's histogram ``row``
+    (:func:`_count_sample`); returns the new ``(t, counted)``."""
+    lo, hi = offsets[c], offsets[c + 1]
+    for i0 in range(lo, hi, _MINI_BLOCK):
+        if _is_sampled(c, (i0 - lo) // _MINI_BLOCK):
+            mask = _block_mask(
+                db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words, vector,
+                width, wide, t, dist,
+            )  # fmt: skip
+            t, counted = _count_sample(mask, dist, row, t, counted, rank)
+    return t, counted
+
+
+@njit(nogil=True, inline="always")
 def _take(mask, dist, ids, i0, buf_d, buf_i, tmp, hist, kept, tau_d, tau_i, k_eff):
     """Offer the passing codes of mini-block ``i0`` to a query's top ``k_eff`` by
     (distance, id), kept in ``buf_d / buf_i`` (cut back to exactly ``k_eff`` when full).
@@ -440,14 +458,10 @@ def _ivf_knn_one(
         t, counted = n_bits + 1, 0
         for j in range(n_pr):
             c = order[j]
-            lo, hi = offsets[c], offsets[c + 1]
-            for i0 in range(lo, hi, _MINI_BLOCK):
-                if _is_sampled(c, (i0 - lo) // _MINI_BLOCK):
-                    mask = _block_mask(
-                        db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words,
-                        vector, width, wide, t, dist,
-                    )  # fmt: skip
-                    t, counted = _count_sample(mask, dist, hist, t, counted, rank)
+            t, counted = _sample_list(
+                db, c, offsets, n_total, queries, oq, n_words, vector, width, wide, dist, hist,
+                t, counted, rank,
+            )  # fmt: skip
         t, counted = _rank_bound(hist, t, rank)
         if counted >= rank:
             tau0 = t
@@ -512,21 +526,15 @@ def _ivf_knn_group(
         t = np.full(mg, n_bits + 1, np.int64)
         counted = np.zeros(mg, np.int64)
         for c in range(n_lists):
-            lo, hi = offsets[c], offsets[c + 1]
             for p in range(l_ptr[c], l_ptr[c + 1]):
                 qi = by_list[p]
                 if rank[qi] == 0:
                     continue
                 oq = np.uint64(g0 + qi) * np.uint64(n_words)
-                t_q, n_q, row = t[qi], counted[qi], rows[qi]
-                for i0 in range(lo, hi, _MINI_BLOCK):
-                    if _is_sampled(c, (i0 - lo) // _MINI_BLOCK):
-                        mask = _block_mask(
-                            db, i0, min(_MINI_BLOCK, hi - i0), n_total, queries, oq, n_words,
-                            vector, width, wide, t_q, dist,
-                        )  # fmt: skip
-                        t_q, n_q = _count_sample(mask, dist, row, t_q, n_q, rank[qi])
-                t[qi], counted[qi] = t_q, n_q
+                t[qi], counted[qi] = _sample_list(
+                    db, c, offsets, n_total, queries, oq, n_words, vector, width, wide, dist,
+                    rows[qi], t[qi], counted[qi], rank[qi],
+                )  # fmt: skip
         for qi in range(mg):
             if rank[qi]:
                 bound, n_below = _rank_bound(rows[qi], t[qi], rank[qi])
