@@ -60,7 +60,7 @@ MIN_PROBE_LISTS = 16
 #: query's lists are cache hits anyway and the grouping's bookkeeping costs
 #: (``bench/composition_ab.py``, 60k Fashion-MNIST codes, 1.9 MB, against the scan before
 #: either change: 0.89-0.92x grouped, 0.96-0.97x per query; at 1M ITQ-256 codes, 32 MB,
-#: grouping took a probed top 400 from 73 to 55 us a query)
+#: grouping took a probed top 400 from 73 to 55 us a query in a development measurement)
 GROUP_MIN_WORDS = 2 << 20
 
 _LAYOUT = "ivf"  # the snapshot's derived entry: (centroids, offsets)
