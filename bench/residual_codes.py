@@ -1,0 +1,375 @@
+"""Residual 1-bit codes under float IVF centroids vs global codes (issue 32: the next step).
+
+A design study for the coarse stage, not a library path yet. It measures how many candidates
+each kind of code needs before the exact rescoring reaches a recall@10, on the MiniLM set or
+the mixture of ``bench/embeddings.py --synthetic``:
+
+* **global** (what ``EmbeddingIndex(coarse="auto")`` does today): ITQ-256 codes of the
+  vectors, k-majority lists over the codes, the ``k * overfetch`` nearest codes by Hamming
+  distance rescored exactly (``EmbeddingIndex.search``, timed whole);
+* **residual** (the IVF-RaBitQ layout: Gao & Long, "RaBitQ: quantizing high-dimensional
+  vectors with a theoretical error bound for approximate nearest neighbor search", SIGMOD
+  2024): float k-means lists (``round(sqrt(n))``), each vector's residual ``r = x - c`` to its
+  list's centroid coded as the signs of ``r P`` (``P``: a random orthonormal ``d x 256``), and
+  per vector two floats. A query probes its ``nprobe`` nearest centroids and ranks their
+  vectors by the estimate
+
+      <q, x> ~ <q, c> + <c, r> + |r|^2 <(q - c) P, b> / |r P|_1,   b = sign(r P) in {-1, 1},
+
+  RaBitQ's estimator of ``<q - c, r>`` (its ``<o, q> ~ <o-bar, q> / <o-bar, o>``) with the
+  query projections quantized to 4 bits (four bit planes, one vector AND + ``ctpop`` per code);
+  the top ``N`` by estimate are rescored exactly by the library's rescoring kernel
+  (``rescore_runner``, as ``EmbeddingIndex.search``). ``<(q - c) P, b> = <q P, b> - <c P, b>``,
+  so one query table serves every list and the per-vector floats are ``|r|^2 / |r P|_1`` and
+  ``<c, r> - that * <c P, b>``.
+
+Reported per (nprobe, N): recall@10, codes scanned, and the CPU time per query of the probe
+(``Q C^T`` over the batch and the selection of the nearest lists), the scan (one numba kernel,
+one thread) and the rescoring; with ``--faiss``, faiss's IVF-RaBitQ + refine in the same run
+(``bench/embeddings.py``'s sweep). Prints a markdown table and writes
+``OUT/residual-codes.json``.
+
+    python bench/residual_codes.py                      # the 40k MiniLM set (under a minute)
+    python bench/residual_codes.py --synthetic 1000000 --faiss  # 1M (about 11 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit  # noqa: E402
+from numba.core import cgutils, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+import hashlearn  # noqa: E402
+from embeddings import K, machine_line, mixture_sample, recall_at_k  # noqa: E402
+from hashlearn.embeddings import EmbeddingIndex, load_embeddings  # noqa: E402
+from hashlearn.rerank._kernels import NEG_INNER, rescore_runner  # noqa: E402
+
+N_BITS = 256
+QUERY_LEVELS = 15  # 4-bit query projections
+NPROBES = (2, 4, 8, 16, 32, 64)
+SHORTLISTS = (80, 120, 160, 240)
+OVERFETCH = (8, 12, 16, 24, 48)
+
+
+def _plane_popcount(n_words: int):
+    """An intrinsic ``f(codes, o, planes) -> (ones, weighted)`` for one ``n_words``-word code
+    at word ``o`` of ``codes``: its popcount and ``sum_p 2^p popcount(code & planes[p])``
+    over the 4 bit planes ``planes`` (``4 n_words`` words, plane by plane), as one vector
+    AND, one vector ``ctpop`` (``VPOPCNTQ`` on AVX-512 VPOPCNTDQ; LLVM lowers it to what the
+    CPU has), a shift by the plane's weight and one horizontal add."""
+    i64 = ir.IntType(64)
+    code_t, wide_t = ir.VectorType(i64, n_words), ir.VectorType(i64, 4 * n_words)
+    weights = ir.Constant(wide_t, [p for p in range(4) for _ in range(n_words)])
+    spread = ir.Constant(
+        ir.VectorType(ir.IntType(32), 4 * n_words), [w for _ in range(4) for w in range(n_words)]
+    )
+
+    @intrinsic
+    def plane_popcount(typingctx, codes, o, planes):
+        sig = types.UniTuple(types.int64, 2)(codes, o, planes)
+
+        def codegen(context, builder, signature, args):
+            def load(k, offset, vec):
+                data = context.make_array(signature.args[k])(context, builder, args[k]).data
+                ptr = builder.bitcast(builder.gep(data, [offset]), vec.as_pointer())
+                return builder.load(ptr, align=8)
+
+            code = load(0, args[1], code_t)
+            plane = load(2, ir.Constant(i64, 0), wide_t)
+
+            def fn(name, vec):
+                return cgutils.get_or_insert_function(builder.module, ir.FunctionType(*vec), name)
+
+            n = 4 * n_words
+            ctpop_w = fn(f"llvm.ctpop.v{n}i64", (wide_t, [wide_t]))
+            ctpop_c = fn(f"llvm.ctpop.v{n_words}i64", (code_t, [code_t]))
+            sum_w = fn(f"llvm.vector.reduce.add.v{n}i64", (i64, [wide_t]))
+            sum_c = fn(f"llvm.vector.reduce.add.v{n_words}i64", (i64, [code_t]))
+            wide = builder.shuffle_vector(code, code, spread)
+            counts = builder.call(ctpop_w, [builder.and_(wide, plane)])
+            weighted = builder.call(sum_w, [builder.shl(counts, weights)])
+            ones = builder.call(sum_c, [builder.call(ctpop_c, [code])])
+            return context.make_tuple(builder, signature.return_type, [ones, weighted])
+
+        return sig, codegen
+
+    return plane_popcount
+
+
+_PLANE_POPCOUNT = _plane_popcount(N_BITS // 64)
+
+
+@njit(nogil=True, inline="always")
+def _sift(score, row, n, pos):
+    """Restore the min-heap ``score[:n]`` (rows alongside) below ``pos``."""
+    while True:
+        child = 2 * pos + 1
+        if child >= n:
+            return
+        if child + 1 < n and score[child + 1] < score[child]:
+            child += 1
+        if score[child] >= score[pos]:
+            return
+        score[child], score[pos] = score[pos], score[child]
+        row[child], row[pos] = row[pos], row[child]
+        pos = child
+
+
+@njit(nogil=True)
+def residual_scan(codes, gain, shift, offsets, lists, q_dot_c, q_proj, n_keep, score, row):
+    """The ``n_keep`` rows of the probed ``lists`` of highest estimated ``<q, x>`` into
+    ``score`` / ``row`` (a min-heap, unsorted); returns how many were kept."""
+    n_words = codes.shape[1]
+    flat = codes.reshape(-1)
+    lo, hi = q_proj.min(), q_proj.max()
+    step = (hi - lo) / QUERY_LEVELS if hi > lo else 1.0
+    planes = np.zeros(4 * n_words, np.uint64)
+    total = 0.0
+    for j in range(q_proj.shape[0]):
+        level = int((q_proj[j] - lo) / step + 0.5)
+        total += lo + step * level
+        for p in range(4):
+            if (level >> p) & 1:
+                planes[p * n_words + (j >> 6)] |= np.uint64(1) << np.uint64(j & 63)
+    kept, floor = 0, -np.inf
+    for t in range(lists.shape[0]):
+        base = q_dot_c[t]
+        for r in range(offsets[lists[t]], offsets[lists[t] + 1]):
+            ones, weighted = _PLANE_POPCOUNT(flat, r * n_words, planes)
+            # <q P, b> with b = 2 bits - 1, q P quantized to lo + step * level
+            dot = 2.0 * (lo * ones + step * weighted) - total
+            est = base + shift[r] + gain[r] * dot
+            if kept < n_keep:
+                score[kept], row[kept] = est, r
+                kept += 1
+                if kept == n_keep:
+                    for p in range(n_keep // 2 - 1, -1, -1):
+                        _sift(score, row, n_keep, p)
+                    floor = score[0]
+            elif est > floor:
+                score[0], row[0] = est, r
+                _sift(score, row, n_keep, 0)
+                floor = score[0]
+    return kept
+
+
+@njit(nogil=True)
+def residual_scan_batch(codes, gain, shift, offsets, near, q_dot_c, q_proj, n_keep, rows, kept):
+    """:func:`residual_scan` of every query (row ``i`` of ``near`` / ``q_dot_c`` / ``q_proj``):
+    its kept rows into ``rows[i]``, their number into ``kept[i]``."""
+    score = np.empty(n_keep)
+    for i in range(near.shape[0]):
+        kept[i] = residual_scan(
+            codes, gain, shift, offsets, near[i], q_dot_c[i], q_proj[i], n_keep, score, rows[i]
+        )
+
+
+def residual_index(base, n_lists, seed=0):
+    """Float k-means lists and the residual codes of ``base``, grouped by list."""
+    from sklearn.cluster import MiniBatchKMeans
+
+    rng = np.random.default_rng(seed)
+    sample = base[np.sort(rng.choice(len(base), min(len(base), 64 * n_lists), replace=False))]
+    km = MiniBatchKMeans(n_lists, random_state=seed, n_init=1, batch_size=4096, max_iter=50)
+    C = km.fit(sample).cluster_centers_.astype(np.float32)
+    cc = (C * C).sum(1)
+    lists = np.empty(len(base), np.int64)
+    for s in range(0, len(base), 65536):
+        lists[s : s + 65536] = np.argmin(cc - 2 * base[s : s + 65536] @ C.T, axis=1)
+    order = np.argsort(lists, kind="stable")
+    offsets = np.zeros(n_lists + 1, np.int64)
+    np.cumsum(np.bincount(lists, minlength=n_lists), out=offsets[1:])
+    P = np.linalg.qr(rng.standard_normal((base.shape[1], base.shape[1])))[0][:, :N_BITS]
+    P = P.astype(np.float32)
+    codes = np.empty((len(base), N_BITS // 64), np.uint64)
+    gain = np.empty(len(base), np.float32)
+    shift = np.empty(len(base), np.float32)
+    for s in range(0, len(base), 65536):
+        rows = order[s : s + 65536]
+        c = C[lists[rows]]
+        r = base[rows] - c
+        z = r @ P
+        signs = np.where(z >= 0, 1.0, -1.0)
+        norm = np.linalg.norm(r, axis=1)
+        g = norm * norm / np.maximum(np.abs(z).sum(1), 1e-30)
+        codes[s : s + 65536] = np.packbits(z >= 0, axis=1, bitorder="little").view(np.uint64)
+        gain[s : s + 65536] = g
+        shift[s : s + 65536] = (r * c).sum(1) - g * ((c @ P) * signs).sum(1)
+    return C, P, codes, gain, shift, offsets, order
+
+
+def run_residual(base, queries, truth, log):
+    n_lists = max(1, round(np.sqrt(len(base))))
+    t0 = time.process_time()
+    C, P, codes, gain, shift, offsets, order = residual_index(base, n_lists)
+    build = time.process_time() - t0
+    sizes = np.diff(offsets)
+    log(f"residual: {n_lists} lists (largest {sizes.max()}), built in {build:.0f} CPU s")
+    m = len(queries)
+    t = time.process_time()
+    QC = queries @ C.T  # the probe: every centroid's inner product, then the nearest lists
+    dist = (C * C).sum(1) - 2 * QC
+    near = np.argpartition(dist, max(NPROBES) - 1, axis=1)[:, : max(NPROBES)]
+    probe_s = time.process_time() - t  # the selection of the largest nprobe: an upper bound
+    near = np.take_along_axis(near, np.argsort(np.take_along_axis(dist, near, 1), axis=1), 1)
+    q_proj = (queries @ P).astype(np.float64)
+    rows_out = []
+    one = (near[:1, :1], QC[:1, :1].astype(np.float64), q_proj[:1], 1, np.zeros((1, 1), np.int64))
+    residual_scan_batch(codes, gain, shift, offsets, *one, np.zeros(1, np.int64))  # compile
+    warm = np.full((1, K), np.inf), np.full((1, K), -1, np.int64)
+    rescore_runner(queries[:1], base, np.zeros((1, 2 * K), np.int64), NEG_INNER, K, *warm)(0, 1)
+    for nprobe in NPROBES:
+        if nprobe > n_lists:
+            continue
+        probed = np.ascontiguousarray(near[:, :nprobe])
+        q_dot_c = np.take_along_axis(QC, probed, 1).astype(np.float64)
+        scanned = float(sizes[probed].sum(1).mean())
+        for n_keep in SHORTLISTS:
+            rows, kept = np.zeros((m, n_keep), np.int64), np.zeros(m, np.int64)
+            t = time.process_time()
+            residual_scan_batch(codes, gain, shift, offsets, probed, q_dot_c, q_proj, n_keep,
+                                rows, kept)  # fmt: skip
+            scan_s = time.process_time() - t
+            cand = np.where(np.arange(n_keep) < kept[:, None], order[rows], -1)
+            out_s = np.full((m, K), np.inf)
+            ids = np.full((m, K), -1, np.int64)
+            rescore = rescore_runner(queries, base, cand, NEG_INNER, K, out_s, ids)
+            t = time.process_time()
+            rescore(0, m)
+            rescore_s = time.process_time() - t
+            total_us = 1e6 * (probe_s + scan_s + rescore_s) / m
+            rows_out.append(
+                {
+                    "nprobe": nprobe,
+                    "rescored": n_keep,
+                    "recall": recall_at_k(ids, truth),
+                    "codes_scanned": scanned,
+                    "probe_cpu_us": 1e6 * probe_s / m,
+                    "scan_cpu_us": 1e6 * scan_s / m,
+                    "rescore_cpu_us": 1e6 * rescore_s / m,
+                    "qps_cpu": 1e6 / total_us,
+                }
+            )
+            log(str(rows_out[-1]))
+    return {"n_lists": n_lists, "largest_list": int(sizes.max()), "build_cpu_s": build,
+            "rows": rows_out}  # fmt: skip
+
+
+def run_global(base, queries, truth, fit, log):
+    index = EmbeddingIndex("itq", n_bits=N_BITS, random_state=0, coarse="auto").fit(fit)
+    index.add(base)
+    index.search(queries[:8], K, overfetch=OVERFETCH[0], n_threads=1)  # compile
+    rows = []
+    for o in OVERFETCH:
+        t = time.process_time()
+        _, ids = index.search(queries, K, overfetch=o, n_threads=1)
+        cpu = time.process_time() - t
+        rows.append({"rescored": K * o, "recall": recall_at_k(ids, truth),
+                     "qps_cpu": len(queries) / cpu})  # fmt: skip
+        log(str(rows[-1]))
+    return rows
+
+
+def markdown(result) -> str:
+    g, res = result["global"], result["residual"]
+    lines = [
+        f"Machine: {result['machine']}. Data: {result['data']}. One thread, CPU time.",
+        "",
+        "Global ITQ-256 codes, k-majority lists (`EmbeddingIndex(coarse='auto')`, whole search):",
+        "",
+        "| rescored | recall@10 | q/s (CPU) |",
+        "|---|---|---|",
+        *(f"| {r['rescored']} | {r['recall']:.3f} | {r['qps_cpu']:,.0f} |" for r in g),
+        "",
+        f"Residual 256-bit codes, {res['n_lists']} float k-means lists (largest "
+        f"{res['largest_list']}), RaBitQ's estimator with 4-bit query projections; probe "
+        "(all centroids, batched), scan and exact rescoring timed apart, in us per query:",
+        "",
+        "| nprobe | codes scanned | rescored | recall@10 | probe | scan | rescore | q/s (CPU) |",
+        "|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['nprobe']} | {r['codes_scanned']:.0f} | {r['rescored']} | {r['recall']:.3f} "
+            f"| {r['probe_cpu_us']:.0f} | {r['scan_cpu_us']:.0f} | {r['rescore_cpu_us']:.0f} "
+            f"| {r['qps_cpu']:,.0f} |"
+            for r in res["rows"]
+        ),
+    ]
+    if result.get("faiss"):
+        lines += [
+            "",
+            "faiss in the same run:",
+            "",
+            "| index | setting | recall@10 | q/s (CPU) |",
+            "|---|---|---|---|",
+            *(
+                f"| {r['label']} | {r['param']} | {r['recall']:.3f} | {r['qps_cpu']:,.0f} |"
+                for r in result["faiss"]
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=None, help="data set directory")
+    parser.add_argument("--synthetic", type=int, default=0, help="draw this many from the mixture")
+    parser.add_argument("--n-queries", type=int, default=1000)
+    parser.add_argument("--faiss", action="store_true", help="also faiss IVF-RaBitQ + refine")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "residual")
+    args = parser.parse_args(argv)
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    hashlearn.set_num_threads(1)
+    machine = machine_line()
+    ds = load_embeddings(args.data)
+    if args.synthetic:
+        base, queries, truth, _ = mixture_sample(
+            np.asarray(ds.base, np.float32), args.synthetic, args.n_queries, log
+        )
+        data = f"{args.synthetic:,} vectors drawn from the mixture fitted to {ds.path}"
+    else:
+        base = np.ascontiguousarray(ds.base, dtype=np.float32)
+        queries = np.ascontiguousarray(ds.queries[: args.n_queries], dtype=np.float32)
+        truth = ds.neighbors[: args.n_queries, :K]
+        data = str(ds.path)
+    rng = np.random.default_rng(0)
+    fit = base[np.sort(rng.choice(len(base), min(20000, len(base)), replace=False))]
+    result = {"machine": machine, "data": data}
+    result["global"] = run_global(base, queries, truth, fit, log)
+    result["residual"] = run_residual(base, queries, truth, log)
+    if args.faiss:
+        import faiss
+
+        from embeddings import FlatTimer, run_rabitq
+
+        faiss.omp_set_num_threads(1)
+        flat = FlatTimer(base, queries)
+        flat.time()
+        rabitq = run_rabitq(base, queries, truth, flat, 1, log)
+        result["faiss"] = [r for r in rabitq if r["method"] == "faiss-ivf-rabitq"]
+    load = os.getloadavg()
+    result["load_after"] = f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "residual-codes.json").write_text(json.dumps(result, indent=1))
+    text = markdown(result) + f"\n\nLoad average after: {result['load_after']}."
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()
