@@ -17,7 +17,8 @@ the mixture of ``bench/embeddings.py --synthetic``:
       <q, x> ~ <q, c> + <c, r> + |r|^2 <(q - c) P, b> / |r P|_1,   b = sign(r P) in {-1, 1},
 
   RaBitQ's estimator of ``<q - c, r>`` (its ``<o, q> ~ <o-bar, q> / <o-bar, o>``) with the
-  query projections quantized to 4 bits (four bit planes, one vector AND + ``ctpop`` per code);
+  query projections quantized to 4 bits (four bit planes; the codes of a list in blocks of 8,
+  one 8-lane vector AND + ``ctpop`` per plane and code word);
   the top ``N`` by estimate are rescored exactly by the library's rescoring kernel
   (``rescore_runner``, as ``EmbeddingIndex.search``). ``<(q - c) P, b> = <q P, b> - <c P, b>``,
   so one query table serves every list and the per-vector floats are ``|r|^2 / |r P|_1`` and
@@ -64,52 +65,61 @@ SHORTLISTS = (80, 120, 160, 240)
 OVERFETCH = (8, 12, 16, 24, 48)
 
 
-def _plane_popcount(n_words: int):
-    """An intrinsic ``f(codes, o, planes) -> (ones, weighted)`` for one ``n_words``-word code
-    at word ``o`` of ``codes``: its popcount and ``sum_p 2^p popcount(code & planes[p])``
-    over the 4 bit planes ``planes`` (``4 n_words`` words, plane by plane), as one vector
-    AND, one vector ``ctpop`` (``VPOPCNTQ`` on AVX-512 VPOPCNTDQ; LLVM lowers it to what the
-    CPU has), a shift by the plane's weight and one horizontal add."""
-    i64 = ir.IntType(64)
-    code_t, wide_t = ir.VectorType(i64, n_words), ir.VectorType(i64, 4 * n_words)
-    weights = ir.Constant(wide_t, [p for p in range(4) for _ in range(n_words)])
-    spread = ir.Constant(
-        ir.VectorType(ir.IntType(32), 4 * n_words), [w for _ in range(4) for w in range(n_words)]
-    )
+LANES = 8  # codes per vector step of the scan
+
+
+def _block_counts(n_words: int):
+    """An intrinsic ``f(blocks, o, planes, out)`` for the block of ``LANES`` codes at word
+    ``o`` of ``blocks`` (word ``w`` of the 8 codes contiguous: ``(W, LANES)``): per code,
+    ``sum_p 2^p popcount(code & planes[p])`` over the 4 bit planes ``planes`` (``4 W`` words,
+    plane by plane) into ``out[:8]`` and ``popcount(code)`` into ``out[8:16]``. Each word is
+    one 8-lane vector: an AND with each plane word broadcast, LLVM's vector ``ctpop``
+    (``VPOPCNTQ`` on AVX-512 VPOPCNTDQ; what the CPU has elsewhere), a shift by the plane's
+    weight and a vector add -- no horizontal sums (the layout of the wide Hamming path)."""
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    vec = ir.VectorType(i64, LANES)
+    lane0 = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
 
     @intrinsic
-    def plane_popcount(typingctx, codes, o, planes):
-        sig = types.UniTuple(types.int64, 2)(codes, o, planes)
+    def block_counts(typingctx, blocks, o, planes, out):
+        sig = types.void(blocks, o, planes, out)
 
         def codegen(context, builder, signature, args):
-            def load(k, offset, vec):
-                data = context.make_array(signature.args[k])(context, builder, args[k]).data
-                ptr = builder.bitcast(builder.gep(data, [offset]), vec.as_pointer())
-                return builder.load(ptr, align=8)
+            def data(k):
+                return context.make_array(signature.args[k])(context, builder, args[k]).data
 
-            code = load(0, args[1], code_t)
-            plane = load(2, ir.Constant(i64, 0), wide_t)
-
-            def fn(name, vec):
-                return cgutils.get_or_insert_function(builder.module, ir.FunctionType(*vec), name)
-
-            n = 4 * n_words
-            ctpop_w = fn(f"llvm.ctpop.v{n}i64", (wide_t, [wide_t]))
-            ctpop_c = fn(f"llvm.ctpop.v{n_words}i64", (code_t, [code_t]))
-            sum_w = fn(f"llvm.vector.reduce.add.v{n}i64", (i64, [wide_t]))
-            sum_c = fn(f"llvm.vector.reduce.add.v{n_words}i64", (i64, [code_t]))
-            wide = builder.shuffle_vector(code, code, spread)
-            counts = builder.call(ctpop_w, [builder.and_(wide, plane)])
-            weighted = builder.call(sum_w, [builder.shl(counts, weights)])
-            ones = builder.call(sum_c, [builder.call(ctpop_c, [code])])
-            return context.make_tuple(builder, signature.return_type, [ones, weighted])
+            words, plane_words, out_words = data(0), data(2), data(3)
+            ctpop = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec]), f"llvm.ctpop.v{LANES}i64"
+            )
+            undef = ir.Constant(vec, ir.Undefined)
+            weighted = ones = ir.Constant(vec, [0] * LANES)
+            for w in range(n_words):
+                at = builder.gep(words, [builder.add(args[1], ir.Constant(i64, w * LANES))])
+                x = builder.load(builder.bitcast(at, vec.as_pointer()), align=8)
+                ones = builder.add(ones, builder.call(ctpop, [x]))
+                for p in range(4):
+                    word = builder.load(
+                        builder.gep(plane_words, [ir.Constant(i64, p * n_words + w)])
+                    )
+                    one = builder.insert_element(undef, word, ir.Constant(i32, 0))
+                    count = builder.call(
+                        ctpop, [builder.and_(x, builder.shuffle_vector(one, undef, lane0))]
+                    )
+                    if p:
+                        count = builder.shl(count, ir.Constant(vec, [p] * LANES))
+                    weighted = builder.add(weighted, count)
+            builder.store(weighted, builder.bitcast(out_words, vec.as_pointer()), align=8)
+            tail = builder.gep(out_words, [ir.Constant(i64, LANES)])
+            builder.store(ones, builder.bitcast(tail, vec.as_pointer()), align=8)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return plane_popcount
+    return block_counts
 
 
-_PLANE_POPCOUNT = _plane_popcount(N_BITS // 64)
+_BLOCK_COUNTS = _block_counts(N_BITS // 64)
 
 
 @njit(nogil=True, inline="always")
@@ -129,14 +139,13 @@ def _sift(score, row, n, pos):
 
 
 @njit(nogil=True)
-def residual_scan(codes, gain, shift, offsets, lists, q_dot_c, q_proj, n_keep, score, row):
-    """The ``n_keep`` rows of the probed ``lists`` of highest estimated ``<q, x>`` into
-    ``score`` / ``row`` (a min-heap, unsorted); returns how many were kept."""
-    n_words = codes.shape[1]
-    flat = codes.reshape(-1)
+def _query_table(q_proj, planes):
+    """Quantize ``q_proj`` to ``lo + step * level`` (level 0..15) into 4 bit ``planes``;
+    returns ``(lo, step, total)``, ``total`` the sum of the quantized projections."""
+    n_words = planes.shape[0] // 4
     lo, hi = q_proj.min(), q_proj.max()
     step = (hi - lo) / QUERY_LEVELS if hi > lo else 1.0
-    planes = np.zeros(4 * n_words, np.uint64)
+    planes[:] = 0
     total = 0.0
     for j in range(q_proj.shape[0]):
         level = int((q_proj[j] - lo) / step + 0.5)
@@ -144,37 +153,86 @@ def residual_scan(codes, gain, shift, offsets, lists, q_dot_c, q_proj, n_keep, s
         for p in range(4):
             if (level >> p) & 1:
                 planes[p * n_words + (j >> 6)] |= np.uint64(1) << np.uint64(j & 63)
+    return lo, step, total
+
+
+@njit(nogil=True)
+def residual_scan(blocks, gain, shift, block_row, block_offsets, lists, q_dot_c, q_proj,
+                  n_keep, score, row):  # fmt: skip
+    """The ``n_keep`` rows of the probed ``lists`` of highest estimated ``<q, x>`` into
+    ``score`` / ``row`` (a min-heap, unsorted); returns how many were kept. Blocks of 8
+    codes (:func:`as_blocks`; padding has ``shift = -inf``, ``block_row = -1``)."""
+    n_words = blocks.shape[1]
+    flat = blocks.reshape(-1)
+    planes = np.zeros(4 * n_words, np.uint64)
+    lo, step, total = _query_table(q_proj, planes)
+    counts = np.zeros(2 * LANES, np.int64)
+    est = np.empty(LANES)
     kept, floor = 0, -np.inf
     for t in range(lists.shape[0]):
         base = q_dot_c[t]
-        for r in range(offsets[lists[t]], offsets[lists[t] + 1]):
-            ones, weighted = _PLANE_POPCOUNT(flat, r * n_words, planes)
-            # <q P, b> with b = 2 bits - 1, q P quantized to lo + step * level
-            dot = 2.0 * (lo * ones + step * weighted) - total
-            est = base + shift[r] + gain[r] * dot
-            if kept < n_keep:
-                score[kept], row[kept] = est, r
-                kept += 1
-                if kept == n_keep:
-                    for p in range(n_keep // 2 - 1, -1, -1):
-                        _sift(score, row, n_keep, p)
+        for b in range(block_offsets[lists[t]], block_offsets[lists[t] + 1]):
+            _BLOCK_COUNTS(flat, b * n_words * LANES, planes, counts)
+            best = -np.inf
+            for j in range(LANES):  # <q P, b> with b = 2 bits - 1, q P quantized
+                dot = 2.0 * (lo * counts[LANES + j] + step * counts[j]) - total
+                est[j] = base + shift[b, j] + gain[b, j] * dot
+                best = max(best, est[j])
+            if best <= floor:
+                continue
+            for j in range(LANES):
+                if block_row[b, j] < 0:
+                    continue
+                if kept < n_keep:
+                    score[kept], row[kept] = est[j], block_row[b, j]
+                    kept += 1
+                    if kept == n_keep:
+                        for p in range(n_keep // 2 - 1, -1, -1):
+                            _sift(score, row, n_keep, p)
+                        floor = score[0]
+                elif est[j] > floor:
+                    score[0], row[0] = est[j], block_row[b, j]
+                    _sift(score, row, n_keep, 0)
                     floor = score[0]
-            elif est > floor:
-                score[0], row[0] = est, r
-                _sift(score, row, n_keep, 0)
-                floor = score[0]
     return kept
 
 
 @njit(nogil=True)
-def residual_scan_batch(codes, gain, shift, offsets, near, q_dot_c, q_proj, n_keep, rows, kept):
+def residual_scan_batch(blocks, gain, shift, block_row, block_offsets, near, q_dot_c, q_proj,
+                        n_keep, rows, kept):  # fmt: skip
     """:func:`residual_scan` of every query (row ``i`` of ``near`` / ``q_dot_c`` / ``q_proj``):
     its kept rows into ``rows[i]``, their number into ``kept[i]``."""
     score = np.empty(n_keep)
     for i in range(near.shape[0]):
         kept[i] = residual_scan(
-            codes, gain, shift, offsets, near[i], q_dot_c[i], q_proj[i], n_keep, score, rows[i]
-        )
+            blocks, gain, shift, block_row, block_offsets, near[i], q_dot_c[i], q_proj[i],
+            n_keep, score, rows[i],
+        )  # fmt: skip
+
+
+def as_blocks(codes, gain, shift, offsets):
+    """Each list's codes padded to whole blocks of 8 and laid out ``(block, word, lane)``;
+    returns ``(blocks, gain, shift, block_row, block_offsets)``, the per-code arrays as
+    ``(block, lane)``, padding with ``shift = -inf`` and ``block_row = -1``."""
+    sizes = np.diff(offsets)
+    n_blocks = -(-sizes // LANES)
+    block_offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(n_blocks, out=block_offsets[1:])
+    slot = np.repeat(block_offsets[:-1] * LANES, sizes) + (
+        np.arange(len(codes)) - np.repeat(offsets[:-1], sizes)
+    )  # each code's position in the padded order
+    total = block_offsets[-1] * LANES
+    padded = np.zeros((total, codes.shape[1]), np.uint64)
+    padded[slot] = codes
+    blocks = np.ascontiguousarray(padded.reshape(-1, LANES, codes.shape[1]).transpose(0, 2, 1))
+    out = []
+    for values, fill in ((gain, 0.0), (shift, -np.inf)):
+        a = np.full(total, fill, np.float32)
+        a[slot] = values
+        out.append(a.reshape(-1, LANES))
+    block_row = np.full(total, -1, np.int64)
+    block_row[slot] = np.arange(len(codes))
+    return blocks, out[0], out[1], block_row.reshape(-1, LANES), block_offsets
 
 
 def residual_index(base, n_lists, seed=0):
@@ -215,6 +273,7 @@ def run_residual(base, queries, truth, log):
     n_lists = max(1, round(np.sqrt(len(base))))
     t0 = time.process_time()
     C, P, codes, gain, shift, offsets, order = residual_index(base, n_lists)
+    layout = as_blocks(codes, gain, shift, offsets)
     build = time.process_time() - t0
     sizes = np.diff(offsets)
     log(f"residual: {n_lists} lists (largest {sizes.max()}), built in {build:.0f} CPU s")
@@ -228,7 +287,7 @@ def run_residual(base, queries, truth, log):
     q_proj = (queries @ P).astype(np.float64)
     rows_out = []
     one = (near[:1, :1], QC[:1, :1].astype(np.float64), q_proj[:1], 1, np.zeros((1, 1), np.int64))
-    residual_scan_batch(codes, gain, shift, offsets, *one, np.zeros(1, np.int64))  # compile
+    residual_scan_batch(*layout, *one, np.zeros(1, np.int64))  # compile
     warm = np.full((1, K), np.inf), np.full((1, K), -1, np.int64)
     rescore_runner(queries[:1], base, np.zeros((1, 2 * K), np.int64), NEG_INNER, K, *warm)(0, 1)
     for nprobe in NPROBES:
@@ -240,7 +299,7 @@ def run_residual(base, queries, truth, log):
         for n_keep in SHORTLISTS:
             rows, kept = np.zeros((m, n_keep), np.int64), np.zeros(m, np.int64)
             t = time.process_time()
-            residual_scan_batch(codes, gain, shift, offsets, probed, q_dot_c, q_proj, n_keep,
+            residual_scan_batch(*layout, probed, q_dot_c, q_proj, n_keep,
                                 rows, kept)  # fmt: skip
             scan_s = time.process_time() - t
             cand = np.where(np.arange(n_keep) < kept[:, None], order[rows], -1)
