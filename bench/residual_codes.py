@@ -210,6 +210,28 @@ def residual_scan_batch(blocks, gain, shift, block_row, block_offsets, near, q_d
         )  # fmt: skip
 
 
+@njit(nogil=True)
+def nearest_lists(q_dot_c, c_sq, n_probe):
+    """Each query's ``n_probe`` nearest centroids by ``|c|^2 - 2 <q, c>``, nearest first
+    (ties to the smaller list), kept by insertion: ``(m, n_probe)`` int64."""
+    m, n_lists = q_dot_c.shape
+    near = np.empty((m, n_probe), np.int64)
+    best = np.empty(n_probe)
+    for i in range(m):
+        kept = 0
+        for lst in range(n_lists):
+            d = c_sq[lst] - 2.0 * q_dot_c[i, lst]
+            if kept == n_probe and d >= best[kept - 1]:
+                continue
+            pos = kept if kept < n_probe else n_probe - 1
+            kept = min(kept + 1, n_probe)
+            while pos > 0 and best[pos - 1] > d:
+                best[pos], near[i, pos] = best[pos - 1], near[i, pos - 1]
+                pos -= 1
+            best[pos], near[i, pos] = d, lst
+    return near
+
+
 def as_blocks(codes, gain, shift, offsets):
     """Each list's codes padded to whole blocks of 8 and laid out ``(block, word, lane)``;
     returns ``(blocks, gain, shift, block_row, block_offsets)``, the per-code arrays as
@@ -278,22 +300,28 @@ def run_residual(base, queries, truth, log):
     sizes = np.diff(offsets)
     log(f"residual: {n_lists} lists (largest {sizes.max()}), built in {build:.0f} CPU s")
     m = len(queries)
+    c_sq = (C * C).sum(1)
     t = time.process_time()
     QC = queries @ C.T  # the probe: every centroid's inner product, then the nearest lists
-    dist = (C * C).sum(1) - 2 * QC
-    near = np.argpartition(dist, max(NPROBES) - 1, axis=1)[:, : max(NPROBES)]
-    probe_s = time.process_time() - t  # the selection of the largest nprobe: an upper bound
-    near = np.take_along_axis(near, np.argsort(np.take_along_axis(dist, near, 1), axis=1), 1)
+    product_s = time.process_time() - t
     q_proj = (queries @ P).astype(np.float64)
     rows_out = []
-    one = (near[:1, :1], QC[:1, :1].astype(np.float64), q_proj[:1], 1, np.zeros((1, 1), np.int64))
+    one = (
+        nearest_lists(QC[:1], c_sq, 1),
+        QC[:1, :1].astype(np.float64),
+        q_proj[:1],
+        1,
+        np.zeros((1, 1), np.int64),
+    )
     residual_scan_batch(*layout, *one, np.zeros(1, np.int64))  # compile
     warm = np.full((1, K), np.inf), np.full((1, K), -1, np.int64)
     rescore_runner(queries[:1], base, np.zeros((1, 2 * K), np.int64), NEG_INNER, K, *warm)(0, 1)
     for nprobe in NPROBES:
         if nprobe > n_lists:
             continue
-        probed = np.ascontiguousarray(near[:, :nprobe])
+        t = time.process_time()
+        probed = nearest_lists(QC, c_sq, nprobe)
+        probe_s = product_s + time.process_time() - t
         q_dot_c = np.take_along_axis(QC, probed, 1).astype(np.float64)
         scanned = float(sizes[probed].sum(1).mean())
         for n_keep in SHORTLISTS:
