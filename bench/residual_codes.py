@@ -56,6 +56,7 @@ from numba.extending import intrinsic  # noqa: E402
 import hashlearn  # noqa: E402
 from embeddings import K, machine_line, mixture_sample, recall_at_k  # noqa: E402
 from hashlearn.embeddings import EmbeddingIndex, load_embeddings  # noqa: E402
+from hashlearn.index._asymmetric import _offer as offer  # noqa: E402
 from hashlearn.rerank._kernels import NEG_INNER, rescore_runner  # noqa: E402
 
 N_BITS = 256
@@ -122,22 +123,6 @@ def _block_counts(n_words: int):
 _BLOCK_COUNTS = _block_counts(N_BITS // 64)
 
 
-@njit(nogil=True, inline="always")
-def _sift(score, row, n, pos):
-    """Restore the min-heap ``score[:n]`` (rows alongside) below ``pos``."""
-    while True:
-        child = 2 * pos + 1
-        if child >= n:
-            return
-        if child + 1 < n and score[child + 1] < score[child]:
-            child += 1
-        if score[child] >= score[pos]:
-            return
-        score[child], score[pos] = score[pos], score[child]
-        row[child], row[pos] = row[pos], row[child]
-        pos = child
-
-
 @njit(nogil=True)
 def _query_table(q_proj, planes):
     """Quantize ``q_proj`` to ``lo + step * level`` (level 0..15) into 4 bit ``planes``;
@@ -160,15 +145,16 @@ def _query_table(q_proj, planes):
 def residual_scan(blocks, gain, shift, block_row, block_offsets, lists, q_dot_c, q_proj,
                   n_keep, score, row):  # fmt: skip
     """The ``n_keep`` rows of the probed ``lists`` of highest estimated ``<q, x>`` into
-    ``score`` / ``row`` (a min-heap, unsorted); returns how many were kept. Blocks of 8
-    codes (:func:`as_blocks`; padding has ``shift = -inf``, ``block_row = -1``)."""
+    ``score`` / ``row`` (the heap of ``hashlearn.index._asymmetric._offer``, unsorted);
+    returns how many were kept. Blocks of 8 codes (:func:`as_blocks`; padding has
+    ``shift = -inf``, ``block_row = -1``)."""
     n_words = blocks.shape[1]
     flat = blocks.reshape(-1)
-    planes = np.zeros(4 * n_words, np.uint64)
+    planes = np.empty(4 * n_words, np.uint64)
     lo, step, total = _query_table(q_proj, planes)
     counts = np.zeros(2 * LANES, np.int64)
     est = np.empty(LANES)
-    kept, floor = 0, -np.inf
+    kept = 0
     for t in range(lists.shape[0]):
         base = q_dot_c[t]
         for b in range(block_offsets[lists[t]], block_offsets[lists[t] + 1]):
@@ -178,22 +164,11 @@ def residual_scan(blocks, gain, shift, block_row, block_offsets, lists, q_dot_c,
                 dot = 2.0 * (lo * counts[LANES + j] + step * counts[j]) - total
                 est[j] = base + shift[b, j] + gain[b, j] * dot
                 best = max(best, est[j])
-            if best <= floor:
-                continue
+            if kept == n_keep and best < score[0]:
+                continue  # no code of the block can enter the top n_keep
             for j in range(LANES):
-                if block_row[b, j] < 0:
-                    continue
-                if kept < n_keep:
-                    score[kept], row[kept] = est[j], block_row[b, j]
-                    kept += 1
-                    if kept == n_keep:
-                        for p in range(n_keep // 2 - 1, -1, -1):
-                            _sift(score, row, n_keep, p)
-                        floor = score[0]
-                elif est[j] > floor:
-                    score[0], row[0] = est[j], block_row[b, j]
-                    _sift(score, row, n_keep, 0)
-                    floor = score[0]
+                if block_row[b, j] >= 0:
+                    kept = offer(score, row, kept, n_keep, est[j], block_row[b, j])
     return kept
 
 
