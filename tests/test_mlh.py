@@ -50,7 +50,7 @@ def test_loss_adjusted_inference_equals_brute_force(loss, q):
         if trial % 3 == 0:
             c = a + 0.1 * rng.standard_normal(q)  # similar scores: codes agree at rest
         target = float(trial % 2) if loss == "hinge" else float(rng.uniform())
-        rho = float(rng.integers(0, q + 1))
+        rho = float(rng.integers(0, q + 1)) + (0.5 if trial % 4 == 1 else 0.0)
         lam = float(rng.uniform(0, 2))
         eps = float(rng.choice([0.1, 1.0, 5.0]))
         gi, gj, m, value = loss_adjusted_inference(
@@ -62,6 +62,36 @@ def test_loss_adjusted_inference_equals_brute_force(loss, q):
         assert m == int(np.sum(gi != gj))
         lval = hinge_loss(m, bool(target), rho, lam) if loss == "hinge" else bre_loss(m, target, q)
         assert eps * lval + gi @ a + gj @ c == pytest.approx(best, abs=1e-9)
+
+
+def _sorted_gains_oracle(a, c, target, rho, lam, eps):
+    """The maximum of eq. 12 by §4.1's sort: the best m flips the m largest gains."""
+    q = len(a)
+    base = np.maximum(a + c, 0.0).sum()
+    gains = np.sort(np.maximum(a, c) - np.maximum(a + c, 0.0))[::-1]
+    m = np.arange(q + 1)
+    running = np.concatenate([[0.0], np.cumsum(gains)])
+    return (running + eps * hinge_loss(m, bool(target), rho, lam)).max() + base
+
+
+@pytest.mark.parametrize("q", [16, 64, 128])
+def test_hinge_inference_without_sort_equals_the_sorted_gains(q):
+    """The hinge loss's O(q) inference (each side of the loss's kink maximised by a
+    threshold on the gains, quickselect when clamped) against §4.1's sort, on long codes and
+    with tied gains (scores on a coarse grid)."""
+    rng = np.random.default_rng(q)
+    for trial in range(200):
+        a, c = rng.standard_normal(q), rng.standard_normal(q)
+        if trial % 2:
+            a, c = np.round(a * 2) / 2, np.round(c * 2) / 2  # many equal gains
+        target = float(trial % 2 == 0)
+        rho = float(rng.uniform(0, q)) if trial % 3 else float(rng.integers(0, q + 1))
+        lam, eps = float(rng.uniform(0, 2)), float(rng.choice([0.03, 0.3, 3.0]))
+        gi, gj, m, value = loss_adjusted_inference(a, c, target, rho=rho, lam=lam, epsilon=eps)
+        assert value == pytest.approx(_sorted_gains_oracle(a, c, target, rho, lam, eps), abs=1e-9)
+        assert m == int(np.sum(gi != gj))
+        lval = hinge_loss(m, bool(target), rho, lam)
+        assert eps * lval + gi @ a + gj @ c == pytest.approx(value, abs=1e-9)
 
 
 def test_loss_adjusted_inference_batch_and_validation():
