@@ -433,6 +433,11 @@ def _cpu_seconds() -> float:
     show_default=True,
     help="Worker processes fitting models side by side (mlh, the MLH ablations); the tables are the same.",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Reuse the tasks a stopped run of the same command finished (kept in OUT/checkpoints).",
+)
 def reproduce(
     name: str,
     out_dir: Path | None,
@@ -442,6 +447,7 @@ def reproduce(
     data_dir: Path | None,
     data_file: Path | None,
     n_jobs: int,
+    resume: bool,
 ) -> None:
     """Reproduce a paper's experiments on real data: tables, PNG plots, a markdown report.
 
@@ -466,6 +472,7 @@ def reproduce(
         X=X,
         y=y,
         n_jobs=n_jobs,
+        resume=resume,
     )
     command = f"hashlearn reproduce {name} --seed {seed}" + (" --quick" if quick else "")
     command += f" --data {data_file.name}" if data_file is not None else ""

@@ -65,6 +65,8 @@ from hashlearn.evaluate import (
     relevance_from_labels,
     relevance_from_neighbors,
 )
+from hashlearn.experiments.checkpoints import Checkpoints
+from hashlearn.experiments.checkpoints import current as current_checkpoints
 from hashlearn.hashers import make_hasher
 from hashlearn.index.table import TableIndex
 from hashlearn.search import Searcher
@@ -657,26 +659,47 @@ def run_specs(
     tasks = [task for task in tasks if task]
     bar = progress(total=sum(map(len, tasks)), desc=desc) if progress else None
     fits = {} if fits is None else fits
-    records: list[dict[str, Any]] = []
+    done: dict[int, tuple] = {}
+    checkpoints = current_checkpoints()
+    keys: list[str] = []
+    if checkpoints is not None:  # tasks an earlier, stopped run finished (--resume)
+        keys = [checkpoints.key(desc, task, split, measures) for task in tasks]
+        for i, key in enumerate(keys):
+            found = checkpoints.load(key, models is not None)
+            if found is not None:
+                done[i] = found
+                if bar is not None:
+                    bar.update(len(tasks[i]))
+    todo = [i for i in range(len(tasks)) if i not in done]
+
+    def finished(i: int, task_records, task_models) -> None:
+        done[i] = (task_records, task_models)
+        if checkpoints is not None:
+            checkpoints.save(keys[i], task_records, task_models)
+
     try:
-        if n_jobs == 1 or len(tasks) == 1:
+        if n_jobs == 1 or len(todo) <= 1:
             step = bar.update if bar is not None else None
-            for task in tasks:
-                task_records, task_models, _ = _run_task(task, split, measures, fits, step)
-                _collect(task_records, task_models, records, models)
+            for i in todo:
+                task_records, task_models, _ = _run_task(tasks[i], split, measures, fits, step)
+                finished(i, task_records, task_models)
         else:
 
-            def on_result(result) -> None:
+            def on_result(i: int, result) -> None:
                 task_records, task_models, new_fits = result
                 fits.update(new_fits)
-                _collect(task_records, task_models, records, models)
+                finished(i, task_records, task_models)
                 if bar is not None:
                     bar.update(len(task_records))
 
-            _run_forked(tasks, split, measures, fits, n_jobs, on_result)
+            _run_forked([tasks[i] for i in todo], todo, split, measures, fits, n_jobs, on_result)
     finally:
         if bar is not None:
             bar.close()
+    records: list[dict[str, Any]] = []
+    for i in range(len(tasks)):
+        task_records, task_models = done[i]
+        _collect(task_records, task_models, records, models)
     return records
 
 
@@ -722,9 +745,9 @@ def _forked_task(i: int):
     return _run_task(_FORKED["tasks"][i], _FORKED["split"], _FORKED["measures"], _FORKED["fits"])
 
 
-def _run_forked(tasks, split: Split, measures, fits: dict, n_jobs: int, on_result) -> None:
-    """Run the tasks on ``n_jobs`` forked workers, handing each result to ``on_result`` in
-    task order.
+def _run_forked(tasks, ids, split: Split, measures, fits: dict, n_jobs: int, on_result) -> None:
+    """Run the tasks on ``n_jobs`` forked workers, handing each result to
+    ``on_result(id, result)`` in task order (``ids``: one per task).
 
     The workers inherit the tasks, the split and the measures (closures, not picklable)
     through ``fork``; only task numbers go to them and records and fitted models come back.
@@ -740,8 +763,8 @@ def _run_forked(tasks, split: Split, measures, fits: dict, n_jobs: int, on_resul
     pool = ProcessPoolExecutor(n_jobs, mp_context=context, initializer=_forked_init)
     try:
         futures = [pool.submit(_forked_task, i) for i in range(len(tasks))]
-        for future in futures:
-            on_result(future.result())
+        for task_id, future in zip(ids, futures, strict=True):
+            on_result(task_id, future.result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         _FORKED.clear()
@@ -889,8 +912,11 @@ class RunOptions:
 def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False):
     """Decorator giving a paper module's ``body(out_dir, cfg, opts) -> markdown`` the public
     signature ``run(out_dir, *, quick=False, seed=0, data_dir=None, progress=None, X=None,
-    y=None, n_jobs=1)``: ``out_dir`` is created, ``cfg = settings(quick)``, ``opts`` a
-    :class:`RunOptions`. ``needs_labels``: the protocol needs ``y`` with a user's ``X``."""
+    y=None, n_jobs=1, resume=False)``: ``out_dir`` is created, ``cfg = settings(quick)``,
+    ``opts`` a :class:`RunOptions`. ``needs_labels``: the protocol needs ``y`` with a user's
+    ``X``. Every finished task of :func:`run_specs` is kept in ``out_dir/checkpoints``
+    (:mod:`~hashlearn.experiments.checkpoints`) until the run is whole; ``resume=True``
+    reuses those an earlier, stopped run of the same command left."""
 
     def wrap(body: Callable[[Path, dict, RunOptions], str]):
         def run(
@@ -903,6 +929,7 @@ def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False
             X=None,
             y=None,
             n_jobs=1,
+            resume=False,
         ) -> str:
             if X is not None and not sp.issparse(X):
                 X = np.asarray(X)
@@ -920,7 +947,11 @@ def reproduction(settings: Callable[[bool], dict], *, needs_labels: bool = False
             out.mkdir(parents=True, exist_ok=True)
             n_jobs = check_int(n_jobs, "n_jobs", "run", low=1)
             opts = RunOptions(quick, seed, data_dir, progress, X, y, n_jobs)
-            return body(out, settings(quick), opts)
+            checkpoints = Checkpoints(out / "checkpoints", resume=bool(resume))
+            with checkpoints.active():
+                report = body(out, settings(quick), opts)
+            checkpoints.clear()
+            return report
 
         run.body, run.settings = body, settings  # type: ignore[attr-defined]  # for other settings: run.body(out, cfg, opts)
         run.__doc__ = body.__doc__
