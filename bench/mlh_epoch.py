@@ -38,11 +38,12 @@ def main(argv=None) -> str:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=40, help="input dimension (the paper: 40)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     load_before = load_average()
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((1000, 40))
+    X = rng.standard_normal((1000, args.dim))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     thr = neighbor_threshold(X, 50)
     iu = np.triu_indices(len(X), 1)
@@ -96,7 +97,7 @@ def main(argv=None) -> str:
             "## MLH training epoch (bench/mlh_epoch.py)",
             "",
             f"Machine: {machine()}; medians of {args.repeats} interleaved repetitions. "
-            f"One epoch = {args.pairs} pairs on 1000 x 40-D points, batch 100, single thread. "
+            f"One epoch = {args.pairs} pairs on 1000 x {args.dim}-D points, batch 100, single thread. "
             f"Load average before: {load_before}; after: {load_average()}.",
             "",
             markdown_table(

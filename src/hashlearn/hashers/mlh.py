@@ -499,12 +499,17 @@ def _pair_average_precision(distances: np.ndarray, similar: np.ndarray) -> float
 
 
 # Nominal cost of one training pair, in CPU nanoseconds: projecting both points (q (d + 1)
-# multiply-adds each), sorting q gains and the update. Fitted to the numba kernel on one core
-# of a 2-core x86-64 machine (0.17 s per 10^5 pairs at q = 32, d = 41); the time budget is
-# converted into a number of training pairs with it, so a fit does the same work, and gives
-# the same codes, on every machine.
-def _nominal_pair_seconds(n_bits: int, n_inputs: int) -> float:
-    return (100.0 + n_bits * (0.25 * n_inputs + 40.0 + 2.0 * np.log2(max(n_bits, 2)))) * 1e-9
+# multiply-adds each), the loss-adjusted inference over q gains and the update. Fitted to the
+# numba kernel on one core of a 2-core AMD EPYC (Zen 4), d = 11..785, q = 16..128, within
+# 10 % (hinge) / 20 % (BRE). The hinge loss's inference needs no sort (2.1-2.9x faster
+# epochs than the sort, 2026-11-28: 0.08 s per 10^5 pairs at q = 32, d = 41); BRE's sorts
+# (0.17 s). The time budget is converted into a number of training pairs with it, so a fit
+# does the same work, and gives the same codes, on every machine.
+def _nominal_pair_seconds(n_bits: int, n_inputs: int, kind: int = _HINGE) -> float:
+    log_q = np.log2(max(n_bits, 2))
+    if kind == _HINGE:
+        return (250.0 + n_bits * (0.31 * n_inputs - 23.0 + 5.5 * log_q)) * 1e-9
+    return (100.0 + n_bits * (0.25 * n_inputs + 40.0 + 2.0 * log_q)) * 1e-9
 
 
 def _init_weights(rng, n_bits, n_inputs, fit_offset):
@@ -1055,7 +1060,7 @@ class _HeldOutSearch:
     def plan(self, grid, time_budget, n_epochs, rng) -> None:
         """Epochs and pairs per candidate within the screening budget."""
         ppe_final = self.train_kw["pairs_per_epoch"]
-        pair_s = _nominal_pair_seconds(self.n_bits, self.Xa.shape[1])
+        pair_s = _nominal_pair_seconds(self.n_bits, self.Xa.shape[1], self.kind)
         screen_budget = 0.4 * time_budget if n_epochs is None else 0.7 * time_budget
         # selection epochs: as in the final training, unless the budget cannot afford one
         # such epoch per candidate, in which case each candidate gets one shorter epoch
