@@ -76,7 +76,10 @@ def _measure_text(measure: Any) -> str:
             v = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        values.append(repr(list(v)) if isinstance(v, np.ndarray) else repr(v))
+        if callable(v):  # a function's repr holds its address: name it instead
+            values.append(getattr(v, "__qualname__", type(v).__name__))
+        else:
+            values.append(repr(v.tolist()) if isinstance(v, np.ndarray) else repr(v))
     return f"{getattr(measure, '__qualname__', repr(measure))}({', '.join(values)})"
 
 
