@@ -199,3 +199,4 @@ def test_cli_resume_finishes_a_stopped_reproduction(tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     assert not (out / "checkpoints").exists()
+    assert "hashlearn reproduce mlh --seed 0 --quick --resume`" in (out / "results.md").read_text()

@@ -477,6 +477,8 @@ def reproduce(
     command = f"hashlearn reproduce {name} --seed {seed}" + (" --quick" if quick else "")
     command += f" --data {data_file.name}" if data_file is not None else ""
     command += f" --jobs {n_jobs}" if n_jobs > 1 else ""
+    # resumed: the Run line's times are this invocation's, the earlier run's tasks not counted
+    command += " --resume" if resume else ""
     report = _with_provenance(report, command, started, load_before, _cpu_seconds() - cpu_before)
     (out_dir / "results.md").write_text(report.rstrip() + "\n")
     _print_report(report, out_dir, results_file, f"reproduce-{name}")
