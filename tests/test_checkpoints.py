@@ -200,3 +200,15 @@ def test_cli_resume_finishes_a_stopped_reproduction(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert not (out / "checkpoints").exists()
     assert "hashlearn reproduce mlh --seed 0 --quick --resume`" in (out / "results.md").read_text()
+
+
+def test_worker_processes_checkpoint_every_task(tmp_path, split, monkeypatch):
+    """With --jobs the parent keeps each task as it finishes; a resumed run restores all."""
+    with Checkpoints(tmp_path / "ck", resume=False).active():
+        forked = run_specs(SPECS, split, n_jobs=2, **KW)
+    ran = _stopping_after(monkeypatch, None)
+    ck = Checkpoints(tmp_path / "ck", resume=True)
+    with ck.active():
+        again = run_specs(SPECS, split, **KW)
+    assert ck.restored == 4 and not ran
+    _same(again, forked)

@@ -747,14 +747,15 @@ def _forked_task(i: int):
 
 def _run_forked(tasks, ids, split: Split, measures, fits: dict, n_jobs: int, on_result) -> None:
     """Run the tasks on ``n_jobs`` forked workers, handing each result to
-    ``on_result(id, result)`` in task order (``ids``: one per task).
+    ``on_result(id, result)`` as soon as it is done (``ids``: one per task; the caller puts
+    the records in task order), so a stopped run has checkpointed every finished task.
 
     The workers inherit the tasks, the split and the measures (closures, not picklable)
     through ``fork``; only task numbers go to them and records and fitted models come back.
     On an error (or Ctrl-C) the tasks not yet started are cancelled.
     """
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     if _FORKED:
         raise RuntimeError("run_specs(n_jobs > 1) cannot be nested.")
@@ -762,9 +763,9 @@ def _run_forked(tasks, ids, split: Split, measures, fits: dict, n_jobs: int, on_
     context = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(n_jobs, mp_context=context, initializer=_forked_init)
     try:
-        futures = [pool.submit(_forked_task, i) for i in range(len(tasks))]
-        for task_id, future in zip(ids, futures, strict=True):
-            on_result(task_id, future.result())
+        futures = {pool.submit(_forked_task, i): task_id for i, task_id in enumerate(ids)}
+        for future in as_completed(futures):
+            on_result(futures[future], future.result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         _FORKED.clear()
