@@ -128,20 +128,20 @@ class Checkpoints:
         if self.directory.is_dir() and not self.directory.is_symlink():
             shutil.rmtree(self.directory)
 
-    def key(self, desc: str, task: Sequence[tuple[int, int, Any]], split: Any, measures) -> str:
-        """The key of one task: ``(seed, n_bits, spec)`` triples run on ``split``."""
+    def keys(
+        self, desc: str, tasks: Sequence[Sequence[tuple[int, int, Any]]], split: Any, measures
+    ) -> list[str]:
+        """The key of each task (``(seed, n_bits, spec)`` triples) run on ``split``; the
+        split's arrays are hashed once for all of them."""
         from hashlearn import __version__
 
-        text = json.dumps(
-            [
-                __version__,
-                desc,
-                [[int(seed), int(bits), spec.name, spec.as_run()] for seed, bits, spec in task],
-                _split_digest(split),
-                [_measure_text(m) for m in measures],
-            ]
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:24]
+        digest, measured = _split_digest(split), [_measure_text(m) for m in measures]
+        keys = []
+        for task in tasks:
+            runs = [[int(seed), int(bits), spec.name, spec.as_run()] for seed, bits, spec in task]
+            text = json.dumps([__version__, desc, runs, digest, measured])
+            keys.append(hashlib.sha256(text.encode()).hexdigest()[:24])
+        return keys
 
     def load(self, key: str, with_models: bool) -> tuple[list[dict], list] | None:
         """The records and models of a finished task, or ``None`` when it must run."""

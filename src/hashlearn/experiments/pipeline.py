@@ -663,7 +663,7 @@ def run_specs(
     checkpoints = current_checkpoints()
     keys: list[str] = []
     if checkpoints is not None:  # tasks an earlier, stopped run finished (--resume)
-        keys = [checkpoints.key(desc, task, split, measures) for task in tasks]
+        keys = checkpoints.keys(desc, tasks, split, measures)
         for i, key in enumerate(keys):
             found = checkpoints.load(key, models is not None)
             if found is not None:
@@ -692,7 +692,7 @@ def run_specs(
                 if bar is not None:
                     bar.update(len(task_records))
 
-            _run_forked([tasks[i] for i in todo], todo, split, measures, fits, n_jobs, on_result)
+            _run_forked(tasks, todo, split, measures, fits, n_jobs, on_result)
     finally:
         if bar is not None:
             bar.close()
@@ -746,9 +746,9 @@ def _forked_task(i: int):
 
 
 def _run_forked(tasks, ids, split: Split, measures, fits: dict, n_jobs: int, on_result) -> None:
-    """Run the tasks on ``n_jobs`` forked workers, handing each result to
-    ``on_result(id, result)`` as soon as it is done (``ids``: one per task; the caller puts
-    the records in task order), so a stopped run has checkpointed every finished task.
+    """Run ``tasks[i]`` for each ``i`` in ``ids`` on ``n_jobs`` forked workers, handing each
+    result to ``on_result(i, result)`` as soon as it is done (the caller puts the records in
+    task order), so a stopped run has checkpointed every finished task.
 
     The workers inherit the tasks, the split and the measures (closures, not picklable)
     through ``fork``; only task numbers go to them and records and fitted models come back.
@@ -763,7 +763,7 @@ def _run_forked(tasks, ids, split: Split, measures, fits: dict, n_jobs: int, on_
     context = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(n_jobs, mp_context=context, initializer=_forked_init)
     try:
-        futures = {pool.submit(_forked_task, i): task_id for i, task_id in enumerate(ids)}
+        futures = {pool.submit(_forked_task, i): i for i in ids}
         for future in as_completed(futures):
             on_result(futures[future], future.result())
     finally:
