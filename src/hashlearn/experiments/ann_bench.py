@@ -361,4 +361,5 @@ def run(out_dir: Path, cfg: dict, opts: RunOptions) -> str:
             )
         path.unlink()
     table = write_claims(out_dir, claims)
-    return "### Claims\n\n" + table + "\n\n" + "\n\n".join(parts)
+    title = f"## ann-bench: the ann-benchmarks protocol on synthetic sets{' [quick]' if opts.quick else ''}"
+    return title + "\n\n### Claims\n\n" + table + "\n\n" + "\n\n".join(parts)
