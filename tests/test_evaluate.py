@@ -403,6 +403,19 @@ def test_knn_classify_matches_reference(seed):
     assert ev.knn_classification_error(d, labels, query_labels, k=k) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.int32])
+def test_knn_classify_reads_every_integer_distance_dtype(dtype):
+    """Hamming distances often come as small unsigned ints; -1 padding must not overflow."""
+    rng = np.random.default_rng(3)
+    d = rng.integers(0, 17, size=(40, 60))
+    labels = rng.integers(0, 5, size=60)
+    for k in (1, 3):
+        np.testing.assert_array_equal(
+            ev.knn_classify(d.astype(dtype), labels, k=k), ref_knn(d, labels, k=k)
+        )
+    np.testing.assert_array_equal(ev.bin_threshold(d.astype(dtype), 2), ev.bin_threshold(d, 2))
+
+
 def test_relative_threshold_votes_with_all_tied_items():
     # Nearest bin (distance 1) holds three items: all vote, so class 1 wins 2 to 1.
     d = np.array([[1, 1, 1, 2, 5]])

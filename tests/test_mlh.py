@@ -136,6 +136,7 @@ def test_bound_and_loss_decrease_in_training(clusters, loss):
         pairs_per_epoch=5000,
         monitor_pairs=3000,
         loss=loss,
+        label_neighbors=0,  # pairs across the whole set: near pairs start at a low BRE loss
         random_state=0,
     ).fit(X, y)
     L, B = h.loss_history_, h.bound_history_
@@ -157,16 +158,42 @@ def test_mlh_beats_its_lsh_initialisation_on_label_retrieval(clusters):
     X = X + 1.5 * np.random.default_rng(9).standard_normal(X.shape)  # overlapping classes
     Xtr, ytr, Xte, yte = X[:300], y[:300], X[300:], y[300:]
     rel = yte[:, None] == ytr[None, :]
-    untrained = MinimalLossHashing(16, n_epochs=0, random_state=3).fit(Xtr, ytr)
-    trained = MinimalLossHashing(16, rho=3, n_epochs=10, pairs_per_epoch=5000, random_state=3).fit(
-        Xtr, ytr
-    )
+    # class-level retrieval: pairs across the whole set (label_neighbors=0), both from the
+    # same LSH initialisation
+    untrained = MinimalLossHashing(16, n_epochs=0, label_neighbors=0, random_state=3).fit(Xtr, ytr)
+    trained = MinimalLossHashing(
+        16, rho=3, n_epochs=10, pairs_per_epoch=5000, label_neighbors=0, random_state=3
+    ).fit(Xtr, ytr)
     res = {}
     for name, h in (("lsh", untrained), ("mlh", trained)):
         d = hamming_cdist(h.encode(Xte), h.encode(Xtr), 16)
         res[name] = precision_recall_at_radius(d, rel, 3)
     # measured: LSH (on the centred input) 0.619 / 0.173, MLH 0.647 / 0.407
     assert res["mlh"][0] > res["lsh"][0] + 0.01 and res["mlh"][1] > res["lsh"][1] + 0.1, res
+
+
+def test_mlh_defaults_from_labels_beat_their_lsh_initialisation_on_knn(clusters):
+    """The default label supervision (neighbourhood pairs, ``label_neighbors=20``) serves
+    nearest-neighbour search: the k-NN error of the 3 nearest Hamming bins drops below the
+    LSH initialisation's on overlapping classes."""
+    X, y = clusters
+    from hashlearn.codes import hamming_cdist
+    from hashlearn.evaluate import knn_classification_error
+
+    X = X + 1.5 * np.random.default_rng(9).standard_normal(X.shape)
+    Xtr, ytr, Xte, yte = X[:300], y[:300], X[300:], y[300:]
+    err = {}
+    for name, kw in (
+        ("lsh", {"n_epochs": 0}),
+        ("mlh", {}),
+        ("class-pairs", {"label_neighbors": 0}),
+    ):
+        h = MinimalLossHashing(16, random_state=3, **kw).fit(Xtr, ytr)
+        err[name] = knn_classification_error(
+            hamming_cdist(h.encode(Xte), h.encode(Xtr), 16), ytr, yte, k=3
+        )
+    # measured: LSH 0.24, defaults 0.13, pairs across the whole set (label_neighbors=0) 0.17
+    assert err["mlh"] < err["lsh"], err
 
 
 def test_determinism_pairs_api_and_roundtrip(clusters, tmp_path):

@@ -9,6 +9,7 @@ from hashlearn.supervision import (
     check_pairs,
     neighbor_threshold,
     neighbors_within,
+    pairs_from_label_neighbourhoods,
     pairs_from_labels,
     pairs_from_neighbors,
     resolve_pairs,
@@ -114,3 +115,68 @@ def test_pairs_from_neighbors_labels_match_threshold():
     assert (pairs[:, 0] != pairs[:, 1]).all()
     assert np.array_equal(similar, d <= thr + 1e-9)
     assert 0.4 < similar.mean() < 0.7
+
+
+def _brute_neighbourhood(X, y, k, anchors):
+    """For each anchor, the k nearest rows of its class and of the other classes."""
+    want = set()
+    for a in anchors:
+        d = ((X - X[a]) ** 2).sum(1)
+        d[a] = np.inf
+        for mask in (y == y[a], y != y[a]):
+            rows = np.flatnonzero(mask & np.isfinite(d))
+            want |= {(int(a), int(j)) for j in rows[np.argsort(d[rows])][:k]}
+    return want
+
+
+@pytest.mark.parametrize(
+    "max_anchors, max_flops, n_anchors",
+    [(10_000, 3e11, 1500), (700, 3e11, 700), (10_000, 1.0, 1000)],
+)
+def test_pairs_from_label_neighbourhoods_against_brute_force(max_anchors, max_flops, n_anchors):
+    rng = np.random.RandomState(0)
+    X = rng.standard_normal((1500, 7))
+    y = rng.randint(0, 4, 1500)
+    k = 5
+    P, s = pairs_from_label_neighbourhoods(
+        X, y, k, max_anchors=max_anchors, max_flops=max_flops, random_state=1
+    )
+    anchors = np.unique(P[:, 0])
+    assert len(anchors) == n_anchors  # capped by max_anchors, or by the flops (>= 1000)
+    assert np.array_equal(s, y[P[:, 0]] == y[P[:, 1]])
+    assert (P[:, 0] != P[:, 1]).all() and P.min() >= 0 and P.max() < 1500
+    # every anchor's 2k neighbourhood pairs, k uniform ones, and k pairs from labels
+    assert len(P) == 4 * k * len(anchors)
+    near = _brute_neighbourhood(X, y, k, anchors)
+    got = {tuple(p) for p in P.tolist()}
+    assert near <= got
+    counts = np.bincount(P[:, 0], minlength=1500)[anchors]
+    assert counts.sum() == len(P) and (counts >= 3 * k).all()  # pairs from labels: any anchor
+
+
+def test_pairs_from_label_neighbourhoods_search_a_sample_of_large_sets():
+    rng = np.random.RandomState(0)
+    X = rng.standard_normal((900, 3))
+    y = np.arange(900) % 3
+    P, s = pairs_from_label_neighbourhoods(X, y, 4, max_candidates=300, random_state=0)
+    anchors = np.unique(P[:, 0])
+    assert len(anchors) == 300
+    # the neighbours are the nearest among the sampled rows (the anchors themselves here)
+    near = _brute_neighbourhood(X[anchors], y[anchors], 4, np.arange(300))
+    got = {(int(a), int(b)) for a, b in P.tolist()}
+    assert {(int(anchors[a]), int(anchors[b])) for a, b in near} <= got
+    assert np.array_equal(s, y[P[:, 0]] == y[P[:, 1]])
+
+
+def test_pairs_from_label_neighbourhoods_small_classes_and_errors():
+    X = np.arange(12.0).reshape(6, 2)
+    y = np.array([0, 0, 1, 1, 1, 1])
+    P, s = pairs_from_label_neighbourhoods(X, y, 3, random_state=0)
+    sim_of_0 = P[(P[:, 0] == 0) & s, 1]
+    assert 1 in sim_of_0  # class 0 has one other member: all it can give
+    with pytest.raises(ValueError, match="1 class"):
+        pairs_from_label_neighbourhoods(X, np.zeros(6), 3)
+    with pytest.raises(ValueError, match="one label per row"):
+        pairs_from_label_neighbourhoods(X, np.zeros(5), 3)
+    with pytest.raises(ValueError, match="n_neighbors"):
+        pairs_from_label_neighbourhoods(X, y, 0)

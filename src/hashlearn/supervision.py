@@ -24,6 +24,7 @@ __all__ = [
     "check_supervision",
     "resolve_pairs",
     "pairs_from_labels",
+    "pairs_from_label_neighbourhoods",
     "neighbor_threshold",
     "neighbors_within",
     "pairs_from_neighbors",
@@ -153,6 +154,65 @@ def pairs_from_labels(
     similar = np.concatenate([np.ones(n_sim, bool), np.zeros(n_dis, bool)])
     perm = rng.permutation(n_pairs)
     return pairs[perm].astype(np.int64), similar[perm]
+
+
+def pairs_from_label_neighbourhoods(
+    X,
+    y,
+    n_neighbors: int,
+    *,
+    max_anchors: int = 10_000,
+    max_candidates: int = 20_000,
+    max_flops: float = 3e11,
+    random_state=None,
+    owner: str = "pairs_from_label_neighbourhoods",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Label supervision where a nearest-neighbour search acts: each anchor row joined to its
+    ``n_neighbors`` nearest rows (Euclidean) of its own class (similar) and to its
+    ``n_neighbors`` nearest rows of other classes (dissimilar); plus, per anchor,
+    ``n_neighbors`` uniform random pairs and ``n_neighbors`` pairs of
+    :func:`pairs_from_labels` among the anchors (half within a class), all labelled by
+    class.
+
+    The near pairs are the target neighbours and impostors of Weinberger & Saul, *Distance
+    Metric Learning for Large Margin Nearest Neighbor Classification* (JMLR 2009); the pairs
+    across the whole set keep classes together and apart globally (without them a 16-bit
+    code of well-separated classes learnt from near pairs split classes across bins). Rows
+    beyond ``max_candidates`` are
+    subsampled (the search runs among that many rows) and anchors beyond ``max_anchors``, or
+    beyond what ``max_flops`` multiply-adds of the distance products allow (at least 1000),
+    are subsampled too. Returns ``(pairs int64 (m, 2), similar bool (m,))`` in row indices of
+    ``X``, sorted by anchor.
+    """
+    X = check_array(X, dtype=np.float64)
+    n, d = X.shape
+    y = _check_labels(y, n, owner)
+    k = check_int(n_neighbors, "n_neighbors", owner)
+    rng = check_random_state(random_state)
+    pool = np.arange(n) if n <= max_candidates else np.sort(rng.choice(n, max_candidates, False))
+    cap = int(min(max_anchors, max(1000, max_flops / (2.0 * len(pool) * max(d, 1)))))
+    anchors = pool if len(pool) <= cap else np.sort(rng.choice(pool, cap, replace=False))
+    Xp, yp = X[pool], y[pool]
+    where = np.searchsorted(pool, anchors)  # anchors' positions in the pool
+    chunks = []
+    for start in range(0, len(anchors), 512):
+        at = where[start : start + 512]
+        dist = _sq_dists(Xp[at], Xp)
+        dist[np.arange(len(at)), at] = np.inf  # never the anchor itself
+        same = yp[at][:, None] == yp[None, :]
+        for wanted in (same, ~same):
+            masked = np.where(wanted, dist, np.inf)
+            kk = min(k, len(pool) - 1)
+            near = np.argpartition(masked, kk - 1, axis=1)[:, :kk]
+            found = np.isfinite(np.take_along_axis(masked, near, axis=1))
+            rows = np.broadcast_to(pool[at][:, None], near.shape)
+            chunks.append(np.stack([rows[found], pool[near[found]]], axis=1))
+    a = np.repeat(anchors, k)
+    chunks.append(np.stack([a, other_rows(a, n, rng)], axis=1))
+    chunks.append(anchors[pairs_from_labels(y[anchors], len(a), random_state=rng, owner=owner)[0]])
+    pairs = np.concatenate(chunks).astype(np.int64)
+    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
+    return pairs, y[pairs[:, 0]] == y[pairs[:, 1]]
 
 
 def resolve_pairs(

@@ -125,7 +125,7 @@ def bin_threshold(distances: np.ndarray, n_bins: int) -> np.ndarray:
     n_bins = check_int(n_bins, "n_bins", owner)
     out = np.full(d.shape[0], -1, np.int64)
     for rows in _query_blocks(*d.shape):
-        s = np.sort(d[rows], axis=1)
+        s = np.sort(d[rows], axis=1).astype(np.int64, copy=False)  # unsigned input too
         valid = s >= 0
         new_bin = valid.copy()
         new_bin[:, 1:] &= s[:, 1:] != s[:, :-1]

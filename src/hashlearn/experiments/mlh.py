@@ -166,6 +166,7 @@ class _ValidatedThenTrained:
             random_state=h.random_state,
             pairs_per_epoch=h.pairs_per_epoch,
             learning_rate=h.learning_rate,
+            label_neighbors=h.label_neighbors,
         )
         h.set_params(rho=best["rho"], lam=best["lam"], epsilon=best["epsilon"])
         return h.fit(X, y, pairs=pairs, similar=similar)
