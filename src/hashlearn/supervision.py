@@ -17,6 +17,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array
 
+from hashlearn._utils.knn import exact_knn
 from hashlearn._utils.validation import check_int
 
 __all__ = [
@@ -177,11 +178,11 @@ def pairs_from_label_neighbourhoods(
     The near pairs are the target neighbours and impostors of Weinberger & Saul, *Distance
     Metric Learning for Large Margin Nearest Neighbor Classification* (JMLR 2009); the pairs
     across the whole set keep classes together and apart globally (without them a 16-bit
-    code of well-separated classes learnt from near pairs split classes across bins). Rows
-    beyond ``max_candidates`` are
-    subsampled (the search runs among that many rows) and anchors beyond ``max_anchors``, or
-    beyond what ``max_flops`` multiply-adds of the distance products allow (at least 1000),
-    are subsampled too. Returns ``(pairs int64 (m, 2), similar bool (m,))`` in row indices of
+    code of well-separated classes learnt from near pairs split classes across bins). The
+    neighbours are :func:`~hashlearn.evaluate.exact_knn`'s, searched among at most
+    ``max_candidates`` rows (a random sample beyond), for at most ``max_anchors`` anchors
+    (fewer where ``max_flops`` multiply-adds of distance products would be exceeded, but at
+    least 1000). Returns ``(pairs int64 (m, 2), similar bool (m,))`` in row indices of
     ``X``, sorted by anchor.
     """
     X = check_array(X, dtype=np.float64)
@@ -192,21 +193,20 @@ def pairs_from_label_neighbourhoods(
     pool = np.arange(n) if n <= max_candidates else np.sort(rng.choice(n, max_candidates, False))
     cap = int(min(max_anchors, max(1000, max_flops / (2.0 * len(pool) * max(d, 1)))))
     anchors = pool if len(pool) <= cap else np.sort(rng.choice(pool, cap, replace=False))
-    Xp, yp = X[pool], y[pool]
-    where = np.searchsorted(pool, anchors)  # anchors' positions in the pool
     chunks = []
-    for start in range(0, len(anchors), 512):
-        at = where[start : start + 512]
-        dist = _sq_dists(Xp[at], Xp)
-        dist[np.arange(len(at)), at] = np.inf  # never the anchor itself
-        same = yp[at][:, None] == yp[None, :]
-        for wanted in (same, ~same):
-            masked = np.where(wanted, dist, np.inf)
-            kk = min(k, len(pool) - 1)
-            near = np.argpartition(masked, kk - 1, axis=1)[:, :kk]
-            found = np.isfinite(np.take_along_axis(masked, near, axis=1))
-            rows = np.broadcast_to(pool[at][:, None], near.shape)
-            chunks.append(np.stack([rows[found], pool[near[found]]], axis=1))
+    for c in np.unique(y[anchors]):
+        own = pool[y[pool] == c]
+        rest = pool[y[pool] != c]
+        at = anchors[y[anchors] == c]
+        if len(own) > 1:  # the k nearest of its class, itself left out
+            near = own[exact_knn(X[own], X[at], min(k + 1, len(own)))[1]]
+            other = near != at[:, None]
+            keep = other & (np.cumsum(other, axis=1) <= k)
+            rows = np.broadcast_to(at[:, None], near.shape)
+            chunks.append(np.stack([rows[keep], near[keep]], axis=1))
+        if len(rest):
+            near = rest[exact_knn(X[rest], X[at], min(k, len(rest)))[1]]
+            chunks.append(np.stack([np.repeat(at, near.shape[1]), near.ravel()], axis=1))
     a = np.repeat(anchors, k)
     chunks.append(np.stack([a, other_rows(a, n, rng)], axis=1))
     chunks.append(anchors[pairs_from_labels(y[anchors], len(a), random_state=rng, owner=owner)[0]])
