@@ -180,3 +180,10 @@ def test_pairs_from_label_neighbourhoods_small_classes_and_errors():
         pairs_from_label_neighbourhoods(X, np.zeros(5), 3)
     with pytest.raises(ValueError, match="n_neighbors"):
         pairs_from_label_neighbourhoods(X, y, 0)
+
+
+def test_pairs_from_label_neighbourhoods_refuse_overflowing_distances():
+    X = np.random.RandomState(0).standard_normal((50, 3)) * 1e300
+    y = np.arange(50) % 2
+    with pytest.raises(ValueError, match="overflow float64"):
+        pairs_from_label_neighbourhoods(X, y, 3)

@@ -149,6 +149,11 @@ def exact_knn(
     ids = np.full((m, k), -1, dtype=np.int64)
     for rows in _query_blocks(m, X_db.shape[0], batch_size):
         keys = _metric_keys(X_query[rows], X_db, db_sq, metric)
+        if not np.isfinite(keys).all():
+            raise ValueError(
+                f"The distances of {owner} overflow float64 (entries near 1e154 or larger); "
+                "scale the data down."
+            )
         idx = _rank(keys, kk)
         top = np.take_along_axis(keys, idx, axis=1)
         if metric == "euclidean":

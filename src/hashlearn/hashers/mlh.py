@@ -525,6 +525,11 @@ def _centring(X) -> tuple[np.ndarray, float]:
     mean = X.mean(axis=0)
     Z = X - mean
     scale = float(np.sqrt(np.einsum("ij,ij->", Z, Z) / len(X)))
+    top = float(np.abs(Z).max(initial=0.0))
+    if not np.isfinite(scale) and np.isfinite(top) and top > 0.0:
+        # the squares overflow (entries near 1e154 and above): measure in units of the largest
+        W = Z / top
+        scale = top * float(np.sqrt(np.einsum("ij,ij->", W, W) / len(X)))
     return mean, (scale if np.isfinite(scale) and scale > 0.0 else 1.0)
 
 
