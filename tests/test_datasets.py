@@ -450,3 +450,13 @@ def test_tile_with_noise_std():
     assert big.shape == (4500, 1000)
     residual = big - X[np.arange(4500) % 10]
     np.testing.assert_allclose(residual.std(), 0.1 * X.std(), rtol=0.01)
+
+
+def test_idx_shape_past_numpy_index_range_is_refused_with_the_path(tmp_path):
+    """Found by the IDX fuzz test: an empty 3-D int32 array whose other dimensions multiply
+    past numpy's index range (numpy refuses the shape even for zero elements)."""
+    path = tmp_path / "x-idx1-ubyte"
+    path.write_bytes(b"\x00\x00\x0c\x03\x00\x00\x00\x00[\x00\x00\x00[\x00\x00\x00")
+    with pytest.raises(ValueError, match="too large for an array") as info:
+        read_idx(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)

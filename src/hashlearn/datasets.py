@@ -257,6 +257,10 @@ def _parse_idx(path: Path, f, size: int | None) -> np.ndarray:
     shape = tuple(int(v) for v in np.frombuffer(dims, dtype=">i4"))
     if any(v < 0 for v in shape):
         raise ValueError(f"{path} is corrupt: negative dimension in IDX shape {shape}.")
+    # numpy refuses shapes whose non-zero dimensions multiply past its index range, even
+    # for an empty array
+    if int(np.prod([v for v in shape if v], dtype=object)) * dtype.itemsize > np.iinfo(np.intp).max:
+        raise ValueError(f"{path} is corrupt: IDX shape {shape} is too large for an array.")
     n_bytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
     expected = header + n_bytes
     if size is not None and size != expected:
