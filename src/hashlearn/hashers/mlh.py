@@ -525,11 +525,12 @@ def _centring(X) -> tuple[np.ndarray, float]:
     mean = X.mean(axis=0)
     Z = X - mean
     scale = float(np.sqrt(np.einsum("ij,ij->", Z, Z) / len(X)))
-    top = float(np.abs(Z).max(initial=0.0))
-    if not np.isfinite(scale) and np.isfinite(top) and top > 0.0:
+    if not np.isfinite(scale):
         # the squares overflow (entries near 1e154 and above): measure in units of the largest
-        W = Z / top
-        scale = top * float(np.sqrt(np.einsum("ij,ij->", W, W) / len(X)))
+        top = float(np.abs(Z).max(initial=0.0))
+        if np.isfinite(top) and top > 0.0:
+            W = Z / top
+            scale = top * float(np.sqrt(np.einsum("ij,ij->", W, W) / len(X)))
     return mean, (scale if np.isfinite(scale) and scale > 0.0 else 1.0)
 
 
@@ -649,7 +650,7 @@ class MinimalLossHashing(BaseHasher):
     label_neighbors : int, default=20
         Training from labels ``y``: the pairs join each row to its ``label_neighbors``
         nearest rows (Euclidean) of its own class (similar) and of other classes
-        (dissimilar), plus as many random pairs labelled by class
+        (dissimilar), plus twice as many pairs across the set, labelled by class
         (:func:`~hashlearn.supervision.pairs_from_label_neighbourhoods`; the held-out
         selection then scores on those pairs). ``0``: pairs drawn across the whole set, half
         from the same class (:func:`~hashlearn.supervision.pairs_from_labels`). The paper
@@ -1319,10 +1320,11 @@ def select_mlh_hyperparameters(
     epoch search). ``score``: an int R, the precision within Hamming radius R per held-out
     row (empty retrieval = 0), ``"average_precision"`` of ranking the held-out pairs by
     Hamming distance, or ``"auto"``: average precision when labels are turned into
-    neighbourhood pairs, radius 3 otherwise (as ``MinimalLossHashing``). ``label_neighbors``: with labels, the pairs are drawn as
+    neighbourhood pairs, radius 3 otherwise (as ``MinimalLossHashing``).
+    ``label_neighbors``: with labels, the pairs are drawn as
     ``MinimalLossHashing(label_neighbors=)`` draws them. Other keyword arguments
-    (``learning_rate``, ``momentum``,
-    ``batch_size``, ``pairs_per_epoch``, ``fit_offset``) are passed to the training.
+    (``learning_rate``, ``momentum``, ``batch_size``, ``pairs_per_epoch``, ``fit_offset``)
+    are passed to the training.
 
     Returns ``(best, table)``: ``best`` a dict with ``rho``, ``lam``, ``epsilon``,
     ``n_epochs``; ``table`` one dict per scored candidate (``rho``, ``lam``, ``epsilon``,
