@@ -170,7 +170,7 @@ def test_hasher_instance_and_memory_accounting():
     index = EmbeddingIndex(make_hasher("lsh", n_bits=100, random_state=3), n_bits=None)
     index.fit(X).add(X)
     assert index.hasher_name == "lsh" and index.n_bits == 100
-    assert index.memory_per_vector() == {"code": 13, "scan": 2 * 8 + 8, "float": 4 * D}
+    assert index.memory_per_vector() == {"code": 13, "scan": 2 * 8 + 8, "float": 4 * D, "coarse": 0}
     with pytest.raises(ValueError, match="n_bits"):
         EmbeddingIndex(make_hasher("lsh", n_bits=100), n_bits=64)
 

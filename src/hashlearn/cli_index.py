@@ -625,8 +625,10 @@ def info(directory):
         m.update(ranking=idx.ranking)
         if idx.coarse is not None:
             sizes = idx.codes_.list_sizes
+            kind = idx.codes_.quantizer
             m.update(
-                coarse=f"IVF, {len(sizes)} lists ({idx.coarse}), {sizes.max()} codes in the largest"
+                coarse=f"IVF, {len(sizes)} {kind} lists ({idx.coarse}), "
+                f"{sizes.max()} codes in the largest"
             )
         mem = idx.memory_per_vector()
     else:
@@ -650,6 +652,7 @@ def info(directory):
     rows += [
         ("code bytes/vector", mem["code"]),
         ("scan RAM bytes/vector", mem["scan"]),
+        ("coarse bytes/vector", mem.get("coarse", 0)),
         ("float bytes/vector", mem["float"]),
         ("code / float memory", f"1/{mem['float'] / mem['code']:.1f}" if mem["code"] else "-"),
         ("disk bytes", disk),

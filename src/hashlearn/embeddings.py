@@ -32,6 +32,7 @@ vector (``4 * d`` bytes) stays on disk and is paged in for rescoring.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -45,7 +46,7 @@ from hashlearn import io as _io
 from hashlearn._utils.validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
-from hashlearn.index.ivf import IVFIndex
+from hashlearn.index.ivf import K_MEANS_TRAIN_PER_LIST, LISTS_PER_SQRT_N, IVFIndex
 from hashlearn.rerank.refiner import Refiner
 from hashlearn.search import Searcher
 
@@ -181,10 +182,12 @@ class EmbeddingIndex:
     coarse : None, int or "auto", default=None
         A sub-linear coarse stage in front of the codes: ``None`` scans every code
         (:class:`~hashlearn.index.FlatIndex`); a number of lists, or ``"auto"`` (about
-        ``4 sqrt(n)`` lists for a fit sample of ``n``), partitions the codes with
-        :class:`~hashlearn.index.IVFIndex`, trained at :meth:`fit` on the sample's codes,
-        and a search scans the lists nearest the query, as many as the budget
-        ``k * overfetch`` needs (the index's probing rule).
+        ``4 sqrt(n)`` lists for the ``n`` rows of the first :meth:`add`), partitions the
+        codes with :class:`~hashlearn.index.IVFIndex` into k-means lists over the hasher's
+        real-valued projections (``quantizer="k-means"``), learned by the first
+        :meth:`add` on a sample of its rows (so that call should hold most of the
+        database); a search scans the lists nearest the query's projection, as many as the
+        budget ``k * overfetch`` needs (the index's probing rule).
 
     Attributes
     ----------
@@ -284,13 +287,34 @@ class EmbeddingIndex:
             params["random_state"] = self.random_state
         return make_hasher(self.hasher, n_bits=self.n_bits, **params)
 
-    def _make_index(self, codes: np.ndarray) -> FlatIndex | IVFIndex:
-        """An empty FlatIndex, or an IVFIndex trained on ``codes`` (the fit sample's)."""
+    def _make_index(self) -> FlatIndex | IVFIndex:
+        """An empty FlatIndex, or an untrained IVFIndex of k-means lists over the hasher's
+        projections (trained by the first :meth:`add`: :meth:`_train_coarse`)."""
         if self.coarse is None:
             return FlatIndex(self.n_bits)
-        n_lists = None if self.coarse == "auto" else min(int(self.coarse), len(codes))
         seed = self.random_state if isinstance(self.random_state, int) else 0
-        return IVFIndex(self.n_bits, n_lists=n_lists, random_state=seed).train(codes)
+        return IVFIndex(self.n_bits, random_state=seed, quantizer="k-means")
+
+    def _train_coarse(self, searcher: Searcher, X, owner: str) -> None:
+        """Learn the coarse stage's lists on the rows of the first :meth:`add`: ``coarse``
+        lists, or for ``"auto"`` about ``4 sqrt(n)`` for its ``n`` rows, by k-means on the
+        projections of at most ``K_MEANS_TRAIN_PER_LIST`` sampled rows per list."""
+        index = searcher.index
+        n = X.shape[0]
+        if not isinstance(index, IVFIndex) or index.is_trained or n == 0:
+            return
+        if self.coarse == "auto":
+            n_lists = round(LISTS_PER_SQRT_N * math.sqrt(n))
+        else:
+            assert isinstance(self.coarse, int)  # checked by __init__
+            n_lists = self.coarse
+        n_lists = max(1, min(n_lists, n))
+        rng = np.random.default_rng(index.random_state)
+        take = np.sort(rng.choice(n, min(n, K_MEANS_TRAIN_PER_LIST * n_lists), replace=False))
+        sample = self._prepare(X[take], "X", owner)
+        hasher = searcher.hasher
+        index.n_lists = n_lists
+        index.train(hasher.encode(sample), projections=hasher.project(sample))
 
     def _searcher(self, hasher: BaseHasher, codes: FlatIndex | IVFIndex) -> Searcher:
         # screen=False: the float32 screen of rescore_runner, as this class always used
@@ -331,7 +355,7 @@ class EmbeddingIndex:
                 f"{type(hasher).__name__} produced {produced}-bit codes on this sample, not "
                 f"n_bits={self.n_bits}; use n_bits <= {produced}."
             )
-        self.searcher_ = self._searcher(hasher, self._make_index(hasher.encode(X)))
+        self.searcher_ = self._searcher(hasher, self._make_index())
         self.dim_ = d
         self._path = None
         return self
@@ -356,6 +380,7 @@ class EmbeddingIndex:
             X = np.asarray(X)
         if X.ndim != 2:
             check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
+        self._train_coarse(searcher, X, owner)
         for start in range(0, X.shape[0], chunk_size):
             chunk = self._prepare(X[start : start + chunk_size], "X", owner)
             if self._path is None:
@@ -392,9 +417,20 @@ class EmbeddingIndex:
 
     def memory_per_vector(self) -> dict[str, int]:
         """Bytes per vector: ``code`` (packed bits), ``scan`` (what the Hamming scan keeps in
-        RAM: the code in whole 64-bit words plus the int64 id) and ``float`` (the float32
-        vector used for rescoring, memory-mapped from disk after :meth:`load`)."""
-        return bytes_per_vector(self.n_bits, self.dim_ or 0)
+        RAM: the code in whole 64-bit words plus the int64 id), ``coarse`` (the coarse
+        stage's centroids and list offsets shared out over the stored vectors, rounded up;
+        0 for a flat scan) and ``float`` (the float32 vector used for rescoring,
+        memory-mapped from disk after :meth:`load`)."""
+        mem = bytes_per_vector(self.n_bits, self.dim_ or 0)
+        codes = self.codes_
+        mem["coarse"] = 0
+        if isinstance(codes, IVFIndex) and len(codes):
+            lists = len(codes.list_sizes)
+            vectors = codes.centroid_vectors
+            total = lists * (8 * ((self.n_bits + 63) // 64) + 8)
+            total += 0 if vectors is None else vectors.nbytes + 4 * self.n_bits
+            mem["coarse"] = -(-total // len(codes))
+        return mem
 
     # ------------------------------------------------------------------------------ search
 

@@ -130,7 +130,7 @@ class Searcher:
                 )
             self.index = make_index(self._index_name, n_bits=bits)
         if callable(getattr(self.index, "train", None)):  # a coarse stage: IVFIndex's lists
-            self.index.train(self._encode(X))
+            self.index.train(self._encode(X), **self._projected(X))
         self._attach()
         return self
 
@@ -153,7 +153,7 @@ class Searcher:
                 self.index.add(codes, ids=ids, vectors=vectors)
                 return self
             vectors = None if self.refiner is None else self.refiner.store.prepare(X)
-            new_ids = np.asarray(self.index.add(codes, ids))
+            new_ids = np.asarray(self.index.add(codes, ids, **self._projected(X)))
             if vectors is not None:
                 self.refiner.store.add(vectors, new_ids)
         return self
@@ -206,7 +206,7 @@ class Searcher:
 
     def _ranked(self, X, codes, k, n_threads):  # the shortlist, by the searcher's ranking
         if self.ranking == "hamming":
-            return self.index.search(codes, k, n_threads=n_threads)
+            return self.index.search(codes, k, n_threads=n_threads, **self._projected(X))
         P = self.hasher.project(X)
         return self.index.search_asymmetric(P, k, queries=codes, n_threads=n_threads)
 
@@ -218,6 +218,13 @@ class Searcher:
         return relative_neighbors(
             self.index, self._encode(X), radius=radius, n_bins=n_bins, n_threads=n_threads
         )
+
+    def _projected(self, X) -> dict:
+        """``{"projections": hasher.project(X)}`` for an index that files and probes by them
+        (``IVFIndex(quantizer="k-means")``), else nothing."""
+        if getattr(self.index, "uses_projections", False):
+            return {"projections": self.hasher.project(X)}
+        return {}
 
     def _encode(self, X):
         return self.hasher.encode(X) if isinstance(self.hasher, BaseHasher) else self.hasher.keys(X)

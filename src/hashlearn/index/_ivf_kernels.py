@@ -203,6 +203,101 @@ def _probe(
     return n_within
 
 
+@njit(nogil=True, inline="always")
+def _after(d1, c1, d2, c2):
+    """Whether ``(d1, c1)`` orders after ``(d2, c2)``: a larger distance, or a tie with a
+    larger list number."""
+    return d1 > d2 or (d1 == d2 and c1 > c2)
+
+
+@njit(nogil=True, inline="always")
+def _sift_down(heap_d, heap_c, j, size):
+    """Restore the max-heap order of ``heap[:size]`` below position ``j``."""
+    while True:
+        top, left = j, 2 * j + 1
+        if left < size and _after(heap_d[left], heap_c[left], heap_d[top], heap_c[top]):
+            top = left
+        right = left + 1
+        if right < size and _after(heap_d[right], heap_c[right], heap_d[top], heap_c[top]):
+            top = right
+        if top == j:
+            return
+        heap_d[j], heap_d[top] = heap_d[top], heap_d[j]
+        heap_c[j], heap_c[top] = heap_c[top], heap_c[j]
+        j = top
+
+
+@njit(nogil=True, inline="always")
+def _nearest_lists(row, n_lists, g, heap_d, order):
+    """The ``g`` lists of smallest float distance ``row[c]`` (ties to the smaller list),
+    ascending, in ``order[:g]``: a max-heap of the best ``g`` over one pass, then a heap
+    sort. A list enters only below the heap's worst, so the pass is mostly comparisons."""
+    size = 0
+    for c in range(n_lists):
+        d = row[c]
+        if size < g:
+            j = size
+            size += 1
+            while j > 0:  # sift up
+                p = (j - 1) >> 1
+                if not _after(d, c, heap_d[p], order[p]):
+                    break
+                heap_d[j] = heap_d[p]
+                order[j] = order[p]
+                j = p
+            heap_d[j] = d
+            order[j] = c
+        elif d < heap_d[0]:  # lists come in ascending order: a tie never wins
+            heap_d[0] = d
+            order[0] = c
+            _sift_down(heap_d, order, 0, size)
+    for end in range(size - 1, 0, -1):
+        heap_d[0], heap_d[end] = heap_d[end], heap_d[0]
+        order[0], order[end] = order[end], order[0]
+        _sift_down(heap_d, order, 0, end)
+    return size
+
+
+@njit(nogil=True, inline="always")
+def _probe_float(row, n_lists, offsets, n_probe, min_codes, heap_d, order):
+    """:func:`_probe` for float centroids (``IVFIndex(quantizer="k-means")``): the query's
+    distances to the centroids are given (``row``, computed by the caller with one matrix
+    product for the batch); the same rule picks the lists, in ``order[:n]``. Under the
+    budget rule the nearest ``2 min_codes / mean list size + 8`` lists are drawn first,
+    four times as many while they hold too few codes."""
+    if n_probe > 0:
+        return _nearest_lists(row, n_lists, min(n_probe, n_lists), heap_d, order)
+    mean = max(offsets[n_lists] // max(n_lists, 1), 1)
+    g = min(2 * (min_codes // mean) + 8, n_lists)
+    while True:
+        size = _nearest_lists(row, n_lists, g, heap_d, order)
+        got = 0
+        for j in range(size):
+            c = order[j]
+            got += offsets[c + 1] - offsets[c]
+            if got >= min_codes:
+                return j + 1
+        if size == n_lists:
+            return size
+        g = min(4 * g, n_lists)
+
+
+@njit(nogil=True, inline="always")
+def _probe_lists(
+    cfd, q, heap_d, centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe,
+    min_codes, cdist, counts, order, width, wide,
+):  # fmt: skip
+    """Query ``q``'s probed lists in ``order[:n]``, returns ``n``: by the float centroid
+    distances ``cfd[q]`` when ``cfd`` has rows (:func:`_probe_float`), else by the Hamming
+    distances to the binary centroids (:func:`_probe`)."""
+    if cfd.shape[0]:
+        return _probe_float(cfd[q], n_lists, offsets, n_probe, min_codes, heap_d, order)
+    return _probe(
+        centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe, min_codes,
+        cdist, counts, order, width, wide,
+    )  # fmt: skip
+
+
 # ------------------------------------------------------------------------ top k (d, id)
 
 
@@ -439,17 +534,17 @@ def _finish(kept, k, k_eff, buf_d, buf_i, tmp, hist, out_d, out_i, q):
 
 @njit(nogil=True, inline="always")
 def _ivf_knn_one(
-    db, ids, offsets, centroids, n_lists, queries, q, k, k_eff, n_bits, n_probe, min_codes,
-    out_d, out_i, n_words, vector, width, wide, scratch,
+    db, ids, offsets, centroids, n_lists, queries, cfd, q, k, k_eff, n_bits, n_probe,
+    min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
 ):  # fmt: skip
     """One query: probe, the sampled bound over its lists, the scan (again without the
     bound when it left fewer than ``k_eff``)."""
-    buf_d, buf_i, tmp, hist, by_level, cdist, order, dist = scratch
+    buf_d, buf_i, tmp, hist, by_level, cdist, order, dist, heap_d = scratch
     n_total = offsets[n_lists]
     oq = np.uint64(q) * np.uint64(n_words)
-    n_pr = _probe(
-        centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe,
-        min_codes, cdist, by_level, order, width, wide,
+    n_pr = _probe_lists(
+        cfd, q, heap_d, centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits,
+        n_probe, min_codes, cdist, by_level, order, width, wide,
     )  # fmt: skip
     tau0 = n_bits + 1
     rank = _sample_rank(offsets, order, n_pr, k_eff) if k_eff >= _SAMPLE_MIN_K else 0
@@ -479,14 +574,14 @@ def _ivf_knn_one(
 
 @njit(nogil=True, inline="always")
 def _ivf_knn_group(
-    db, ids, offsets, centroids, n_lists, queries, g0, g1, k, k_eff, n_bits, n_probe,
+    db, ids, offsets, centroids, n_lists, queries, cfd, g0, g1, k, k_eff, n_bits, n_probe,
     min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
 ):  # fmt: skip
     """Queries ``g0:g1`` together, list by list: each probed list is read from memory once
     for all the queries that probe it (it stays in cache while each of them scans it),
     instead of once per query. Every query keeps its own top k, sampled bound
     and rescan, so its results are :func:`_ivf_knn_one`'s."""
-    buf_d1, buf_i1, tmp, hist, by_level, cdist, order, dist = scratch
+    buf_d1, buf_i1, tmp, hist, by_level, cdist, order, dist, heap_d = scratch
     n_total = offsets[n_lists]
     mg = g1 - g0
     # probing: each query's lists, then the queries of each list (CSR, queries ascending)
@@ -494,9 +589,9 @@ def _ivf_knn_group(
     probed = np.empty(max(64, 4 * mg), np.int64)
     for qi in range(mg):
         oq = np.uint64(g0 + qi) * np.uint64(n_words)
-        n_pr = _probe(
-            centroids, n_lists, offsets, queries, oq, n_words, vector, n_bits, n_probe,
-            min_codes, cdist, by_level, order, width, wide,
+        n_pr = _probe_lists(
+            cfd, g0 + qi, heap_d, centroids, n_lists, offsets, queries, oq, n_words, vector,
+            n_bits, n_probe, min_codes, cdist, by_level, order, width, wide,
         )  # fmt: skip
         if q_ptr[qi] + n_pr > probed.shape[0]:
             grown = np.empty(2 * (q_ptr[qi] + n_pr), np.int64)
@@ -582,6 +677,7 @@ def _ivf_knn_core(
     centroids,
     n_lists,
     queries,
+    cfd,
     q_start,
     q_end,
     k,
@@ -607,17 +703,19 @@ def _ivf_knn_core(
         np.empty(n_lists, np.int64),  # probing: centroid distances
         np.empty(2 * n_lists, np.int64),  # probing: the lists in order
         np.empty(_MINI_BLOCK, np.int64),  # a mini-block's distances
+        np.empty(n_lists, np.float32),  # probing float centroids: a heap's distances
     )
     if q_end - q_start == 1 or not grouped:
         for q in range(q_start, q_end):
             _ivf_knn_one(
-                db, ids, offsets, centroids, n_lists, queries, q, k, k_eff, n_bits, n_probe,
-                min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
+                db, ids, offsets, centroids, n_lists, queries, cfd, q, k, k_eff, n_bits,
+                n_probe, min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
             )  # fmt: skip
         return
     for g0 in range(q_start, q_end, _GROUP_QUERIES):
         _ivf_knn_group(
-            db, ids, offsets, centroids, n_lists, queries, g0, min(q_end, g0 + _GROUP_QUERIES), k, k_eff, n_bits, n_probe, min_codes,
+            db, ids, offsets, centroids, n_lists, queries, cfd, g0,
+            min(q_end, g0 + _GROUP_QUERIES), k, k_eff, n_bits, n_probe, min_codes,
             out_d, out_i, n_words, vector, width, wide, scratch,
         )  # fmt: skip
 
@@ -630,6 +728,7 @@ def ivf_knn_fixed_width(
     centroids,
     n_lists,
     queries,
+    cfd,
     q_start,
     q_end,
     k,
@@ -652,6 +751,7 @@ def ivf_knn_fixed_width(
         centroids,
         n_lists,
         queries,
+        cfd,
         q_start,
         q_end,
         k,
@@ -677,6 +777,7 @@ def ivf_knn_wide(
     centroids,
     n_lists,
     queries,
+    cfd,
     q_start,
     q_end,
     k,
@@ -700,6 +801,7 @@ def ivf_knn_wide(
         centroids,
         n_lists,
         queries,
+        cfd,
         q_start,
         q_end,
         k,
@@ -725,6 +827,7 @@ def ivf_knn_any_width(
     centroids,
     n_lists,
     queries,
+    cfd,
     q_start,
     q_end,
     k,
@@ -745,6 +848,7 @@ def ivf_knn_any_width(
         centroids,
         n_lists,
         queries,
+        cfd,
         q_start,
         q_end,
         k,
@@ -776,18 +880,19 @@ def _code_distance(db, i, queries, oq, n_words):
 
 @njit(nogil=True, cache=True)
 def ivf_range_count(
-    db, offsets, centroids, n_lists, queries, n_words, n_bits, radius, n_probe, min_codes,
-    counts, q_start, q_end,
+    db, offsets, centroids, n_lists, queries, cfd, n_words, n_bits, radius, n_probe,
+    min_codes, counts, q_start, q_end,
 ):  # fmt: skip
     """``counts[q]`` = codes within ``radius`` of query ``q`` in its probed lists."""
     by_level = np.zeros(n_bits + 2, np.int64)
     cdist = np.empty(n_lists, np.int64)
     order = np.empty(2 * n_lists, np.int64)
+    heap_d = np.empty(n_lists, np.float32)
     for q in range(q_start, q_end):
         oq = q * n_words
-        n_pr = _probe(
-            centroids, n_lists, offsets, queries, np.uint64(oq), n_words, False, n_bits,
-            n_probe, min_codes, cdist, by_level, order, (0,), False,
+        n_pr = _probe_lists(
+            cfd, q, heap_d, centroids, n_lists, offsets, queries, np.uint64(oq), n_words,
+            False, n_bits, n_probe, min_codes, cdist, by_level, order, (0,), False,
         )  # fmt: skip
         count = 0
         for j in range(n_pr):
@@ -799,7 +904,7 @@ def ivf_range_count(
 
 @njit(nogil=True, cache=True)
 def ivf_range_fill(
-    db, ids, offsets, centroids, n_lists, queries, n_words, n_bits, radius, n_probe,
+    db, ids, offsets, centroids, n_lists, queries, cfd, n_words, n_bits, radius, n_probe,
     min_codes, lims, out_d, out_i, q_start, q_end,
 ):  # fmt: skip
     """Fill query ``q``'s slots ``lims[q]:lims[q+1]`` with its codes within ``radius`` in
@@ -808,11 +913,12 @@ def ivf_range_fill(
     hist = np.zeros(n_bits + 1, np.int64)
     cdist = np.empty(n_lists, np.int64)
     order = np.empty(2 * n_lists, np.int64)
+    heap_d = np.empty(n_lists, np.float32)
     for q in range(q_start, q_end):
         oq = q * n_words
-        n_pr = _probe(
-            centroids, n_lists, offsets, queries, np.uint64(oq), n_words, False, n_bits,
-            n_probe, min_codes, cdist, by_level, order, (0,), False,
+        n_pr = _probe_lists(
+            cfd, q, heap_d, centroids, n_lists, offsets, queries, np.uint64(oq), n_words,
+            False, n_bits, n_probe, min_codes, cdist, by_level, order, (0,), False,
         )  # fmt: skip
         lo = lims[q]
         count = lims[q + 1] - lo

@@ -8,6 +8,19 @@ the majority of its members' bits -- the centroid minimising the members' summed
 distance; the quantizer of faiss's ``IndexBinaryIVF``). A query is compared with every
 centroid and only the codes of its nearest lists are scanned.
 
+``quantizer="k-means"`` partitions by Lloyd's k-means on the hasher's real-valued
+projections instead (the vectors whose signs are the codes; S. Lloyd, "Least squares
+quantization in PCM", IEEE Trans. Inf. Theory 1982; the float coarse quantizer of faiss's
+``IndexIVF``, H. Jegou, M. Douze, C. Schmid, "Product quantization for nearest neighbor
+search", TPAMI 2011): float centroids in the projection space, each vector filed under the
+centroid nearest its projection, each query probing the lists nearest its projection. A
+caller with only codes (no projections) stands in ``scale_j (2 b_j - 1)`` for them, the
+training set's mean ``|p_j|`` times the bit's sign. Measured on 249k MiniLM sentence
+embeddings through ITQ-256 (``docs/results.md``), such lists reach a given recall while
+scanning about a third of the codes that k-majority lists over the same codes need: on real
+embeddings a query's true neighbours share its float neighbourhood far more often than its
+bits' majority cell.
+
 Layout. The codes are stored grouped by list (list ``l`` holds rows
 ``offsets[l]:offsets[l+1]`` of one word array, its ids ascending), so a probed list is one
 contiguous range of words scanned by the mini-block kernel of the flat scan
@@ -29,7 +42,7 @@ from hashlearn._utils.kernel_args import frozen
 from hashlearn._utils.parallel import parallel_chunks
 from hashlearn._utils.popcount import kernel_path
 from hashlearn._utils.validation import check_codes, check_int
-from hashlearn.codes import as_words, pack_bits
+from hashlearn.codes import as_words, pack_bits, unpack_bits
 from hashlearn.index import _ivf_kernels as _kernels
 from hashlearn.index._asymmetric import check_projections, rerank_words
 from hashlearn.index._knn_scan import _WIDTH_TAGS
@@ -49,12 +62,20 @@ __all__ = ["IVFIndex"]
 N_ITER = 10
 #: training sample: at most this many codes per list (faiss's ``max_points_per_centroid``)
 MAX_TRAIN_PER_LIST = 256
+#: k-means training sample: at most this many rows per list (faiss warns below 39; the
+#: float centroids converge on fewer rows than binary ones, and each round is a matrix
+#: product over the sample)
+K_MEANS_TRAIN_PER_LIST = 64
 #: ``n_lists=None``: about ``LISTS_PER_SQRT_N * sqrt(n)`` lists for ``n`` training codes
 LISTS_PER_SQRT_N = 4
 #: ``n_probe=None``: scan the nearest lists until they hold ``PROBE_FACTOR * k`` codes ...
 PROBE_FACTOR = 32
 #: ... and at least ``MIN_PROBE_LISTS`` average lists' worth of codes
 MIN_PROBE_LISTS = 16
+#: how the lists are learned: k-majority on the codes, or k-means on the projections
+QUANTIZERS = ("k-majority", "k-means")
+#: rows of a float centroid-distance product at a time (bounds its temporary memory)
+_FLOAT_CHUNK = 4096
 #: a batch of queries is scanned list by list (each probed list read from memory once for
 #: all its queries) when the codes hold at least this many words (16 MiB): below, each
 #: query's lists are cache hits anyway and the grouping's bookkeeping costs
@@ -67,14 +88,24 @@ _LAYOUT = "ivf"  # the snapshot's derived entry: (centroids, offsets)
 
 
 class _Lists:
-    """The coarse quantizer of one snapshot: centroids (uint64 words, ``(n_lists, W)``) and
-    the list offsets (int64, ``n_lists + 1``) into the snapshot's grouped rows."""
+    """The coarse quantizer of one snapshot: centroids (uint64 words, ``(n_lists, W)``), the
+    list offsets (int64, ``n_lists + 1``) into the snapshot's grouped rows, and for
+    ``quantizer="k-means"`` the float centroids (float32 ``(n_lists, n_bits)``, whose signs
+    are ``centroids``) and the bits' stand-in scale (float32 ``(n_bits,)``); ``None`` for
+    k-majority lists."""
 
-    __slots__ = ("centroids", "offsets")
+    __slots__ = ("centroids", "offsets", "vectors", "scale", "sq_norms")
 
-    def __init__(self, centroids: np.ndarray, offsets: np.ndarray):
+    def __init__(self, centroids, offsets, vectors=None, scale=None):
         self.centroids = _read_only(centroids)
         self.offsets = _read_only(offsets)
+        self.vectors = None if vectors is None else _read_only(vectors)
+        self.scale = None if scale is None else _read_only(scale)
+        self.sq_norms = None if vectors is None else (vectors.astype(np.float64) ** 2).sum(1)
+
+    def with_offsets(self, offsets: np.ndarray) -> _Lists:
+        """The same centroids over other list offsets (a write's new layout)."""
+        return _Lists(self.centroids, offsets, self.vectors, self.scale)
 
     @property
     def n_lists(self) -> int:
@@ -115,6 +146,29 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return frozen(a, a.dtype)
 
 
+#: the float centroid distances of a search over k-majority lists: none
+_NO_FLOAT = _read_only(np.zeros((0, 0), np.float32))
+
+
+def _nearest_centroids(P: np.ndarray, C: np.ndarray, sq_norms: np.ndarray):
+    """``(lists, sq_dist)``: each row of ``P`` filed under its nearest row of ``C`` by
+    Euclidean distance (ties to the smaller list), in chunks of float32 matrix products
+    (float64 where the values are large enough for float32 squares to overflow)."""
+    lists = np.empty(len(P), np.int64)
+    sq = np.empty(len(P), np.float64)
+    big = max(np.abs(C).max(initial=0.0), np.abs(P).max(initial=0.0)) > 1e15
+    dtype = np.float64 if big else np.float32
+    Ct = np.ascontiguousarray(C.T, dtype=dtype)
+    norms = sq_norms.astype(dtype)[None, :]
+    for s in range(0, len(P), _FLOAT_CHUNK):
+        block = P[s : s + _FLOAT_CHUNK].astype(dtype)
+        d = norms - 2.0 * (block @ Ct)
+        lists[s : s + len(block)] = best = d.argmin(1)
+        near = d[np.arange(len(block)), best].astype(np.float64)
+        sq[s : s + len(block)] = near + (block.astype(np.float64) ** 2).sum(1)
+    return lists, sq
+
+
 @persistable
 @register_index("ivf")
 class IVFIndex(BinaryIndex):
@@ -143,6 +197,12 @@ class IVFIndex(BinaryIndex):
         mixture through ITQ-64 (``docs/design.md``). A search's ``n_probe=`` overrides it.
     random_state : int, default=0
         Seed of the training sample and of the initial centroids.
+    quantizer : {"k-majority", "k-means"}, default="k-majority"
+        How the lists are learned: k-majority on the codes, or k-means on the hasher's
+        real-valued projections (module doc), which :meth:`train`, :meth:`add` and the
+        searches then take as ``projections=`` (:class:`~hashlearn.search.Searcher` and
+        :class:`~hashlearn.embeddings.EmbeddingIndex` pass them); given only codes, the
+        bits scaled by the training set's mean ``|p_j|`` stand in for them.
 
     Notes
     -----
@@ -171,12 +231,47 @@ class IVFIndex(BinaryIndex):
         n_lists: int | None = None,
         n_probe: int | None = None,
         random_state: int = 0,
+        quantizer: str = "k-majority",
     ):
         super().__init__(n_bits)
         owner = type(self).__name__
         self.n_lists = None if n_lists is None else check_int(n_lists, "n_lists", owner)
         self.n_probe = None if n_probe is None else check_int(n_probe, "n_probe", owner)
         self.random_state = check_int(random_state, "random_state", owner, low=0)
+        if quantizer not in QUANTIZERS:
+            raise ValueError(
+                f"The 'quantizer' parameter of {owner} must be one of {list(QUANTIZERS)}. "
+                f"Got {quantizer!r} instead."
+            )
+        self.quantizer = quantizer
+
+    @property
+    def uses_projections(self) -> bool:
+        """Whether the lists live in the projection space (``quantizer="k-means"``): callers
+        that can should pass ``projections=`` to :meth:`train`, :meth:`add` and searches."""
+        return self.quantizer == "k-means"
+
+    def _projections(self, projections, codes: np.ndarray, scale, owner: str) -> np.ndarray:
+        """The checked projections of ``codes`` (float32 ``(m, n_bits)``), or their stand-in
+        ``scale (2 b - 1)`` when none are given (module doc)."""
+        if projections is not None:
+            P = check_projections(projections, self.n_bits, owner)
+            if len(P) != len(codes):
+                raise ValueError(f"{owner}: {len(P)} rows of projections for {len(codes)} codes.")
+            return P
+        signs = unpack_bits(codes, self.n_bits).astype(np.float32) * 2.0 - 1.0
+        return signs * (np.ones(self.n_bits, np.float32) if scale is None else scale)
+
+    def _float_distances(self, layout: _Lists, queries, projections, owner: str) -> np.ndarray:
+        """The queries' squared distances to the float centroids less ``|p|^2`` (float32
+        ``(m, n_lists)``, one matrix product); none for k-majority lists."""
+        if projections is not None:
+            projections = self._projections(projections, queries, None, owner)
+        if layout.vectors is None:
+            return _NO_FLOAT
+        P = self._projections(projections, queries, layout.scale, owner)
+        d = layout.sq_norms.astype(np.float32)[None, :] - 2.0 * (P @ layout.vectors.T)
+        return _read_only(np.nan_to_num(d, nan=np.inf))
 
     # --------------------------------------------------------------------------- state
 
@@ -190,12 +285,20 @@ class IVFIndex(BinaryIndex):
 
     @property
     def centroids(self) -> np.ndarray:
-        """The lists' centroids as packed codes ``uint8 (n_lists, code_size)`` (read-only);
-        ``(0, code_size)`` before training."""
+        """The lists' centroids as packed codes ``uint8 (n_lists, code_size)`` (read-only;
+        with ``quantizer="k-means"`` the signs of :attr:`centroid_vectors`); ``(0,
+        code_size)`` before training."""
         layout = self._layout(self._store.snapshot)
         if layout is None:
             return np.zeros((0, self.code_size), np.uint8)
         return layout.centroids.view(np.uint8)[:, : self.code_size]
+
+    @property
+    def centroid_vectors(self) -> np.ndarray | None:
+        """The float centroids ``float32 (n_lists, n_bits)`` of ``quantizer="k-means"``
+        (read-only); ``None`` for k-majority lists or before training."""
+        layout = self._layout(self._store.snapshot)
+        return None if layout is None else layout.vectors
 
     @property
     def list_sizes(self) -> np.ndarray:
@@ -216,47 +319,106 @@ class IVFIndex(BinaryIndex):
 
     # ------------------------------------------------------------------------ training
 
-    def train(self, codes: np.ndarray) -> IVFIndex:
-        """Learn the lists by k-majority on ``codes`` (or a sample of them); returns self.
+    def train(self, codes: np.ndarray, *, projections=None) -> IVFIndex:
+        """Learn the lists from ``codes`` (or a sample of them) -- by k-majority, or with
+        ``quantizer="k-means"`` by k-means on their ``projections`` -- and return self.
 
-        At most 256 codes per list are used (a sample drawn with ``random_state``). Codes
-        already in the index are re-assigned to the new lists (one write).
+        At most 256 rows per list are used (a sample drawn with ``random_state``). Codes
+        already in the index are re-assigned to the new lists by their codes (one write;
+        their projections are not kept).
         """
         codes = check_codes(codes, self.n_bits, "codes", allow_empty=False)
         words = as_words(codes).reshape(len(codes), self._n_words)
+        P = None
+        if self.uses_projections:
+            P = self._projections(projections, codes, None, "IVFIndex.train")
+        elif projections is not None:
+            check_projections(projections, self.n_bits, "IVFIndex.train")
         with self._store.writing():
-            self._train_locked(words)
+            self._train_locked(words, P)
         return self
 
-    def _train_locked(self, words: np.ndarray) -> None:
-        centroids = self._k_majority(words)
+    def _train_locked(self, words: np.ndarray, P: np.ndarray | None) -> None:
         snap = self._store.snapshot
         rows, ids = snap.rows["words"], snap.ids
         order = np.argsort(ids, kind="stable")
         rows, ids = rows[order], ids[order]
-        lists = self._assign(rows, centroids)
-        self._store.publish(self._grouped(rows, ids, lists, centroids, snap.next_id))
+        if P is None:
+            layout = _Lists(self._k_majority(words), np.zeros(1, np.int64))
+            lists = self._assign(rows, layout.centroids)
+        else:
+            vectors = self._k_means(P)
+            scale = np.abs(P).mean(0).astype(np.float32)
+            signs = pack_bits(vectors >= 0)
+            centroids = as_words(signs).reshape(len(vectors), self._n_words)
+            layout = _Lists(centroids, np.zeros(1, np.int64), vectors, scale)
+            stored_codes = np.ascontiguousarray(rows.view(np.uint8)[:, : self.code_size])
+            stored = self._projections(None, stored_codes, scale, "IVFIndex.train")
+            lists = self._float_assign(stored, layout)
+        self._store.publish(self._grouped(rows, ids, lists, layout, snap.next_id))
+
+    def _lists_for(self, n: int) -> int:
+        """The number of lists for ``n`` training rows (``n_lists``, or about 4 sqrt(n))."""
+        if self.n_lists is None:
+            return min(max(1, round(LISTS_PER_SQRT_N * math.sqrt(n))), n)
+        return self.n_lists
+
+    def _fewer_lists(self, n_lists: int, n_distinct: int, what: str) -> int:
+        if n_lists > n_distinct:
+            if self.n_lists is not None:
+                warnings.warn(
+                    f"IVFIndex: n_lists={n_lists} but the training {what} hold only "
+                    f"{n_distinct} distinct {what}; using {n_distinct} lists.",
+                    stacklevel=5,
+                )
+            return n_distinct
+        return n_lists
+
+    def _k_means(self, P: np.ndarray) -> np.ndarray:
+        """Float centroids (``float32 (n_lists, n_bits)``) by Lloyd's k-means on a sample of
+        the projections ``P``: at most ``N_ITER`` rounds, stopping once no row changes list;
+        an empty list is re-seeded with the row farthest from its centroid."""
+        rng = np.random.default_rng(self.random_state)
+        n_lists = self._lists_for(len(P))
+        if len(P) > K_MEANS_TRAIN_PER_LIST * n_lists:
+            P = P[np.sort(rng.choice(len(P), K_MEANS_TRAIN_PER_LIST * n_lists, replace=False))]
+        distinct = np.unique(P, axis=0)
+        n_lists = self._fewer_lists(n_lists, len(distinct), "projections")
+        C = distinct[np.sort(rng.choice(len(distinct), n_lists, replace=False))]
+        C = C.astype(np.float64)
+        lists = np.full(len(P), -1, np.int64)
+        for _ in range(N_ITER):
+            new_lists, sq = _nearest_centroids(P, C, (C**2).sum(1))
+            if np.array_equal(new_lists, lists):
+                break
+            lists = new_lists
+            sizes = np.bincount(lists, minlength=n_lists)
+            by_list = np.argsort(lists, kind="stable")
+            starts = np.flatnonzero(sizes)
+            first = np.cumsum(sizes)[starts] - sizes[starts]
+            sums = np.add.reduceat(P[by_list], first, axis=0, dtype=np.float64)
+            C = C.copy()
+            C[starts] = sums / sizes[starts, None]
+            empty = np.flatnonzero(sizes == 0)
+            if len(empty):  # re-seed each empty list with a row far from its centroid
+                C[empty] = P[np.argsort(-sq, kind="stable")[: len(empty)]]
+        return np.ascontiguousarray(C, dtype=np.float32)
+
+    def _float_assign(self, P: np.ndarray, layout: _Lists) -> np.ndarray:
+        """The k-means list of each projection row (its nearest float centroid)."""
+        assert layout.vectors is not None and layout.sq_norms is not None
+        return _nearest_centroids(P, layout.vectors, layout.sq_norms)[0]
 
     def _k_majority(self, words: np.ndarray) -> np.ndarray:
         """Centroids (``uint64 (n_lists, W)``) by k-majority (Grana et al. 2013) on a sample."""
         rng = np.random.default_rng(self.random_state)
         n = len(words)
-        if self.n_lists is None:
-            n_lists = min(max(1, round(LISTS_PER_SQRT_N * math.sqrt(n))), n)
-        else:
-            n_lists = self.n_lists
+        n_lists = self._lists_for(n)
         if n > MAX_TRAIN_PER_LIST * n_lists:
             sample = np.sort(rng.choice(n, MAX_TRAIN_PER_LIST * n_lists, replace=False))
             words = words[sample]
         distinct = np.unique(words, axis=0)
-        if n_lists > len(distinct):
-            if self.n_lists is not None:
-                warnings.warn(
-                    f"IVFIndex: n_lists={n_lists} but the training codes hold only "
-                    f"{len(distinct)} distinct codes; using {len(distinct)} lists.",
-                    stacklevel=4,
-                )
-            n_lists = len(distinct)
+        n_lists = self._fewer_lists(n_lists, len(distinct), "codes")
         centroids = np.ascontiguousarray(
             distinct[np.sort(rng.choice(len(distinct), n_lists, replace=False))]
         )
@@ -306,22 +468,24 @@ class IVFIndex(BinaryIndex):
             )
         return (lists, dist) if with_dist else lists
 
-    def _grouped(self, rows, ids, lists, centroids, next_id) -> Snapshot:
-        """The snapshot of ``rows`` (ids ascending) grouped by their ``lists``."""
-        n_lists = len(centroids)
+    def _grouped(self, rows, ids, lists, layout: _Lists, next_id) -> Snapshot:
+        """The snapshot of ``rows`` (ids ascending) grouped by their ``lists`` under the
+        centroids of ``layout``."""
+        n_lists = layout.n_lists
         order = np.argsort(lists, kind="stable")  # ids stay ascending within a list
         offsets = np.zeros(n_lists + 1, np.int64)
         np.cumsum(np.bincount(lists, minlength=n_lists), out=offsets[1:])
         words = _zeroed_rows((len(ids), self._n_words), np.uint64)
         words[:] = rows[order]
         snap = Snapshot(ids[order], {"words": words}, next_id)
-        snap.attach(_LAYOUT, _Lists(centroids, offsets))
+        snap.attach(_LAYOUT, layout.with_offsets(offsets))
         return snap
 
     # ------------------------------------------------------------------------ writing
 
-    def add(self, codes: np.ndarray, ids=None) -> np.ndarray:
-        """Add packed codes ``(n, ceil(n_bits/8))`` uint8 with optional distinct int ids.
+    def add(self, codes: np.ndarray, ids=None, *, projections=None) -> np.ndarray:
+        """Add packed codes ``(n, ceil(n_bits/8))`` uint8 with optional distinct int ids
+        (and, for ``quantizer="k-means"``, their ``projections``, which file them).
 
         An untrained index first trains on these codes (:meth:`train`). Without ``ids`` the
         codes are numbered from one past the largest id ever added; duplicate ids, or ids
@@ -332,16 +496,24 @@ class IVFIndex(BinaryIndex):
         codes = check_codes(codes, self.n_bits, "codes")
         m = codes.shape[0]
         words = as_words(codes).reshape(m, self._n_words)
+        P = None
+        if projections is not None or self.uses_projections:
+            P = self._projections(projections, codes, None, "IVFIndex.add")
         with self._store.writing():
             new_ids = self._store.new_ids(ids, m)
             if m == 0:
                 return new_ids
             if not self.is_trained:
-                self._train_locked(words)
+                self._train_locked(words, P if self.uses_projections else None)
             snap = self._store.snapshot
             layout = self._layout(snap)
             assert layout is not None  # trained just above
-            lists = self._assign(words, layout.centroids)
+            if layout.vectors is None:
+                lists = self._assign(words, layout.centroids)
+            else:
+                if projections is None or P is None:  # the stand-in, at the trained scale
+                    P = self._projections(None, codes, layout.scale, "IVFIndex.add")
+                lists = self._float_assign(P, layout)
             order = np.lexsort((new_ids, lists))
             add_off = np.zeros(layout.n_lists + 1, np.int64)
             np.cumsum(np.bincount(lists, minlength=layout.n_lists), out=add_off[1:])
@@ -361,7 +533,7 @@ class IVFIndex(BinaryIndex):
             )
             next_id = max(snap.next_id, int(new_ids.max()) + 1)
             new = Snapshot(out_ids, {"words": out_w}, next_id)
-            new.attach(_LAYOUT, _Lists(layout.centroids, layout.offsets + add_off))
+            new.attach(_LAYOUT, layout.with_offsets(layout.offsets + add_off))
             self._store.publish(new)
         return new_ids
 
@@ -379,7 +551,7 @@ class IVFIndex(BinaryIndex):
                 assert layout is not None  # codes exist, so the lists do
                 kept_before = np.zeros(len(keep) + 1, np.int64)
                 np.cumsum(keep, out=kept_before[1:])
-                new.attach(_LAYOUT, _Lists(layout.centroids, kept_before[layout.offsets]))
+                new.attach(_LAYOUT, layout.with_offsets(kept_before[layout.offsets]))
                 self._store.publish(new)
         return removed
 
@@ -403,31 +575,37 @@ class IVFIndex(BinaryIndex):
         *,
         n_threads: int | None = None,
         n_probe: int | None = None,
+        projections=None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest codes in each query's probed lists: ``(D int32 (m, k), I int64
         (m, k))``, sorted by (distance, id), padded with ``-1``.
 
         ``n_probe``: lists scanned per query (default: the index's; ``None`` there too: the
         budget rule of the class docstring). ``n_probe >= n_lists`` is the exact search.
+        ``projections``: the queries' (k-means lists are probed by them).
         """
         snap = self._store.snapshot
         queries = self._check_queries(queries)
         k = self._check_k(k, len(queries))
         probe = self._probe(n_probe, "IVFIndex.search")
-        return self._search_snapshot(snap, queries, k, probe, n_threads)
+        return self._search_snapshot(snap, queries, k, probe, n_threads, projections)
 
-    def _search_snapshot(self, snap: Snapshot, queries, k: int, probe: int, n_threads):
-        """:meth:`search` of checked arguments in one snapshot."""
+    def _search_snapshot(self, snap: Snapshot, queries, k: int, probe: int, n_threads, P):
+        """:meth:`search` of checked arguments in one snapshot (``P``: the projections)."""
         m, n = len(queries), snap.n
         layout = self._layout(snap)
         out_d = np.full((m, k), -1, np.int32)
         out_i = np.full((m, k), -1, np.int64)
         if m == 0 or n == 0 or layout is None:
+            if P is not None:
+                check_projections(P, self.n_bits, "IVFIndex.search")
             return out_d, out_i
+        cfd = self._float_distances(layout, queries, P, "IVFIndex.search")
         min_codes = self._min_codes(k, snap, layout)
         db = snap.rows["words"].reshape(-1)
         q = _read_only(as_words(queries))
-        args = (db, snap.ids, layout.offsets, layout.centroids.reshape(-1), layout.n_lists, q)
+        cent = layout.centroids.reshape(-1)
+        args = (db, snap.ids, layout.offsets, cent, layout.n_lists, q, cfd)
         grouped = n * self._n_words >= GROUP_MIN_WORDS
         rest = (k, min(k, n), self.n_bits, probe, min_codes, grouped, out_d, out_i)
         width = _WIDTH_TAGS.get(self._n_words)
@@ -458,7 +636,8 @@ class IVFIndex(BinaryIndex):
         """The ``k`` best codes by asymmetric score ``s(q, x) = sum_j p_j (2 x_j - 1)``
         (Gordo, Perronnin, Gong & Lazebnik, *Asymmetric distances for binary embeddings*,
         TPAMI 2014) among each query's Hamming shortlist: the ``min(len(self), 4 k)``
-        nearest codes by :meth:`search` (its probing, ``n_probe``), as
+        nearest codes by :meth:`search` (its probing, ``n_probe``; k-means lists probed by
+        the projections), as
         :meth:`BinaryIndex.search_asymmetric <hashlearn.index.base.BinaryIndex.search_asymmetric>`
         ranks them: ``(S float32 (m, k), I int64 (m, k))``, scores largest first, ties to the
         smaller id, padded with ``-inf`` / ``-1``. Shortlist and codes come from one state.
@@ -474,7 +653,7 @@ class IVFIndex(BinaryIndex):
         snap = self._store.snapshot
         if snap.n == 0:
             return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
-        _, cand = self._search_snapshot(snap, queries, min(snap.n, 4 * k), probe, n_threads)
+        _, cand = self._search_snapshot(snap, queries, min(snap.n, 4 * k), probe, n_threads, P)
         # the shortlisted codes in id order, so that a tie goes to the smaller id
         short, rows, local = _id_ordered(snap, cand)
         S, pos = rerank_words(P, snap.rows["words"][rows], local, k, self.n_bits, n_threads)
@@ -487,30 +666,39 @@ class IVFIndex(BinaryIndex):
         *,
         n_threads: int | None = None,
         n_probe: int | None = None,
+        projections=None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All codes within Hamming distance ``<= radius`` in each query's probed lists
         (faiss: ``< radius``): ``(lims int64 (m+1,), D int32, I int64)``, query ``i``'s
-        results ``D[lims[i]:lims[i+1]]`` sorted by (distance, id). ``n_probe`` as in
-        :meth:`search` (the budget rule with ``k = 1``)."""
+        results ``D[lims[i]:lims[i+1]]`` sorted by (distance, id). ``n_probe`` and
+        ``projections`` as in :meth:`search` (the budget rule with ``k = 1``)."""
         snap = self._store.snapshot
         queries = self._check_queries(queries)
         radius = self._check_radius(radius)
         probe = self._probe(n_probe, "IVFIndex.range_search")
+        if projections is not None and len(projections) != len(queries):
+            raise ValueError(
+                f"IVFIndex.range_search: {len(projections)} rows of projections for "
+                f"{len(queries)} queries."
+            )
         m, layout = len(queries), self._layout(snap)
         counts = np.zeros(m, np.int64)
         lims = np.zeros(m + 1, np.int64)
         if m == 0 or snap.n == 0 or layout is None:
+            if projections is not None:
+                check_projections(projections, self.n_bits, "IVFIndex.range_search")
             return lims, np.zeros(0, np.int32), np.zeros(0, np.int64)
+        cfd = self._float_distances(layout, queries, projections, "IVFIndex.range_search")
         min_codes = self._min_codes(1, snap, layout)
         db, W = snap.rows["words"].reshape(-1), self._n_words
         q = _read_only(as_words(queries))
         cent, offsets, n_lists = layout.centroids.reshape(-1), layout.offsets, layout.n_lists
-        head = (db, offsets, cent, n_lists, q, W, self.n_bits, radius, probe, min_codes)
+        head = (db, offsets, cent, n_lists, q, cfd, W, self.n_bits, radius, probe, min_codes)
         parallel_chunks(lambda s, e: _kernels.ivf_range_count(*head, counts, s, e), m, n_threads)
         np.cumsum(counts, out=lims[1:])
         out_d = np.empty(lims[-1], np.int32)
         out_i = np.empty(lims[-1], np.int64)
-        fill = (db, snap.ids, offsets, cent, n_lists, q, W, self.n_bits, radius, probe)
+        fill = (db, snap.ids, offsets, cent, n_lists, q, cfd, W, self.n_bits, radius, probe)
         parallel_chunks(
             lambda s, e: _kernels.ivf_range_fill(*fill, min_codes, lims, out_d, out_i, s, e),
             m,
@@ -533,6 +721,7 @@ class IVFIndex(BinaryIndex):
             "n_lists": self.n_lists,
             "n_probe": self.n_probe,
             "random_state": self.random_state,
+            "quantizer": self.quantizer,
         }
         arrays = {
             "words": snap.rows["words"],
@@ -540,6 +729,9 @@ class IVFIndex(BinaryIndex):
             "centroids": centroids,
             "offsets": offsets,
         }
+        if layout is not None and layout.vectors is not None:
+            arrays["centroid_vectors"] = layout.vectors
+            arrays["bit_scale"] = layout.scale
         return params, {"next_id": snap.next_id}, arrays
 
     @classmethod
@@ -568,8 +760,23 @@ class IVFIndex(BinaryIndex):
                 raise ValueError("array 'ids' holds duplicate ids")
         low = int(ids.max()) + 1 if n else 0
         next_id = require_state(state, "next_id", int, low=low, high=ID_MAX + 1)
+        vectors = scale = None
+        if index.uses_projections and n_lists:
+            vectors = require_array(
+                arrays, "centroid_vectors", np.float32, shape=(n_lists, index.n_bits)
+            )
+            scale = require_array(arrays, "bit_scale", np.float32, shape=(index.n_bits,))
+            if not (np.isfinite(vectors).all() and np.isfinite(scale).all()):
+                raise ValueError("arrays 'centroid_vectors' and 'bit_scale' must be finite")
+            signs = centroids.view(np.uint8)[:, : index.code_size]
+            if not np.array_equal(pack_bits(vectors >= 0), signs):
+                raise ValueError("array 'centroids' is not the signs of 'centroid_vectors'")
+        elif "centroid_vectors" in arrays or "bit_scale" in arrays:
+            raise ValueError(
+                "float centroids saved for an IVFIndex whose lists are not k-means lists"
+            )
         snap = Snapshot(ids, {"words": words}, next_id)
         if n_lists:
-            snap.attach(_LAYOUT, _Lists(centroids, offsets))
+            snap.attach(_LAYOUT, _Lists(centroids, offsets, vectors, scale))
         index._store.publish(snap)
         return index
