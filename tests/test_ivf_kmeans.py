@@ -298,3 +298,23 @@ def test_memory_per_vector_counts_the_coarse_stage():
     # 10 lists: a one-word centroid + an offset each, 10 x 32 float32 centroids, 32 scales
     assert mem["coarse"] == -(-(10 * 16 + 10 * 32 * 4 + 32 * 4) // 2000)
     assert EmbeddingIndex("itq", n_bits=32).fit(X).add(X).memory_per_vector()["coarse"] == 0
+
+
+def test_train_coarse_sizes_the_lists_for_the_whole_database():
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((4000, 32)).astype(np.float32)
+    index = EmbeddingIndex("itq", n_bits=16, coarse="auto").fit(X[:1000])
+    assert index.coarse_lists(10_000) == 400 and index.coarse_lists(3) == 3
+    index.train_coarse(X[:2000], n_total=10_000)  # 400 lists, at most 64 rows each
+    assert len(index.codes_.list_sizes) == 400
+    for part in (X[:1500], X[1500:]):  # later adds keep the lists
+        index.add(part)
+    assert len(index.codes_.list_sizes) == 400 and len(index) == 4000
+    _, ids = index.search(X[:4], k=1, overfetch=4000)
+    assert ids[:, 0].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="no coarse stage"):
+        EmbeddingIndex("itq", n_bits=16).fit(X).train_coarse(X)
+    with pytest.raises(ValueError, match="no rows"):
+        index.train_coarse(X[:0])
+    with pytest.raises(ValueError):
+        index.train_coarse(X[:100, :10])

@@ -72,6 +72,7 @@ from hashlearn.embeddings import (
     check_embeddings,
 )
 from hashlearn.hashers import available_hashers
+from hashlearn.index.ivf import K_MEANS_TRAIN_PER_LIST
 from hashlearn.io import atomic_path
 
 __all__ = ["index"]
@@ -479,6 +480,9 @@ def build(
             coarse=coarse,
         )
         idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
+        if coarse is not None and client is None:  # lists for the whole matrix, not a chunk
+            per_list = K_MEANS_TRAIN_PER_LIST * idx.coarse_lists(matrix.n)
+            idx.train_coarse(matrix.sample(per_list), n_total=matrix.n)
         t_fit = time.perf_counter() - t0
         tmp = out.parent / f".{out.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
         try:

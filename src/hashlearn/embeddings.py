@@ -182,10 +182,10 @@ class EmbeddingIndex:
     coarse : None, int or "auto", default=None
         A sub-linear coarse stage in front of the codes: ``None`` scans every code
         (:class:`~hashlearn.index.FlatIndex`); a number of lists, or ``"auto"`` (about
-        ``4 sqrt(n)`` lists for the ``n`` rows of the first :meth:`add`), partitions the
-        codes with :class:`~hashlearn.index.IVFIndex` into k-means lists over the hasher's
-        real-valued projections (``quantizer="k-means"``), learned by the first
-        :meth:`add` on a sample of its rows (so that call should hold most of the
+        ``4 sqrt(n)`` lists for ``n`` rows), partitions the codes with
+        :class:`~hashlearn.index.IVFIndex` into k-means lists over the hasher's real-valued
+        projections (``quantizer="k-means"``), learned by :meth:`train_coarse`, or by the
+        first :meth:`add` on a sample of its rows (so that call should hold most of the
         database); a search scans the lists nearest the query's projection, as many as the
         budget ``k * overfetch`` needs (the index's probing rule).
 
@@ -295,26 +295,45 @@ class EmbeddingIndex:
         seed = self.random_state if isinstance(self.random_state, int) else 0
         return IVFIndex(self.n_bits, random_state=seed, quantizer="k-means")
 
-    def _train_coarse(self, searcher: Searcher, X, owner: str) -> None:
-        """Learn the coarse stage's lists on the rows of the first :meth:`add`: ``coarse``
-        lists, or for ``"auto"`` about ``4 sqrt(n)`` for its ``n`` rows, by k-means on the
-        projections of at most ``K_MEANS_TRAIN_PER_LIST`` sampled rows per list."""
-        index = searcher.index
-        n = X.shape[0]
-        if not isinstance(index, IVFIndex) or index.is_trained or n == 0:
-            return
+    def coarse_lists(self, n_total: int) -> int:
+        """The number of coarse lists for a database of ``n_total`` rows: ``coarse``, or
+        about ``4 sqrt(n_total)`` for ``"auto"`` (at least 1, at most ``n_total``)."""
         if self.coarse == "auto":
-            n_lists = round(LISTS_PER_SQRT_N * math.sqrt(n))
+            n_lists = round(LISTS_PER_SQRT_N * math.sqrt(n_total))
         else:
-            assert isinstance(self.coarse, int)  # checked by __init__
+            assert isinstance(self.coarse, int), "no coarse stage"  # checked by __init__
             n_lists = self.coarse
-        n_lists = max(1, min(n_lists, n))
+        return max(1, min(n_lists, n_total))
+
+    def train_coarse(self, X, *, n_total: int | None = None) -> EmbeddingIndex:
+        """Learn the coarse stage's k-means lists (``coarse``) on rows ``X`` of the database,
+        for a database of ``n_total`` rows (default ``len(X)``): :meth:`coarse_lists` lists,
+        from the projections of at most 64 rows of ``X`` per list (sampled). The first
+        :meth:`add` does this on its own rows when it finds the lists untrained; call it
+        first when the database is added in several parts. Re-training files the stored
+        codes again by their bits (their projections are not kept)."""
+        owner = "EmbeddingIndex.train_coarse"
+        searcher = self._fitted(owner)
+        index = searcher.index
+        if not isinstance(index, IVFIndex):
+            raise ValueError(f"{owner}: this EmbeddingIndex has no coarse stage (coarse=None).")
+        X = as_plain_array(X, "X")
+        if not isinstance(X, np.ndarray):
+            X = np.asarray(X)
+        if X.ndim != 2:
+            check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
+        n = X.shape[0]
+        if n == 0:
+            raise ValueError(f"{owner}: X holds no rows.")
+        n_total = n if n_total is None else check_int(n_total, "n_total", owner)
+        n_lists = min(self.coarse_lists(n_total), n)
         rng = np.random.default_rng(index.random_state)
         take = np.sort(rng.choice(n, min(n, K_MEANS_TRAIN_PER_LIST * n_lists), replace=False))
         sample = self._prepare(X[take], "X", owner)
         hasher = searcher.hasher
         index.n_lists = n_lists
         index.train(hasher.encode(sample), projections=hasher.project(sample))
+        return self
 
     def _searcher(self, hasher: BaseHasher, codes: FlatIndex | IVFIndex) -> Searcher:
         # screen=False: the float32 screen of rescore_runner, as this class always used
@@ -380,7 +399,8 @@ class EmbeddingIndex:
             X = np.asarray(X)
         if X.ndim != 2:
             check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
-        self._train_coarse(searcher, X, owner)
+        if isinstance(searcher.index, IVFIndex) and not searcher.index.is_trained and len(X):
+            self.train_coarse(X)
         for start in range(0, X.shape[0], chunk_size):
             chunk = self._prepare(X[start : start + chunk_size], "X", owner)
             if self._path is None:
