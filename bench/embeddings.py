@@ -52,25 +52,30 @@ import numpy as np  # noqa: E402
 
 import hashlearn  # noqa: E402
 from hashlearn.embeddings import EmbeddingIndex, load_embeddings  # noqa: E402
+from hashlearn.index import IVFIndex  # noqa: E402
 
 K = 10
 OVERFETCH = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 BITS = (128, 256, 384, 512)
 EF_SEARCH = (8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 256)
-_ASYM = {"ranking": "asymmetric"}
-_ASYM_IVF = {"ranking": "asymmetric", "coarse": "auto"}
-#: (label, registry name, hasher parameters, learned?, EmbeddingIndex parameters)
+_FLAT = {"coarse": None}
+_ASYM = {"ranking": "asymmetric", "coarse": None}
+_IVF = {"coarse": "lists"}  # about 4 sqrt(n) k-means lists whatever n (run_codes)
+_ASYM_IVF = {"ranking": "asymmetric", "coarse": "lists"}
+#: (label, registry name, hasher parameters, learned?, EmbeddingIndex parameters); "default"
+#: is ``EmbeddingIndex()`` as a user gets it (ITQ-256, coarse="auto": lists from 100k rows)
 METHODS = (
-    ("sign", "sign", {"center": False}, False, {}),
-    ("sign-centred", "sign", {"center": True}, False, {}),
-    ("lsh", "lsh", {}, False, {}),
-    ("pca", "pca", {}, True, {}),
-    ("itq", "itq", {}, True, {}),
-    ("spectral", "spectral", {}, True, {}),
+    ("sign", "sign", {"center": False}, False, _FLAT),
+    ("sign-centred", "sign", {"center": True}, False, _FLAT),
+    ("lsh", "lsh", {}, False, _FLAT),
+    ("pca", "pca", {}, True, _FLAT),
+    ("itq", "itq", {}, True, _FLAT),
+    ("spectral", "spectral", {}, True, _FLAT),
     ("sign-centred-asym", "sign", {"center": True}, False, _ASYM),
     ("itq-asym", "itq", {}, True, _ASYM),
     ("itq-asym-ivf", "itq", {}, True, _ASYM_IVF),
-    ("itq-ivf", "itq", {}, True, {"coarse": "auto"}),
+    ("itq-ivf", "itq", {}, True, _IVF),
+    ("default", "itq", {}, True, {}),
 )
 AT_MOST_DIM = {"sign", "pca", "itq"}
 
@@ -354,10 +359,13 @@ def run_rabitq(base, queries, truth, flat: FlatTimer, repeats: int, log) -> list
 def run_codes(method, bits, data, fit_sample, flat, repeats, overfetches, log) -> list[dict]:
     label, name, params, learned, index_params = method
     base, queries, truth = data
+    if index_params.get("coarse") == "lists":
+        index_params = {**index_params, "coarse": max(1, round(4 * np.sqrt(len(base))))}
     idx = EmbeddingIndex(name, n_bits=bits, hasher_params=params, random_state=0, **index_params)
     _, fit_wall, _ = timed(lambda: idx.fit(fit_sample))
     _, add_wall, _ = timed(lambda: idx.add(base))
     idx.search(queries[:8], K, overfetch=max(overfetches), n_threads=1)  # compile, warm
+    lists = len(idx.codes_.list_sizes) if isinstance(idx.codes_, IVFIndex) else 0
     walls = {o: [] for o in overfetches}
     cpus = {o: [] for o in overfetches}
     ratios = {o: [] for o in overfetches}
@@ -394,13 +402,13 @@ def run_codes(method, bits, data, fit_sample, flat, repeats, overfetches, log) -
                 "speedup_vs_flat": float(np.median(ratios[o])),
                 "speedup_vs_flat_cpu": float(np.median(cpu_ratios[o])),
                 "code_bytes": mem["code"],
-                "ram_bytes_per_vector": mem["scan"],
+                "ram_bytes_per_vector": mem["scan"] + mem["coarse"],
                 "float_bytes_per_vector": mem["float"],
                 "fit_s": fit_wall,
                 "add_s": add_wall,
                 "learned": learned,
                 "ranking": idx.ranking,
-                "coarse": idx.coarse,
+                "coarse": lists or None,  # the lists built, None for a flat scan
             }
         )
     best = max(rows, key=lambda r: r["recall"])

@@ -371,12 +371,15 @@ def test_a_coarse_stage_with_one_list_is_the_flat_scan_and_round_trips(tmp_path)
                         one.search(X[:40], 10, overfetch=overfetch), strict=True):  # fmt: skip
             np.testing.assert_array_equal(a, b)
     auto = EmbeddingIndex("itq", n_bits=32, coarse="auto", ranking="asymmetric").fit(X[:1000])
-    auto.add(X)
-    assert auto.codes_.centroids.shape[0] > 1
-    want = auto.search(X[:40], 10)
-    auto.save(tmp_path / "e")
+    auto.add(X)  # 3000 rows: below AUTO_COARSE_MIN_ROWS, the flat scan
+    assert not isinstance(auto.codes_, IVFIndex)
+    lists = EmbeddingIndex("itq", n_bits=32, coarse=40, ranking="asymmetric").fit(X[:1000])
+    lists.add(X)
+    assert lists.codes_.centroids.shape[0] == 40
+    want = lists.search(X[:40], 10)
+    lists.save(tmp_path / "e")
     for loaded in (EmbeddingIndex.load(tmp_path / "e"), hashlearn.load(tmp_path / "e")):
-        assert loaded.coarse == "auto" and isinstance(loaded.codes_, IVFIndex)
+        assert loaded.coarse == 40 and isinstance(loaded.codes_, IVFIndex)
         for a, b in zip(loaded.search(X[:40], 10), want, strict=True):
             np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="coarse stage"):
@@ -384,3 +387,51 @@ def test_a_coarse_stage_with_one_list_is_the_flat_scan_and_round_trips(tmp_path)
     for bad in (0, "many", 2.5):
         with pytest.raises((ValueError, TypeError)):
             EmbeddingIndex("itq", n_bits=32, coarse=bad)
+
+
+def test_auto_coarse_stage_follows_the_database_size(tmp_path, monkeypatch):
+    """coarse="auto" (the default): k-means lists for a database of at least
+    AUTO_COARSE_MIN_ROWS rows, decided by the first add; the flat scan below, which open()
+    can append to."""
+    import hashlearn.embeddings as emb
+    from hashlearn.index import FlatIndex, IVFIndex
+
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((2500, 24)).astype(np.float32)
+    monkeypatch.setattr(emb, "AUTO_COARSE_MIN_ROWS", 2000)
+    small = EmbeddingIndex(n_bits=16).fit(X).add(X[:1999])
+    assert isinstance(small.codes_, FlatIndex) and small.coarse == "auto"
+    small.save(tmp_path / "small")
+    EmbeddingIndex.open(tmp_path / "small").add(X[1999:])
+    assert len(EmbeddingIndex.load(tmp_path / "small")) == 2500
+    big = EmbeddingIndex(n_bits=16).fit(X).add(X)
+    assert isinstance(big.codes_, IVFIndex)
+    assert len(big.codes_.list_sizes) == round(4 * np.sqrt(2500))
+    parts = EmbeddingIndex(n_bits=16).fit(X).train_coarse(X[:500], n_total=2500)
+    parts.add(X[:1000]).add(X[1000:])
+    assert len(parts.codes_.list_sizes) == 200 and len(parts) == 2500
+    assert isinstance(
+        EmbeddingIndex(n_bits=16).fit(X).train_coarse(X, n_total=10).codes_, FlatIndex
+    )
+
+
+def test_a_coarse_stage_saved_before_its_first_add_is_learned_after_load(tmp_path, monkeypatch):
+    import hashlearn.embeddings as emb
+    from hashlearn.index import FlatIndex, IVFIndex
+
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((2500, 24)).astype(np.float32)
+    monkeypatch.setattr(emb, "AUTO_COARSE_MIN_ROWS", 2000)
+    for coarse in ("auto", 30):
+        EmbeddingIndex(n_bits=16, coarse=coarse).fit(X).save(tmp_path / str(coarse))
+        loaded = EmbeddingIndex.load(tmp_path / str(coarse)).add(X)
+        assert isinstance(loaded.codes_, IVFIndex) and loaded.codes_.is_trained
+        want = EmbeddingIndex(n_bits=16, coarse=coarse).fit(X).add(X).search(X[:9], 4)
+        for a, b in zip(loaded.search(X[:9], 4), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    # open() appends in place to a flat scan: an "auto" index saved empty becomes one
+    opened = EmbeddingIndex.open(tmp_path / "auto")
+    opened.add(X)
+    assert isinstance(EmbeddingIndex.load(tmp_path / "auto").codes_, FlatIndex)
+    with pytest.raises(ValueError, match="coarse stage"):
+        EmbeddingIndex.open(tmp_path / "30")

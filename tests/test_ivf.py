@@ -614,12 +614,15 @@ def test_cli_build_with_a_coarse_stage(tmp_path):
         return CliRunner().invoke(main, ["index", *map(str, args)])
 
     out = tmp_path / "idx"
-    r = run("build", tmp_path / "emb.npy", "--bits", 16, "--out", out, "--coarse", 8,
+    # 15 lists x 64 training rows >= 900: the lists are learned on every row, as the
+    # library's first add learns them
+    r = run("build", tmp_path / "emb.npy", "--bits", 16, "--out", out, "--coarse", 15,
             "--chunk-size", 250, "--fit-size", 900)  # fmt: skip
     assert r.exit_code == 0, r.output
     loaded = EmbeddingIndex.load(out)
-    assert isinstance(loaded.codes_, IVFIndex) and len(loaded.codes_.centroids) == 8
-    direct = EmbeddingIndex("itq", n_bits=16, coarse=8).fit(X).add(X, chunk_size=250)
+    assert isinstance(loaded.codes_, IVFIndex) and len(loaded.codes_.centroids) == 15
+    assert loaded.codes_.quantizer == "k-means"
+    direct = EmbeddingIndex("itq", n_bits=16, coarse=15).fit(X).add(X, chunk_size=250)
     r = run("search", out, tmp_path / "q.npy", "-k", 5, "--out", tmp_path / "res.npy")
     assert r.exit_code == 0, r.output
     assert np.array_equal(np.load(tmp_path / "res.npy"), direct.search(Q, 5)[1])
@@ -627,10 +630,14 @@ def test_cli_build_with_a_coarse_stage(tmp_path):
         "build", tmp_path / "emb.npy", "--bits", 16, "--out", tmp_path / "a", "--coarse", "auto"
     )
     assert r.exit_code == 0, r.output
-    assert isinstance(EmbeddingIndex.load(tmp_path / "a").codes_, IVFIndex)
+    assert isinstance(EmbeddingIndex.load(tmp_path / "a").codes_, FlatIndex)  # < 100,000 rows
+    r = run(
+        "build", tmp_path / "emb.npy", "--bits", 16, "--out", tmp_path / "n", "--coarse", "none"
+    )
+    assert r.exit_code == 0 and EmbeddingIndex.load(tmp_path / "n").coarse is None, r.output
     for bad in ("0", "x", "-3"):
         r = run("build", tmp_path / "emb.npy", "--out", tmp_path / "b", "--coarse", bad)
         assert r.exit_code == 2 and "--coarse" in r.stderr, r.output
     r = run("build", tmp_path / "emb.npy", "--out", tmp_path / "c", "--coarse", 4,
             "--scheduler", "tcp://127.0.0.1:1")  # fmt: skip
-    assert r.exit_code == 2 and "--coarse needs a local index" in r.stderr, r.output
+    assert r.exit_code == 2 and "--coarse N needs a local index" in r.stderr, r.output

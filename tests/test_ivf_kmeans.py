@@ -300,11 +300,14 @@ def test_memory_per_vector_counts_the_coarse_stage():
     assert EmbeddingIndex("itq", n_bits=32).fit(X).add(X).memory_per_vector()["coarse"] == 0
 
 
-def test_train_coarse_sizes_the_lists_for_the_whole_database():
+def test_train_coarse_sizes_the_lists_for_the_whole_database(monkeypatch):
+    import hashlearn.embeddings as emb
+
+    monkeypatch.setattr(emb, "AUTO_COARSE_MIN_ROWS", 1000)
     rng = np.random.default_rng(7)
     X = rng.standard_normal((4000, 32)).astype(np.float32)
     index = EmbeddingIndex("itq", n_bits=16, coarse="auto").fit(X[:1000])
-    assert index.coarse_lists(10_000) == 400 and index.coarse_lists(3) == 3
+    assert index.coarse_lists(10_000) == 400 and index.coarse_lists(999) == 0
     index.train_coarse(X[:2000], n_total=10_000)  # 400 lists, at most 64 rows each
     assert len(index.codes_.list_sizes) == 400
     for part in (X[:1500], X[1500:]):  # later adds keep the lists
@@ -313,7 +316,7 @@ def test_train_coarse_sizes_the_lists_for_the_whole_database():
     _, ids = index.search(X[:4], k=1, overfetch=4000)
     assert ids[:, 0].tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="no coarse stage"):
-        EmbeddingIndex("itq", n_bits=16).fit(X).train_coarse(X)
+        EmbeddingIndex("itq", n_bits=16, coarse=None).fit(X).train_coarse(X)
     with pytest.raises(ValueError, match="no rows"):
         index.train_coarse(X[:0])
     with pytest.raises(ValueError):

@@ -72,7 +72,7 @@ from hashlearn.embeddings import (
     check_embeddings,
 )
 from hashlearn.hashers import available_hashers
-from hashlearn.index.ivf import K_MEANS_TRAIN_PER_LIST
+from hashlearn.index.ivf import K_MEANS_TRAIN_PER_LIST, IVFIndex
 from hashlearn.io import atomic_path
 
 __all__ = ["index"]
@@ -416,10 +416,12 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
 )
 @click.option(
     "--coarse",
-    default=None,
-    metavar="N|auto",
-    help="An IVF coarse stage of N lists (auto: about 4 sqrt(n) of the fit sample), probed as "
-    "k x overfetch needs; built in memory, then saved.  [default: none, a flat scan]",
+    default="auto",
+    show_default=True,
+    metavar="N|auto|none",
+    help="An IVF coarse stage of N k-means lists, probed as k x overfetch needs, built in "
+    "memory, then saved; auto: about 4 sqrt(n) lists from 100,000 vectors up, a flat scan "
+    "below (and on a sharded build); none: a flat scan.",
 )
 @_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
 @_count_option("--chunk-size", 65_536)
@@ -453,12 +455,15 @@ def build(
         raise IndexCommandError("--shards needs --scheduler ADDRESS or --local-cluster N.")
     if ranking != "hamming" and (scheduler is not None or local_cluster is not None):
         raise IndexCommandError("--ranking asymmetric needs a local index (no --scheduler).")
-    if coarse is not None and (scheduler is not None or local_cluster is not None):
-        raise IndexCommandError("--coarse needs a local index (no --scheduler).")
+    sharded = scheduler is not None or local_cluster is not None
+    if coarse == "none" or (coarse == "auto" and sharded):
+        coarse = None
+    if coarse is not None and sharded:
+        raise IndexCommandError("--coarse N needs a local index (no --scheduler).")
     if coarse not in (None, "auto"):
         if not coarse.isdigit() or int(coarse) < 1:
             raise IndexCommandError(
-                f"--coarse must be a positive integer or 'auto'; got {coarse!r}."
+                f"--coarse must be a positive integer, 'auto' or 'none'; got {coarse!r}."
             )
         coarse = int(coarse)
     if out.is_symlink():
@@ -481,15 +486,16 @@ def build(
         )
         idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
         if coarse is not None and client is None:  # lists for the whole matrix, not a chunk
-            per_list = K_MEANS_TRAIN_PER_LIST * idx.coarse_lists(matrix.n)
-            idx.train_coarse(matrix.sample(per_list), n_total=matrix.n)
+            per_list = K_MEANS_TRAIN_PER_LIST * max(idx.coarse_lists(matrix.n), 1)
+            idx.train_coarse(matrix.sample(per_list), n_total=matrix.n)  # auto: maybe flat
+        flat = not isinstance(idx.codes_, IVFIndex)
         t_fit = time.perf_counter() - t0
         tmp = out.parent / f".{out.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             if client is None:
-                if coarse is None:  # appended to the save chunk by chunk
+                if flat:  # appended to the save chunk by chunk
                     idx.save(tmp)
-                opened = EmbeddingIndex.open(tmp) if coarse is None else idx
+                opened = EmbeddingIndex.open(tmp) if flat else idx
                 with _progress(matrix.n, "encoding") as bar:
                     for start in range(0, matrix.n, chunk_size):
                         chunk = matrix.read(start, min(start + chunk_size, matrix.n))
@@ -500,7 +506,7 @@ def build(
                                 f"rows {start}..{start + len(chunk) - 1}: {exc}"
                             ) from None
                         bar.update(len(chunk))
-                if coarse is not None:
+                if not flat:
                     idx.save(tmp)
             else:
                 rows = _build_sharded(client, idx, matrix, embeddings, shards, chunk_size, tmp)
@@ -516,7 +522,8 @@ def build(
             raise
     mem = idx.memory_per_vector()  # per vector, from the fitted preset's dimension and bits
     where = "" if client is None else f", {len(rows)} shards of {rows} rows"
-    coarse_note = "" if idx.coarse is None else f", IVF coarse stage ({idx.coarse})"
+    lists = idx.codes_.list_sizes if isinstance(idx.codes_, IVFIndex) else ()
+    coarse_note = f", IVF coarse stage ({len(lists)} lists)" if len(lists) else ""
     click.echo(
         f"built {out}: {matrix.n} vectors of dimension {matrix.d}, {hasher} {bits} bits, "
         f"{metric}, {ranking} ranking{coarse_note}{where}; codes {mem['code']} B/vector (float {mem['float']} B); "
@@ -627,7 +634,7 @@ def info(directory):
         m = {"hasher": idx.hasher_name, "bits": idx.n_bits, "metric": idx.metric}
         m.update(overfetch=idx.overfetch, vectors=len(idx), dimension=idx.dim_)
         m.update(ranking=idx.ranking)
-        if idx.coarse is not None:
+        if isinstance(idx.codes_, IVFIndex):
             sizes = idx.codes_.list_sizes
             kind = idx.codes_.quantizer
             m.update(

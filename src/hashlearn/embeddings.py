@@ -60,6 +60,9 @@ __all__ = [
 
 #: the refine stage of each metric (cosine: inner product of L2-normalised rows)
 _RERANK = {"cosine": "inner_product", "ip": "inner_product", "euclidean": "euclidean"}
+#: ``coarse="auto"``: k-means lists only for a database of at least this many rows (the
+#: flat scan is faster below: class docstring)
+AUTO_COARSE_MIN_ROWS = 100_000
 _METRICS = tuple(_RERANK)
 _CLASS = "EmbeddingIndex"
 _COMPONENT = re.compile(r"(hasher|codes)-[0-9a-f]{16}")
@@ -179,14 +182,18 @@ class EmbeddingIndex:
         distance, or the codes of highest asymmetric score against the query's real-valued
         projections (``Searcher(ranking="asymmetric")``, Gordo et al., TPAMI 2014), which
         finds more true neighbours in the same budget at a costlier scan.
-    coarse : None, int or "auto", default=None
+    coarse : None, int or "auto", default="auto"
         A sub-linear coarse stage in front of the codes: ``None`` scans every code
-        (:class:`~hashlearn.index.FlatIndex`); a number of lists, or ``"auto"`` (about
-        ``4 sqrt(n)`` lists for ``n`` rows), partitions the codes with
+        (:class:`~hashlearn.index.FlatIndex`); a number of lists partitions the codes with
         :class:`~hashlearn.index.IVFIndex` into k-means lists over the hasher's real-valued
         projections (``quantizer="k-means"``), learned by :meth:`train_coarse`, or by the
         first :meth:`add` on a sample of its rows (so that call should hold most of the
-        database); a search scans the lists nearest the query's projection, as many as the
+        database). ``"auto"``: about ``4 sqrt(n)`` lists for a database of ``n`` rows when
+        it holds at least ``AUTO_COARSE_MIN_ROWS`` (100,000) rows, else the flat scan
+        (decided by that first :meth:`add` or :meth:`train_coarse`); on MiniLM embeddings
+        through ITQ-256 the flat scan was 1.9x the lists' queries per second at recall 0.96
+        on 40,000 rows and the lists 1.5x the flat scan's at 0.95 on 249,000
+        (``docs/results.md``). A search scans the lists nearest the query's projection, as many as the
         budget ``k * overfetch`` needs (the index's probing rule).
 
     Attributes
@@ -222,7 +229,7 @@ class EmbeddingIndex:
         hasher_params: dict | None = None,
         random_state: int | None = 0,
         ranking: str = "hamming",
-        coarse: int | str | None = None,
+        coarse: int | str | None = "auto",
     ):
         owner = "EmbeddingIndex"
         if coarse is not None and coarse != "auto":
@@ -287,6 +294,10 @@ class EmbeddingIndex:
             params["random_state"] = self.random_state
         return make_hasher(self.hasher, n_bits=self.n_bits, **params)
 
+    def _coarse_pending(self, codes) -> bool:
+        """Whether ``codes`` is a coarse stage still to be learned (by the first add)."""
+        return isinstance(codes, IVFIndex) and not codes.is_trained and len(codes) == 0
+
     def _make_index(self) -> FlatIndex | IVFIndex:
         """An empty FlatIndex, or an untrained IVFIndex of k-means lists over the hasher's
         projections (trained by the first :meth:`add`: :meth:`_train_coarse`)."""
@@ -297,8 +308,11 @@ class EmbeddingIndex:
 
     def coarse_lists(self, n_total: int) -> int:
         """The number of coarse lists for a database of ``n_total`` rows: ``coarse``, or
-        about ``4 sqrt(n_total)`` for ``"auto"`` (at least 1, at most ``n_total``)."""
+        about ``4 sqrt(n_total)`` for ``"auto"`` (at least 1, at most ``n_total``; 0 where
+        ``"auto"`` keeps the flat scan: fewer than ``AUTO_COARSE_MIN_ROWS`` rows)."""
         if self.coarse == "auto":
+            if n_total < AUTO_COARSE_MIN_ROWS:
+                return 0
             n_lists = round(LISTS_PER_SQRT_N * math.sqrt(n_total))
         else:
             assert isinstance(self.coarse, int), "no coarse stage"  # checked by __init__
@@ -311,11 +325,13 @@ class EmbeddingIndex:
         from the projections of at most 64 rows of ``X`` per list (sampled). The first
         :meth:`add` does this on its own rows when it finds the lists untrained; call it
         first when the database is added in several parts. Re-training files the stored
-        codes again by their bits (their projections are not kept)."""
+        codes again by their bits (their projections are not kept). With ``coarse="auto"``
+        and fewer than ``AUTO_COARSE_MIN_ROWS`` rows in ``n_total``, an empty index keeps
+        the flat scan instead."""
         owner = "EmbeddingIndex.train_coarse"
         searcher = self._fitted(owner)
         index = searcher.index
-        if not isinstance(index, IVFIndex):
+        if self.coarse is None:
             raise ValueError(f"{owner}: this EmbeddingIndex has no coarse stage (coarse=None).")
         X = as_plain_array(X, "X")
         if not isinstance(X, np.ndarray):
@@ -327,6 +343,15 @@ class EmbeddingIndex:
             raise ValueError(f"{owner}: X holds no rows.")
         n_total = n if n_total is None else check_int(n_total, "n_total", owner)
         n_lists = min(self.coarse_lists(n_total), n)
+        if n_lists == 0 or not isinstance(index, IVFIndex):  # "auto" on a small database
+            if isinstance(index, IVFIndex) and len(index) == 0:
+                self.searcher_ = self._searcher(searcher.hasher, FlatIndex(self.n_bits))
+            elif isinstance(index, IVFIndex):
+                raise ValueError(
+                    f"{owner}: n_total={n_total} is below the {AUTO_COARSE_MIN_ROWS} rows of "
+                    'coarse="auto" but the index already holds lists; pass coarse=N lists.'
+                )
+            return self
         rng = np.random.default_rng(index.random_state)
         take = np.sort(rng.choice(n, min(n, K_MEANS_TRAIN_PER_LIST * n_lists), replace=False))
         sample = self._prepare(X[take], "X", owner)
@@ -400,7 +425,7 @@ class EmbeddingIndex:
         if X.ndim != 2:
             check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
         if isinstance(searcher.index, IVFIndex) and not searcher.index.is_trained and len(X):
-            self.train_coarse(X)
+            searcher = self.train_coarse(X)._fitted(owner)  # "auto" may keep the flat scan
         for start in range(0, X.shape[0], chunk_size):
             chunk = self._prepare(X[start : start + chunk_size], "X", owner)
             if self._path is None:
@@ -507,6 +532,9 @@ class EmbeddingIndex:
             raise ValueError(f"{path} is a symbolic link; refusing to write through it.")
         token = secrets.token_hex(8)
         hasher_dir, codes_dir = f"hasher-{token}", f"codes-{token}"
+        codes = searcher.index
+        if self._coarse_pending(codes):  # no lists yet: saved as the empty flat scan
+            codes = FlatIndex(self.n_bits)
         with searcher._seq.lock:  # one state of the codes and the vectors
             state = {
                 "hasher_dir": hasher_dir,
@@ -516,7 +544,7 @@ class EmbeddingIndex:
             }
             _io.write_composite(
                 path,
-                {hasher_dir: searcher.hasher, codes_dir: searcher.index},
+                {hasher_dir: searcher.hasher, codes_dir: codes},
                 _COMPONENT.fullmatch,
                 _CLASS,
                 self._params(),
@@ -580,9 +608,12 @@ class EmbeddingIndex:
                 raise ValueError(f"invalid component directory name {name!r}")
         hasher = _io.load(path / dirs[0], mmap=False, verify=verify)
         codes = _io.load(path / dirs[1], mmap=mmap, verify=verify)
-        kind = FlatIndex if obj.coarse is None else IVFIndex
-        if not isinstance(hasher, BaseHasher) or type(codes) is not kind:
-            raise ValueError(f"the components are not a hasher and a {kind.__name__}")
+        kinds = (FlatIndex,) if obj.coarse is None else (FlatIndex, IVFIndex)
+        if not isinstance(hasher, BaseHasher) or type(codes) not in kinds:
+            names = " or ".join(kind.__name__ for kind in kinds)
+            raise ValueError(f"the components are not a hasher and a {names}")
+        if isinstance(obj.coarse, int) and isinstance(codes, FlatIndex) and len(codes):
+            raise ValueError(f"coarse={obj.coarse} lists, but the codes are a flat index")
         vectors = arrays.get("vectors")
         dim = state["dim"]
         if vectors is None or vectors.dtype != np.float32 or vectors.ndim != 2:
@@ -600,6 +631,8 @@ class EmbeddingIndex:
         ids = codes.ids if hasattr(codes, "ids") else None
         if ids is not None and len(ids) and (ids[0] != 0 or ids[-1] != len(ids) - 1):
             raise ValueError("the code ids are not 0..n-1")
+        if obj.coarse is not None and isinstance(codes, FlatIndex) and len(codes) == 0:
+            codes = obj._make_index()  # saved before any add: the lists are still to learn
         obj._attach(hasher, codes, vectors, direct=mmap == "direct")
         obj.dim_ = int(dim)
         return obj
@@ -621,9 +654,12 @@ class EmbeddingIndex:
         """Open a save memory-mapped for searching **and appending in place**: ``add`` then
         appends the vectors and codes to the files (O(new rows), crash-safe per chunk).
         ``verify`` checks every array's sha256 first (like :meth:`load`). Not for an index
-        with a coarse stage (its lists are rewritten by each add: load, add, save)."""
+        with a coarse stage (its lists are rewritten by each add: load, add, save); an index
+        saved before its first add keeps the flat scan (the lists are learned by an add in
+        memory)."""
         obj = cls.load(path, mmap=True, verify=verify)
-        if obj.coarse is not None:
+        pending = obj.coarse == "auto" and obj._coarse_pending(obj.codes_)
+        if isinstance(obj.codes_, IVFIndex) and not pending:
             raise ValueError(
                 f"EmbeddingIndex.open appends in place to a flat index; {path} has a coarse "
                 "stage (coarse=...): load it, add, and save instead."
