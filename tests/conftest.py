@@ -81,6 +81,32 @@ def popcount_distances(q_codes: np.ndarray, db_codes: np.ndarray) -> np.ndarray:
     return out
 
 
+def budget_lists_oracle(index, queries: np.ndarray, centroid_dist: np.ndarray, k: int):
+    """An IVFIndex's k-NN by brute force over the lists its budget rule probes: for each
+    query the nearest lists by ``(centroid_dist[q, list], list)`` until they hold
+    ``max(PROBE_FACTOR k, MIN_PROBE_LISTS n / n_lists)`` codes (all lists if fewer)."""
+    from hashlearn.index import ivf as ivf_module
+
+    snap = index.store.snapshot
+    offsets, ids = snap.cached("ivf").offsets, snap.ids
+    codes = snap.rows["words"].view(np.uint8)[:, : index.code_size]
+    sizes = np.diff(offsets)
+    n_lists = len(sizes)
+    need = max(ivf_module.PROBE_FACTOR * k, -(-ivf_module.MIN_PROBE_LISTS * len(ids) // n_lists))
+    D = np.full((len(queries), k), -1, np.int64)
+    I = np.full((len(queries), k), -1, np.int64)  # noqa: E741
+    for row in range(len(queries)):
+        order = np.lexsort((np.arange(n_lists), centroid_dist[row]))
+        reach = np.cumsum(sizes[order])
+        n_probe = int(np.searchsorted(reach, need)) + 1 if reach[-1] >= need else n_lists
+        rows = np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in order[:n_probe]])
+        d, i = knn_from_distances(
+            popcount_distances(queries[row : row + 1], codes[rows]), ids[rows], k
+        )
+        D[row], I[row] = d[0], i[0]
+    return D, I
+
+
 def knn_from_distances(dist: np.ndarray, ids: np.ndarray, k: int):
     """Top-k by (distance, id) with -1 / -1 padding: ``(D int64 (m, k), I int64 (m, k))``."""
     m, n = dist.shape

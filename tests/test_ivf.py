@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import hashlearn
-from conftest import knn_from_distances, popcount_distances, rewrite_array
+from conftest import budget_lists_oracle, knn_from_distances, popcount_distances, rewrite_array
 from hashlearn import Searcher, load_digits
 from hashlearn._utils.popcount import set_kernel_path
 from hashlearn.hashers import IterativeQuantization, RandomHyperplaneLSH
@@ -180,23 +180,8 @@ def test_heavy_ties_go_to_the_smaller_id(levels, grouped_always):
 
 def _probed_oracle(index: IVFIndex, queries: np.ndarray, k: int):
     """Brute force over the lists the budget rule names, recomputed in numpy."""
-    codes, ids, centroids, offsets = _layout(index)
-    sizes = np.diff(offsets)
-    n_lists = len(centroids)
-    need = max(ivf_module.PROBE_FACTOR * k, -(-ivf_module.MIN_PROBE_LISTS * len(ids) // n_lists))
-    D = np.full((len(queries), k), -1, np.int64)
-    I = np.full((len(queries), k), -1, np.int64)  # noqa: E741
-    cdist = popcount_distances(queries, centroids)
-    for row in range(len(queries)):
-        order = np.lexsort((np.arange(n_lists), cdist[row]))
-        reach = np.cumsum(sizes[order])
-        n_probe = int(np.searchsorted(reach, need)) + 1 if reach[-1] >= need else n_lists
-        rows = np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in order[:n_probe]])
-        d, i = knn_from_distances(
-            popcount_distances(queries[row : row + 1], codes[rows]), ids[rows], k
-        )
-        D[row], I[row] = d[0], i[0]
-    return D, I
+    centroids = _layout(index)[2]
+    return budget_lists_oracle(index, queries, popcount_distances(queries, centroids), k)
 
 
 def test_default_probing_is_brute_force_over_the_budget_lists():

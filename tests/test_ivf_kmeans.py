@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hashlearn
-from conftest import knn_from_distances, popcount_distances, rewrite_array
+from conftest import budget_lists_oracle, knn_from_distances, popcount_distances, rewrite_array
 from hashlearn import Searcher, load_digits
 from hashlearn._utils.popcount import set_kernel_path
 from hashlearn.codes import pack_bits
@@ -36,11 +36,6 @@ def _projections(rng, n, n_bits, n_clusters=12):
         np.float32
     )
     return P, pack_bits(P >= 0)
-
-
-@pytest.fixture
-def grouped_always(monkeypatch):
-    monkeypatch.setattr(ivf_module, "GROUP_MIN_WORDS", 0)
 
 
 @pytest.mark.parametrize("grouped", [False, True])
@@ -77,26 +72,9 @@ def test_every_list_probed_is_exactly_the_flat_scan(path, grouped, monkeypatch):
 def _probed_oracle(index: IVFIndex, codes_q, P_q, k: int):
     """Brute force over the lists the budget rule names, chosen from the index's own float
     centroid distances by (distance, list)."""
-    snap = index.store.snapshot
-    layout = snap.cached("ivf")
+    layout = index.store.snapshot.cached("ivf")
     cfd = index._float_distances(layout, codes_q, P_q, "oracle")
-    offsets, ids = layout.offsets, snap.ids
-    codes = snap.rows["words"].view(np.uint8)[:, : index.code_size]
-    sizes = np.diff(offsets)
-    n_lists = len(sizes)
-    need = max(ivf_module.PROBE_FACTOR * k, -(-ivf_module.MIN_PROBE_LISTS * len(ids) // n_lists))
-    D = np.full((len(codes_q), k), -1, np.int64)
-    I = np.full((len(codes_q), k), -1, np.int64)  # noqa: E741
-    for row in range(len(codes_q)):
-        order = np.lexsort((np.arange(n_lists), cfd[row]))
-        reach = np.cumsum(sizes[order])
-        n_probe = int(np.searchsorted(reach, need)) + 1 if reach[-1] >= need else n_lists
-        rows = np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in order[:n_probe]])
-        d, i = knn_from_distances(
-            popcount_distances(codes_q[row : row + 1], codes[rows]), ids[rows], k
-        )
-        D[row], I[row] = d[0], i[0]
-    return D, I
+    return budget_lists_oracle(index, codes_q, cfd, k)
 
 
 def test_default_probing_is_brute_force_over_the_budget_lists():

@@ -194,13 +194,20 @@ def _probe(
         counts[d] += 1
     if n_probe > 0:
         return min(n_probe, n_within)
+    return _lists_reaching(order, n_within, offsets, min_codes) or n_within
+
+
+@njit(nogil=True, inline="always")
+def _lists_reaching(order, size, offsets, min_codes):
+    """The fewest of the lists ``order[:size]`` (in that order) holding at least
+    ``min_codes`` codes; 0 when all of them hold fewer."""
     got = 0
-    for j in range(n_within):
+    for j in range(size):
         c = order[j]
         got += offsets[c + 1] - offsets[c]
         if got >= min_codes:
             return j + 1
-    return n_within
+    return 0
 
 
 @njit(nogil=True, inline="always")
@@ -271,14 +278,9 @@ def _probe_float(row, n_lists, offsets, n_probe, min_codes, heap_d, order):
     g = min(2 * (min_codes // mean) + 8, n_lists)
     while True:
         size = _nearest_lists(row, n_lists, g, heap_d, order)
-        got = 0
-        for j in range(size):
-            c = order[j]
-            got += offsets[c + 1] - offsets[c]
-            if got >= min_codes:
-                return j + 1
-        if size == n_lists:
-            return size
+        reached = _lists_reaching(order, size, offsets, min_codes)
+        if reached or size == n_lists:
+            return reached or size
         g = min(4 * g, n_lists)
 
 
