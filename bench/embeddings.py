@@ -60,7 +60,7 @@ BITS = (128, 256, 384, 512)
 EF_SEARCH = (8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 _FLAT = {"coarse": None}
 _ASYM = {"ranking": "asymmetric", "coarse": None}
-_IVF = {"coarse": "lists"}  # about 4 sqrt(n) k-means lists whatever n (run_codes)
+_IVF = {"coarse": "lists"}  # about 4 sqrt(n) k-majority lists whatever n (run_codes)
 _ASYM_IVF = {"ranking": "asymmetric", "coarse": "lists"}
 #: (label, registry name, hasher parameters, learned?, EmbeddingIndex parameters); "default"
 #: is ``EmbeddingIndex()`` as a user gets it (ITQ-256, coarse="auto": lists from 100k rows)
@@ -75,6 +75,7 @@ METHODS = (
     ("itq-asym", "itq", {}, True, _ASYM),
     ("itq-asym-ivf", "itq", {}, True, _ASYM_IVF),
     ("itq-ivf", "itq", {}, True, _IVF),
+    ("itq-ivf-kmeans", "itq", {}, True, {**_IVF, "coarse_quantizer": "k-means"}),
     ("default", "itq", {}, True, {}),
 )
 AT_MOST_DIM = {"sign", "pca", "itq"}

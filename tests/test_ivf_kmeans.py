@@ -258,7 +258,8 @@ def test_parameters_and_projections_are_checked():
 def test_embedding_index_coarse_stage_uses_k_means_lists(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((3000, 48)).astype(np.float32)
-    index = EmbeddingIndex("itq", n_bits=32, coarse=20).fit(X[:1500]).add(X)
+    index = EmbeddingIndex("itq", n_bits=32, coarse=20, coarse_quantizer="k-means")
+    index.fit(X[:1500]).add(X)
     assert index.codes_.quantizer == "k-means"
     assert index.codes_.centroid_vectors.shape == (20, 32)
     scores, ids = index.search(X[:5], k=3, overfetch=2000)  # every list: exact on these rows
@@ -271,10 +272,13 @@ def test_embedding_index_coarse_stage_uses_k_means_lists(tmp_path):
 def test_memory_per_vector_counts_the_coarse_stage():
     rng = np.random.default_rng(5)
     X = rng.standard_normal((2000, 40)).astype(np.float32)
-    index = EmbeddingIndex("itq", n_bits=32, coarse=10).fit(X).add(X)
+    index = EmbeddingIndex("itq", n_bits=32, coarse=10, coarse_quantizer="k-means").fit(X).add(X)
     mem = index.memory_per_vector()
     # 10 lists: a one-word centroid + an offset each, 10 x 32 float32 centroids, 32 scales
     assert mem["coarse"] == -(-(10 * 16 + 10 * 32 * 4 + 32 * 4) // 2000)
+    majority = EmbeddingIndex("itq", n_bits=32, coarse=10).fit(X).add(X)
+    assert majority.codes_.quantizer == "k-majority"
+    assert majority.memory_per_vector()["coarse"] == 1  # 10 x 16 B over 2000 vectors
     assert EmbeddingIndex("itq", n_bits=32).fit(X).add(X).memory_per_vector()["coarse"] == 0
 
 
@@ -284,8 +288,12 @@ def test_train_coarse_sizes_the_lists_for_the_whole_database(monkeypatch):
     monkeypatch.setattr(emb, "AUTO_COARSE_MIN_ROWS", 1000)
     rng = np.random.default_rng(7)
     X = rng.standard_normal((4000, 32)).astype(np.float32)
-    index = EmbeddingIndex("itq", n_bits=16, coarse="auto").fit(X[:1000])
+    index = EmbeddingIndex("itq", n_bits=16, coarse="auto", coarse_quantizer="k-means")
+    index.fit(X[:1000])
     assert index.coarse_lists(10_000) == 400 and index.coarse_lists(999) == 0
+    assert index.coarse_sample_size(10_000) == 64 * 400
+    assert EmbeddingIndex(n_bits=16).coarse_sample_size(10_000) == 256 * 400  # k-majority
+    assert EmbeddingIndex(n_bits=16).coarse_sample_size(999) == 0  # "auto": the flat scan
     index.train_coarse(X[:2000], n_total=10_000)  # 400 lists, at most 64 rows each
     assert len(index.codes_.list_sizes) == 400
     for part in (X[:1500], X[1500:]):  # later adds keep the lists
@@ -299,3 +307,17 @@ def test_train_coarse_sizes_the_lists_for_the_whole_database(monkeypatch):
         index.train_coarse(X[:0])
     with pytest.raises(ValueError):
         index.train_coarse(X[:100, :10])
+
+
+def test_embedding_index_coarse_quantizer_is_checked_and_saved(tmp_path):
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((1200, 24)).astype(np.float32)
+    with pytest.raises(ValueError, match="coarse_quantizer"):
+        EmbeddingIndex(n_bits=16, coarse_quantizer="kmeans")
+    for quantizer in ("k-majority", "k-means"):
+        index = EmbeddingIndex(n_bits=16, coarse=12, coarse_quantizer=quantizer).fit(X).add(X)
+        assert index.codes_.quantizer == quantizer
+        index.save(tmp_path / quantizer)
+        loaded = EmbeddingIndex.load(tmp_path / quantizer)
+        assert loaded.coarse_quantizer == quantizer == loaded.codes_.quantizer
+        assert _same(loaded.search(X[:6], 3), index.search(X[:6], 3))

@@ -72,7 +72,7 @@ from hashlearn.embeddings import (
     check_embeddings,
 )
 from hashlearn.hashers import available_hashers
-from hashlearn.index.ivf import K_MEANS_TRAIN_PER_LIST, IVFIndex
+from hashlearn.index.ivf import IVFIndex
 from hashlearn.io import atomic_path
 
 __all__ = ["index"]
@@ -419,7 +419,7 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     default="auto",
     show_default=True,
     metavar="N|auto|none",
-    help="An IVF coarse stage of N k-means lists, probed as k x overfetch needs, built in "
+    help="An IVF coarse stage of N k-majority lists, probed as k x overfetch needs, built in "
     "memory, then saved; auto: about 4 sqrt(n) lists from 100,000 vectors up, a flat scan "
     "below (and on a sharded build); none: a flat scan.",
 )
@@ -486,8 +486,8 @@ def build(
         )
         idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
         if coarse is not None and client is None:  # lists for the whole matrix, not a chunk
-            per_list = K_MEANS_TRAIN_PER_LIST * max(idx.coarse_lists(matrix.n), 1)
-            idx.train_coarse(matrix.sample(per_list), n_total=matrix.n)  # auto: maybe flat
+            rows = max(idx.coarse_sample_size(matrix.n), 1)
+            idx.train_coarse(matrix.sample(rows), n_total=matrix.n)  # auto: maybe flat
         flat = not isinstance(idx.codes_, IVFIndex)
         t_fit = time.perf_counter() - t0
         tmp = out.parent / f".{out.name}.building-{os.getpid()}-{secrets.token_hex(4)}"

@@ -46,7 +46,13 @@ from hashlearn import io as _io
 from hashlearn._utils.validation import as_plain_array, check_int
 from hashlearn.hashers.base import BaseHasher, available_hashers, make_hasher
 from hashlearn.index.flat import FlatIndex
-from hashlearn.index.ivf import K_MEANS_TRAIN_PER_LIST, LISTS_PER_SQRT_N, IVFIndex
+from hashlearn.index.ivf import (
+    K_MEANS_TRAIN_PER_LIST,
+    LISTS_PER_SQRT_N,
+    MAX_TRAIN_PER_LIST,
+    QUANTIZERS,
+    IVFIndex,
+)
 from hashlearn.rerank.refiner import Refiner
 from hashlearn.search import Searcher
 
@@ -185,16 +191,24 @@ class EmbeddingIndex:
     coarse : None, int or "auto", default="auto"
         A sub-linear coarse stage in front of the codes: ``None`` scans every code
         (:class:`~hashlearn.index.FlatIndex`); a number of lists partitions the codes with
-        :class:`~hashlearn.index.IVFIndex` into k-means lists over the hasher's real-valued
-        projections (``quantizer="k-means"``), learned by :meth:`train_coarse`, or by the
-        first :meth:`add` on a sample of its rows (so that call should hold most of the
-        database). ``"auto"``: about ``4 sqrt(n)`` lists for a database of ``n`` rows when
+        :class:`~hashlearn.index.IVFIndex` (``coarse_quantizer``), learned by
+        :meth:`train_coarse`, or by the first :meth:`add` on a sample of its rows (so that
+        call should hold most of the database). ``"auto"``: about ``4 sqrt(n)`` lists for a database of ``n`` rows when
         it holds at least ``AUTO_COARSE_MIN_ROWS`` (100,000) rows, else the flat scan
         (decided by that first :meth:`add` or :meth:`train_coarse`); on MiniLM embeddings
         through ITQ-256 the flat scan was 1.9x the lists' queries per second at recall 0.96
         on 40,000 rows and the lists 1.5x the flat scan's at 0.95 on 249,000
         (``docs/results.md``). A search scans the lists nearest the query's projection, as many as the
         budget ``k * overfetch`` needs (the index's probing rule).
+    coarse_quantizer : {"k-majority", "k-means"}, default="k-majority"
+        The coarse lists: k-majority lists of the codes (Hamming centroids), or k-means
+        lists of the hasher's real-valued projections (float centroids, probed by the
+        query's projection: a quarter of the candidates for the same recall on 249k MiniLM
+        rows, but a costlier probe and training). On those rows through ITQ-256 with 1,996
+        lists each, k-majority reached recall 0.952 at 109 us a query and k-means 0.944 at
+        118 / 0.960 at 146 (development, not quiet); at 1M drawn rows the k-means probe (a
+        256 x 4,000 product a query) made it 0.8x the k-majority lists. k-means pays where
+        a candidate costs more than a scanned code by far: float vectors read from disk.
 
     Attributes
     ----------
@@ -230,6 +244,7 @@ class EmbeddingIndex:
         random_state: int | None = 0,
         ranking: str = "hamming",
         coarse: int | str | None = "auto",
+        coarse_quantizer: str = "k-majority",
     ):
         owner = "EmbeddingIndex"
         if coarse is not None and coarse != "auto":
@@ -279,6 +294,12 @@ class EmbeddingIndex:
         self.random_state = random_state
         self.ranking = ranking
         self.coarse = coarse
+        if coarse_quantizer not in QUANTIZERS:
+            raise ValueError(
+                f"The 'coarse_quantizer' parameter of {owner} must be one of {list(QUANTIZERS)}."
+                f" Got {coarse_quantizer!r} instead."
+            )
+        self.coarse_quantizer = coarse_quantizer
         self.searcher_: Searcher | None = None
         self.dim_: int | None = None
         self._path: Path | None = None  # set by open(): adds append to the save in place
@@ -304,7 +325,15 @@ class EmbeddingIndex:
         if self.coarse is None:
             return FlatIndex(self.n_bits)
         seed = self.random_state if isinstance(self.random_state, int) else 0
-        return IVFIndex(self.n_bits, random_state=seed, quantizer="k-means")
+        return IVFIndex(self.n_bits, random_state=seed, quantizer=self.coarse_quantizer)
+
+    def _per_list(self) -> int:
+        """Training rows per coarse list (the index's own cap)."""
+        return K_MEANS_TRAIN_PER_LIST if self.coarse_quantizer == "k-means" else MAX_TRAIN_PER_LIST
+
+    def coarse_sample_size(self, n_total: int) -> int:
+        """Rows :meth:`train_coarse` uses for a database of ``n_total`` rows (0: no lists)."""
+        return self._per_list() * self.coarse_lists(n_total)
 
     def coarse_lists(self, n_total: int) -> int:
         """The number of coarse lists for a database of ``n_total`` rows: ``coarse``, or
@@ -322,7 +351,7 @@ class EmbeddingIndex:
     def train_coarse(self, X, *, n_total: int | None = None) -> EmbeddingIndex:
         """Learn the coarse stage's k-means lists (``coarse``) on rows ``X`` of the database,
         for a database of ``n_total`` rows (default ``len(X)``): :meth:`coarse_lists` lists,
-        from the projections of at most 64 rows of ``X`` per list (sampled). The first
+        from at most 256 (k-majority) or 64 (k-means) sampled rows of ``X`` per list. The first
         :meth:`add` does this on its own rows when it finds the lists untrained; call it
         first when the database is added in several parts. Re-training files the stored
         codes again by their bits (their projections are not kept). With ``coarse="auto"``
@@ -353,11 +382,14 @@ class EmbeddingIndex:
                 )
             return self
         rng = np.random.default_rng(index.random_state)
-        take = np.sort(rng.choice(n, min(n, K_MEANS_TRAIN_PER_LIST * n_lists), replace=False))
+        take = np.sort(rng.choice(n, min(n, self._per_list() * n_lists), replace=False))
         sample = self._prepare(X[take], "X", owner)
         hasher = searcher.hasher
         index.n_lists = n_lists
-        index.train(hasher.encode(sample), projections=hasher.project(sample))
+        if index.uses_projections:
+            index.train(hasher.encode(sample), projections=hasher.project(sample))
+        else:
+            index.train(hasher.encode(sample))
         return self
 
     def _searcher(self, hasher: BaseHasher, codes: FlatIndex | IVFIndex) -> Searcher:
@@ -518,6 +550,7 @@ class EmbeddingIndex:
             "hasher_params": json.loads(json.dumps(self.hasher_params)),
             "ranking": self.ranking,
             "coarse": self.coarse,
+            "coarse_quantizer": self.coarse_quantizer,
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -601,6 +634,7 @@ class EmbeddingIndex:
             random_state=params.get("random_state"),
             ranking=params.get("ranking", "hamming"),  # saves before it ranked by Hamming
             coarse=params.get("coarse"),  # saves before it: a flat scan
+            coarse_quantizer=params.get("coarse_quantizer", "k-majority"),
         )
         dirs = [state["hasher_dir"], state["codes_dir"]]
         for name in dirs:
