@@ -196,8 +196,9 @@ class EmbeddingIndex:
         call should hold most of the database). ``"auto"``: about ``4 sqrt(n)`` lists for a database of ``n`` rows when
         it holds at least ``AUTO_COARSE_MIN_ROWS`` (100,000) rows, else the flat scan
         (decided by that first :meth:`add` or :meth:`train_coarse`); on MiniLM embeddings
-        through ITQ-256 the flat scan was 1.9x the lists' queries per second at recall 0.96
-        on 40,000 rows and the lists 1.5x the flat scan's at 0.95 on 249,000
+        through ITQ-256 the flat scan was 1.9x the (k-means) lists' queries per second at
+        recall 0.96 on 40,000 rows, and the k-majority lists 1.4x the flat scan's at 0.95 on
+        249,000 and 1.99x HNSW's on 1M drawn rows
         (``docs/results.md``). A search scans the lists nearest the query's projection, as many as the
         budget ``k * overfetch`` needs (the index's probing rule).
     coarse_quantizer : {"k-majority", "k-means"}, default="k-majority"
