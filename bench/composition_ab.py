@@ -90,7 +90,9 @@ def searcher_rows(new, old, X_db, X_q, label, sparse, repeats):
 def embedding_rows(new, old, X_db, X_q, repeats):
     """``EmbeddingIndex()`` and, where the old revision has it, the IVF coarse stage."""
     rows = []
-    for params, name in (({}, "EmbeddingIndex()"), ({"coarse": "auto"}, 'coarse="auto"')):
+    # coarse=566: the lists coarse="auto" learned from a 20,000-row fit sample until
+    # 2026-11-28 (it now sizes them by the database, from 100,000 rows up)
+    for params, name in (({}, "EmbeddingIndex()"), ({"coarse": 566}, "coarse=566")):
         try:
             built = [lib.EmbeddingIndex(**params).fit(X_db[:20000]).add(X_db) for lib in (new, old)]
         except TypeError:  # an older revision without this parameter
