@@ -73,7 +73,7 @@ def _probed_oracle(index: IVFIndex, codes_q, P_q, k: int):
     """Brute force over the lists the budget rule names, chosen from the index's own float
     centroid distances by (distance, list)."""
     layout = index.store.snapshot.cached("ivf")
-    cfd = index._float_distances(layout, codes_q, P_q, "oracle")
+    cfd = index._float_distances(layout, codes_q, index._checked(P_q, codes_q, "oracle"))
     return budget_lists_oracle(index, codes_q, cfd, k)
 
 
@@ -98,15 +98,15 @@ def test_tied_centroid_distances_go_to_the_smaller_list(monkeypatch):
     ivf.add(codes, projections=P)
     real = ivf._float_distances
 
-    def tied(layout, queries, projections, owner):
-        d = real(layout, queries, projections, owner)
+    def tied(layout, queries, projections):
+        d = real(layout, queries, projections)
         return ivf_module._read_only(np.floor(d / (np.abs(d).max() + 1) * 3).astype(np.float32))
 
     monkeypatch.setattr(ivf, "_float_distances", tied)
     Pq, q = _projections(rng, 15, 32)
     for n_probe in (1, 7, 39):
         got = ivf.search(q, 20, n_probe=n_probe, projections=Pq)
-        cfd = tied(ivf.store.snapshot.cached("ivf"), q, Pq, "")
+        cfd = tied(ivf.store.snapshot.cached("ivf"), q, ivf._checked(Pq, q, ""))
         snap = ivf.store.snapshot
         offsets = snap.cached("ivf").offsets
         db = snap.rows["words"].view(np.uint8)[:, : ivf.code_size]

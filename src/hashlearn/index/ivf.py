@@ -16,10 +16,9 @@ search", TPAMI 2011): float centroids in the projection space, each vector filed
 centroid nearest its projection, each query probing the lists nearest its projection. A
 caller with only codes (no projections) stands in ``scale_j (2 b_j - 1)`` for them, the
 training set's mean ``|p_j|`` times the bit's sign. Measured on 249k MiniLM sentence
-embeddings through ITQ-256 (``docs/results.md``), such lists reach a given recall while
-scanning about a third of the codes that k-majority lists over the same codes need: on real
-embeddings a query's true neighbours share its float neighbourhood far more often than its
-bits' majority cell.
+embeddings through ITQ-256 with 1,996 lists of each kind (``docs/results.md``), k-means
+lists reach recall 0.95 with half the candidates of k-majority lists, but each query pays a
+product with every float centroid, so they were no faster there and slower at 1M rows.
 
 Layout. The codes are stored grouped by list (list ``l`` holds rows
 ``offsets[l]:offsets[l+1]`` of one word array, its ids ascending), so a probed list is one
@@ -262,14 +261,18 @@ class IVFIndex(BinaryIndex):
         signs = unpack_bits(codes, self.n_bits).astype(np.float32) * 2.0 - 1.0
         return signs * (np.ones(self.n_bits, np.float32) if scale is None else scale)
 
-    def _float_distances(self, layout: _Lists, queries, projections, owner: str) -> np.ndarray:
+    def _checked(self, projections, queries, owner: str):
+        """The projections of the queries, checked once at a search's entry (or None)."""
+        return None if projections is None else self._projections(projections, queries, None, owner)
+
+    def _float_distances(self, layout: _Lists, queries, P) -> np.ndarray:
         """The queries' squared distances to the float centroids less ``|p|^2`` (float32
-        ``(m, n_lists)``, one matrix product); none for k-majority lists."""
-        if projections is not None:
-            projections = self._projections(projections, queries, None, owner)
+        ``(m, n_lists)``, one matrix product) from their checked projections ``P`` (None:
+        the stand-in); none for k-majority lists."""
         if layout.vectors is None:
             return _NO_FLOAT
-        P = self._projections(projections, queries, layout.scale, owner)
+        if P is None:
+            P = self._projections(None, queries, layout.scale, "")
         d = layout.sq_norms.astype(np.float32)[None, :] - 2.0 * (P @ layout.vectors.T)
         return _read_only(np.nan_to_num(d, nan=np.inf))
 
@@ -496,23 +499,21 @@ class IVFIndex(BinaryIndex):
         codes = check_codes(codes, self.n_bits, "codes")
         m = codes.shape[0]
         words = as_words(codes).reshape(m, self._n_words)
-        P = None
-        if projections is not None or self.uses_projections:
-            P = self._projections(projections, codes, None, "IVFIndex.add")
+        P = self._checked(projections, codes, "IVFIndex.add")
         with self._store.writing():
             new_ids = self._store.new_ids(ids, m)
             if m == 0:
                 return new_ids
             if not self.is_trained:
-                self._train_locked(words, P if self.uses_projections else None)
+                train_P = self._projections(P, codes, None, "") if self.uses_projections else None
+                self._train_locked(words, train_P)
             snap = self._store.snapshot
             layout = self._layout(snap)
             assert layout is not None  # trained just above
             if layout.vectors is None:
                 lists = self._assign(words, layout.centroids)
-            else:
-                if projections is None or P is None:  # the stand-in, at the trained scale
-                    P = self._projections(None, codes, layout.scale, "IVFIndex.add")
+            else:  # without projections: the stand-in, at the trained scale
+                P = P if P is not None else self._projections(None, codes, layout.scale, "")
                 lists = self._float_assign(P, layout)
             order = np.lexsort((new_ids, lists))
             add_off = np.zeros(layout.n_lists + 1, np.int64)
@@ -588,7 +589,8 @@ class IVFIndex(BinaryIndex):
         queries = self._check_queries(queries)
         k = self._check_k(k, len(queries))
         probe = self._probe(n_probe, "IVFIndex.search")
-        return self._search_snapshot(snap, queries, k, probe, n_threads, projections)
+        P = self._checked(projections, queries, "IVFIndex.search")
+        return self._search_snapshot(snap, queries, k, probe, n_threads, P)
 
     def _search_snapshot(self, snap: Snapshot, queries, k: int, probe: int, n_threads, P):
         """:meth:`search` of checked arguments in one snapshot (``P``: the projections)."""
@@ -597,10 +599,8 @@ class IVFIndex(BinaryIndex):
         out_d = np.full((m, k), -1, np.int32)
         out_i = np.full((m, k), -1, np.int64)
         if m == 0 or n == 0 or layout is None:
-            if P is not None:
-                check_projections(P, self.n_bits, "IVFIndex.search")
             return out_d, out_i
-        cfd = self._float_distances(layout, queries, P, "IVFIndex.search")
+        cfd = self._float_distances(layout, queries, P)
         min_codes = self._min_codes(k, snap, layout)
         db = snap.rows["words"].reshape(-1)
         q = _read_only(as_words(queries))
@@ -676,19 +676,13 @@ class IVFIndex(BinaryIndex):
         queries = self._check_queries(queries)
         radius = self._check_radius(radius)
         probe = self._probe(n_probe, "IVFIndex.range_search")
-        if projections is not None and len(projections) != len(queries):
-            raise ValueError(
-                f"IVFIndex.range_search: {len(projections)} rows of projections for "
-                f"{len(queries)} queries."
-            )
+        P = self._checked(projections, queries, "IVFIndex.range_search")
         m, layout = len(queries), self._layout(snap)
         counts = np.zeros(m, np.int64)
         lims = np.zeros(m + 1, np.int64)
         if m == 0 or snap.n == 0 or layout is None:
-            if projections is not None:
-                check_projections(projections, self.n_bits, "IVFIndex.range_search")
             return lims, np.zeros(0, np.int32), np.zeros(0, np.int64)
-        cfd = self._float_distances(layout, queries, projections, "IVFIndex.range_search")
+        cfd = self._float_distances(layout, queries, P)
         min_codes = self._min_codes(1, snap, layout)
         db, W = snap.rows["words"].reshape(-1), self._n_words
         q = _read_only(as_words(queries))
