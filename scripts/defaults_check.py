@@ -30,7 +30,12 @@ import warnings
 import numpy as np
 
 from hashlearn.codes import hamming_cdist
-from hashlearn.datasets import fashion_mnist_available, load_digits, load_fashion_mnist
+from hashlearn.datasets import (
+    fashion_mnist_available,
+    load_digits,
+    load_fashion_mnist,
+    make_gaussian_classes,
+)
 from hashlearn.evaluate import bin_threshold, knn_classification_error, precision_recall_at_radius
 from hashlearn.hashers import (
     BinaryReconstructiveEmbedding,
@@ -44,18 +49,8 @@ from hashlearn.supervision import neighbor_threshold, neighbors_within
 
 
 def gaussian_mixture(n_features, n_classes, separation, n_samples=6000, seed=0):
-    """Classes drawn from Gaussians with random means (``separation`` times standard normal)
-    and random anisotropic covariances (overlapping classes)."""
-    rng = np.random.RandomState(1000 + seed)
-    means = rng.standard_normal((n_classes, n_features)) * separation
-    y = rng.randint(n_classes, size=n_samples)
-    X = np.empty((n_samples, n_features))
-    for c in range(n_classes):
-        A = rng.standard_normal((n_features, n_features)) / np.sqrt(n_features)
-        A *= rng.uniform(0.3, 1.5, n_features)[None, :]
-        rows = np.flatnonzero(y == c)
-        X[rows] = means[c] + rng.standard_normal((len(rows), n_features)) @ A.T
-    return X, y
+    """The issue's unseen-style sets (:func:`hashlearn.datasets.make_gaussian_classes`)."""
+    return make_gaussian_classes(n_samples, n_features, n_classes, separation, 1000 + seed)
 
 
 def load(name, seed=0):

@@ -82,15 +82,12 @@ def test_objective_decreases_and_beats_initialisation(digits):
     rng = np.random.default_rng(0)
     perm = rng.permutation(len(X))
     tr, te = perm[:500], perm[500:800]
-    h = BinaryReconstructiveEmbedding(n_bits=16, n_landmarks=32, n_iter=2, random_state=0).fit(
-        X[tr]
-    )
+    kw = dict(n_bits=16, n_landmarks=32, init="random", random_state=0)
+    h = BinaryReconstructiveEmbedding(n_iter=2, **kw).fit(X[tr])
     hist = h.objective_history_
     assert np.all(np.diff(hist) <= 1e-12) and hist[-1] < 0.8 * hist[0], hist
     # Hamming distances correlate with Euclidean distances better than at initialisation
-    init = BinaryReconstructiveEmbedding(n_bits=16, n_landmarks=32, n_iter=0, random_state=0).fit(
-        X[tr]
-    )
+    init = BinaryReconstructiveEmbedding(n_iter=0, **kw).fit(X[tr])
     d_true = ((X[te][:, None] - X[tr][None]) ** 2).sum(-1).ravel()
 
     def corr(model):
@@ -100,6 +97,44 @@ def test_objective_decreases_and_beats_initialisation(digits):
         return np.corrcoef(d, d_true)[0, 1]
 
     assert corr(h) > corr(init) + 0.05, (corr(h), corr(init))
+
+
+@pytest.mark.parametrize("n_bits", [16, 32])
+def test_itq_start_reaches_a_lower_loss_than_the_random_start(digits, n_bits):
+    """init="itq" (the default) starts the same descent from ITQ's projections fitted into
+    the kernel span: on digits both its start and its end lie below those of the paper's
+    random start, over three seeds."""
+    X, _ = digits
+    kw = dict(n_bits=n_bits, kernel="linear", target_power=1.0, n_iter=2)
+    for seed in range(3):
+        itq = BinaryReconstructiveEmbedding(init="itq", random_state=seed, **kw).fit(X)
+        rnd = BinaryReconstructiveEmbedding(init="random", random_state=seed, **kw).fit(X)
+        a, b = itq.objective_history_, rnd.objective_history_
+        assert np.all(np.diff(a) <= 1e-12), a
+        assert a[0] < b[0] and a[-1] < b[-1], (seed, a, b)
+
+
+def test_target_power_selection(digits):
+    """target_power="auto": the kernels compared at power 1, then 0.5 and 2 with the chosen
+    kernel; another power is kept only when it scored higher on the held-out rows; with
+    labels there are no distances to raise to a power and nothing is selected."""
+    X, y = digits
+    h = BinaryReconstructiveEmbedding(16, n_landmarks=32, n_iter=1, random_state=0).fit(X)
+    res = h.selection_results_
+    assert res.shape == (4, 3)
+    np.testing.assert_array_equal(res[:, 0], [0, 1, h.kernel_ == "rbf", h.kernel_ == "rbf"])
+    np.testing.assert_array_equal(res[:, 1], [1.0, 1.0, 0.5, 2.0])
+    np.testing.assert_array_equal(h.kernel_scores_, res[:2, 2])
+    assert h.target_power_ in (0.5, 1.0, 2.0)
+    if h.target_power_ != 1.0:
+        assert res[res[:, 1] == h.target_power_, 2][0] > res[int(h.kernel_ == "rbf"), 2]
+    fixed = BinaryReconstructiveEmbedding(16, n_landmarks=32, n_iter=1, target_power=2.0)
+    fixed = fixed.set_params(kernel="linear", random_state=0).fit(X)
+    assert fixed.target_power_ == 2.0 and fixed.selection_results_.shape == (0, 3)
+    sup = BinaryReconstructiveEmbedding(16, n_landmarks=32, n_iter=1, random_state=0)
+    sup = sup.fit(X[:300], y[:300])
+    assert sup.target_power_ == 1.0 and sup.selection_results_.shape == (0, 3)
+    assert np.all(sup.kernel_scores_ == -1.0)
 
 
 def test_supervised_pairs_roundtrip_and_determinism(digits, tmp_path):
@@ -132,6 +167,9 @@ def test_supervised_pairs_roundtrip_and_determinism(digits, tmp_path):
         (dict(n_iter=-1), "n_iter"),
         (dict(kernel="rbf", gamma=-1.0), "gamma"),
         (dict(n_neighbors=0, n_random=0), "no training pairs"),
+        (dict(init="pca"), "init"),
+        (dict(target_power=0.0), "target_power"),
+        (dict(target_power=-1.0), "target_power"),
     ],
 )
 def test_bad_parameters(digits, params, match):
