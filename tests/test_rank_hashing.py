@@ -347,3 +347,54 @@ def test_paper_ordering_on_digits(digits_split):
         errors[name] = knn_classification_error(dist, y, yq, k=3)
     assert errors["lambdarank"] <= errors["ranknet"], errors
     assert errors["ranknet"] + 0.02 < errors["lsh"], errors
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_nearest_rows_match_brute_force(monkeypatch, pooled):
+    """The neighbour documents: each row's m nearest other rows, as brute force finds them
+    (ties to the smaller id), among a random pool of rows when the search would be too
+    large; never the row itself."""
+    import hashlearn.hashers.rank as rank
+
+    rng = np.random.RandomState(0)
+    X = rng.randint(0, 4, size=(60, 3)).astype(np.float64)  # integer data: exact ties
+    if pooled:
+        monkeypatch.setattr(rank, "_NEAR_FLOPS", 2.0 * 60 * 3 * 25)  # a pool of 25 rows
+    near = rank._nearest_rows(X, 5, np.random.RandomState(1))
+    assert near.shape == (60, 5) and near.dtype == np.int64
+    assert not (near == np.arange(60)[:, None]).any()
+    pool = np.arange(60)
+    if pooled:
+        pool = np.sort(np.random.RandomState(1).choice(60, 25, replace=False))
+    d = ((X[:, None, :] - X[None, pool, :]) ** 2).sum(-1)
+    for i in range(60):
+        order = [int(pool[j]) for j in np.lexsort((pool, d[i])) if pool[j] != i][:5]
+        assert near[i].tolist() == order, i
+
+
+def test_neighbor_docs_are_the_first_documents(digits_split):
+    X, y, _, _ = digits_split
+    model = RankHashing(8, docs_per_query=12, neighbor_docs=4, random_state=0)
+    model._near = np.arange(40, dtype=np.int64).reshape(10, 4) + 100
+    Xs = model._standardize_fit(X[:200])
+    model.weights_ = np.random.RandomState(0).normal(0, 0.1, (X.shape[1], 8))
+    model.bias_ = np.zeros(8)
+    seen = {}
+    real = model._gain
+
+    def spy(y_, neighbors, queries, docs, similarity):
+        seen["docs"] = docs.copy()
+        return real(y_, neighbors, queries, docs, similarity)
+
+    model._gain = spy
+    queries = np.array([0, 3, 9])
+    model._query_gradient(Xs, y[:200], None, queries, np.random.RandomState(2))
+    np.testing.assert_array_equal(seen["docs"][:, :4], model._near[queries])
+    assert (seen["docs"][:, 4:] != queries[:, None]).all()
+    with pytest.raises(ValueError, match="neighbor_docs"):
+        RankHashing(8, neighbor_docs=-1).fit(X[:50], y[:50])
+    # 0 is the paper's sampling: no neighbour search, the same codes as before the option
+    a = RankHashing(8, n_epochs=2, neighbor_docs=0, random_state=0).fit(X[:300], y[:300])
+    b = RankHashing(8, n_epochs=2, neighbor_docs=5, random_state=0).fit(X[:300], y[:300])
+    assert not hasattr(a, "_near") and not hasattr(b, "_near")
+    assert not np.array_equal(a.encode(X[:300]), b.encode(X[:300]))
