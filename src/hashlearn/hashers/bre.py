@@ -288,7 +288,8 @@ class BinaryReconstructiveEmbedding(BaseHasher):
         Held-out scores of the linear and RBF kernels under ``kernel="auto"`` (-1 when
         no selection ran).
     target_power_ : float
-        The power of the targets used (1 with labels or pairs).
+        The power of the targets: the one chosen or given (with labels or pairs, where the
+        targets are 0/1 and no power changes them, 1 for ``"auto"``).
     selection_results_ : ndarray (n_candidates, 3)
         One row per candidate the ``"auto"`` selection fitted: ``(kernel: 0 linear /
         1 rbf, target power, held-out precision within radius 3)``; empty when nothing
