@@ -349,10 +349,16 @@ def _asymmetric_oracle(P, codes, ids, cand, k):
     return S, I
 
 
-@pytest.mark.parametrize("id_span", [10**6, 700])  # sparse ids: sorting; dense: tables
+@pytest.mark.parametrize(
+    "id_span,grouped",
+    # sparse ids: re-ranked after the scan, sorted; dense: in the scan kernel, each query
+    # after its own scan, or after its group's (the list-by-list batch scan)
+    [(10**6, False), (700, False), (700, True)],
+)
 @pytest.mark.parametrize("n_bits", [40, 128])
-def test_search_asymmetric_re_ranks_the_shortlist(n_bits, id_span):
+def test_search_asymmetric_re_ranks_the_shortlist(n_bits, id_span, grouped, monkeypatch):
     """Integer projections: every score is exact in float32, so the oracle is exact."""
+    monkeypatch.setattr(ivf_module, "GROUP_MIN_WORDS", 0 if grouped else 10**18)
     rng = np.random.default_rng(n_bits)
     codes = _codes(rng, 600, n_bits, dup=0.1)
     ids = rng.choice(id_span, 600, replace=False)

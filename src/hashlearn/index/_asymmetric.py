@@ -66,6 +66,7 @@ from hashlearn.codes import as_words
 from hashlearn.hashers.base import BaseHasher
 
 __all__ = [
+    "SHORTLIST_FACTOR",
     "asymmetric_scan",
     "asymmetric_rerank",
     "byte_tables",
@@ -75,6 +76,9 @@ __all__ = [
     "scan_words",
 ]
 
+#: an index's asymmetric search re-ranks each query's ``SHORTLIST_FACTOR * k`` nearest codes
+#: by Hamming distance (:meth:`hashlearn.index.base.BinaryIndex.search_asymmetric`)
+SHORTLIST_FACTOR = 4
 _BLOCK = 64  # codes scored before any is offered to the top k
 _U0 = np.uint64(0)
 _PLANES = 5  # bit planes of the bound's weights (B)

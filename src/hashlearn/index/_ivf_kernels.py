@@ -35,6 +35,9 @@ import numpy as np
 from numba import njit
 
 from hashlearn._utils.popcount import popcount64, trailing_zeros64, wide_mini_block
+from hashlearn.index._asymmetric import _emit as _emit_scores
+from hashlearn.index._asymmetric import _offer as _offer_score
+from hashlearn.index._asymmetric import _score, byte_tables
 from hashlearn.index._knn_scan import (
     _MASK_FIRST_MAX_WORDS,
     _MINI_BLOCK,
@@ -672,6 +675,27 @@ _GROUP_QUERIES = 1024
 
 
 @njit(nogil=True, inline="always")
+def _rerank_query(
+    P, q, table, db, n_words, n_bits, row_of_id, out_i, heap_s, heap_p, out_s, out_si
+):
+    """Re-rank query ``q``'s Hamming shortlist ``out_i[q]`` (ids, padding last) by the
+    asymmetric score of its projections ``P[q]`` (:mod:`hashlearn.index._asymmetric`'s byte
+    tables and scoring, so a code scores exactly as there): the best ``out_s.shape[1]`` into
+    ``out_s / out_si[q]``, ties to the smaller id. Run right after the query's own scan, the
+    shortlisted codes are still in cache."""
+    byte_tables(P[q], n_bits, table)
+    size = 0
+    k_out = out_s.shape[1]
+    for c in range(out_i.shape[1]):
+        item = out_i[q, c]
+        if item < 0:  # the padding comes last
+            break
+        s = _score(table, db, row_of_id[item], n_words)
+        size = _offer_score(heap_s, heap_p, size, k_out, s, item)
+    _emit_scores(heap_s, heap_p, size, out_s, out_si, q)
+
+
+@njit(nogil=True, inline="always")
 def _ivf_knn_core(
     db,
     ids,
@@ -690,11 +714,19 @@ def _ivf_knn_core(
     grouped,
     out_d,
     out_i,
+    P,
+    row_of_id,
+    out_s,
+    out_si,
     n_words,
     vector,
     width,
     wide,
 ):
+    asym = P.shape[0] > 0  # re-rank each shortlist by the projections (else Hamming only)
+    table = np.empty(n_words * 8 * 256 if asym else 0, np.float32)
+    heap_s = np.empty(out_s.shape[1], np.float32)
+    heap_p = np.empty(out_s.shape[1], np.int64)
     cap = 4 * k_eff + 64
     scratch = (
         np.empty(cap, np.int32),  # one query's top-k buffer: distances
@@ -713,13 +745,24 @@ def _ivf_knn_core(
                 db, ids, offsets, centroids, n_lists, queries, cfd, q, k, k_eff, n_bits,
                 n_probe, min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
             )  # fmt: skip
+            if asym:
+                _rerank_query(
+                    P, q, table, db, n_words, n_bits, row_of_id, out_i, heap_s, heap_p, out_s,
+                    out_si,
+                )  # fmt: skip
         return
     for g0 in range(q_start, q_end, _GROUP_QUERIES):
+        g1 = min(q_end, g0 + _GROUP_QUERIES)
         _ivf_knn_group(
-            db, ids, offsets, centroids, n_lists, queries, cfd, g0,
-            min(q_end, g0 + _GROUP_QUERIES), k, k_eff, n_bits, n_probe, min_codes,
-            out_d, out_i, n_words, vector, width, wide, scratch,
+            db, ids, offsets, centroids, n_lists, queries, cfd, g0, g1, k, k_eff, n_bits,
+            n_probe, min_codes, out_d, out_i, n_words, vector, width, wide, scratch,
         )  # fmt: skip
+        if asym:
+            for q in range(g0, g1):
+                _rerank_query(
+                    P, q, table, db, n_words, n_bits, row_of_id, out_i, heap_s, heap_p, out_s,
+                    out_si,
+                )  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
@@ -741,6 +784,10 @@ def ivf_knn_fixed_width(
     grouped,
     out_d,
     out_i,
+    P,
+    row_of_id,
+    out_s,
+    out_si,
     width,
 ):
     """The k nearest of queries ``q_start:q_end`` in their probed lists, the word count a
@@ -764,6 +811,10 @@ def ivf_knn_fixed_width(
         grouped,
         out_d,
         out_i,
+        P,
+        row_of_id,
+        out_s,
+        out_si,
         n_words,
         True,
         width,
@@ -790,6 +841,10 @@ def ivf_knn_wide(
     grouped,
     out_d,
     out_i,
+    P,
+    row_of_id,
+    out_s,
+    out_si,
     width,
 ):
     """:func:`ivf_knn_fixed_width` on the wide path (CPUs with AVX-512 VPOPCNTDQ or AVX2, see
@@ -814,6 +869,10 @@ def ivf_knn_wide(
         grouped,
         out_d,
         out_i,
+        P,
+        row_of_id,
+        out_s,
+        out_si,
         n_words,
         True,
         width,
@@ -840,6 +899,10 @@ def ivf_knn_any_width(
     grouped,
     out_d,
     out_i,
+    P,
+    row_of_id,
+    out_s,
+    out_si,
     n_words,
 ):
     """:func:`ivf_knn_fixed_width` for word counts without a specialisation."""
@@ -861,6 +924,10 @@ def ivf_knn_any_width(
         grouped,
         out_d,
         out_i,
+        P,
+        row_of_id,
+        out_s,
+        out_si,
         n_words,
         False,
         (0,),

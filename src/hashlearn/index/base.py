@@ -25,7 +25,7 @@ import numpy as np
 
 from hashlearn._utils.validation import check_codes, check_int, check_k
 from hashlearn.codes import as_words, pack_bits
-from hashlearn.index._asymmetric import check_projections, rerank_words
+from hashlearn.index._asymmetric import SHORTLIST_FACTOR, check_projections, rerank_words
 from hashlearn.index._storage import IdStore
 from hashlearn.io import Persistable
 
@@ -164,7 +164,7 @@ class BinaryIndex(IndexBase):
                 if snap.n == 0:
                     return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
                 search = self.search  # type: ignore[attr-defined]  # every subclass has one
-                _, cand = search(queries, min(snap.n, 4 * k), n_threads=n_threads)
+                _, cand = search(queries, min(snap.n, SHORTLIST_FACTOR * k), n_threads=n_threads)
                 if self._store.snapshot is snap:  # the search saw this state
                     break
         # the shortlist as rows of the snapshot (ids ascending: ties go to the smaller id)

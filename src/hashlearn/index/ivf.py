@@ -43,7 +43,7 @@ from hashlearn._utils.popcount import kernel_path
 from hashlearn._utils.validation import check_codes, check_int
 from hashlearn.codes import as_words, pack_bits, unpack_bits
 from hashlearn.index import _ivf_kernels as _kernels
-from hashlearn.index._asymmetric import check_projections, rerank_words
+from hashlearn.index._asymmetric import SHORTLIST_FACTOR, check_projections, rerank_words
 from hashlearn.index._knn_scan import _WIDTH_TAGS
 from hashlearn.index._storage import (
     ID_MAX,
@@ -135,6 +135,18 @@ def _id_ordered(snap: Snapshot, cand: np.ndarray):
     return short, rows_of_sorted[np.searchsorted(sorted_ids, short)], local
 
 
+def _row_of_id(snap: Snapshot) -> np.ndarray | bool:
+    """Each id's row in the snapshot (int32 where the rows fit, -1 for absent ids), when
+    the ids span at most ``4 n + 1024`` values; else ``False`` (sparse ids: the re-rank
+    puts its candidates in order by sorting instead, :func:`_id_ordered`)."""
+    span = int(snap.ids.max()) + 1 if snap.n else 0
+    if span > 4 * snap.n + 1024:
+        return False
+    table = np.full(span, -1, np.int32 if snap.n < 2**31 else np.int64)
+    table[snap.ids] = np.arange(snap.n, dtype=table.dtype)
+    return _read_only(table)
+
+
 def _id_order(snap: Snapshot) -> tuple[np.ndarray, np.ndarray]:
     by_id = np.argsort(snap.ids, kind="stable")
     return snap.ids[by_id], by_id
@@ -147,6 +159,13 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 #: the float centroid distances of a search over k-majority lists: none
 _NO_FLOAT = _read_only(np.zeros((0, 0), np.float32))
+#: a Hamming search's re-rank arguments: no projections, so none (the kernel's ``asym`` off)
+_NO_RERANK = (
+    _read_only(np.zeros((0, 1), np.float32)),
+    np.zeros((0, 1), np.float32),
+    np.zeros((0, 1), np.int64),
+    _read_only(np.zeros(0, np.int32)),
+)
 
 
 def _nearest_centroids(P: np.ndarray, C: np.ndarray, sq_norms: np.ndarray):
@@ -592,14 +611,26 @@ class IVFIndex(BinaryIndex):
         P = self._checked(projections, queries, "IVFIndex.search")
         return self._search_snapshot(snap, queries, k, probe, n_threads, P)
 
-    def _search_snapshot(self, snap: Snapshot, queries, k: int, probe: int, n_threads, P):
-        """:meth:`search` of checked arguments in one snapshot (``P``: the projections)."""
+    def _search_snapshot(
+        self, snap: Snapshot, queries, k: int, probe: int, n_threads, P, rerank=None
+    ):
+        """:meth:`search` of checked arguments in one snapshot (``P``: the projections).
+
+        ``rerank=(P32, k_out, row_of_id)``: each query's ``k`` nearest codes re-ranked in
+        the scan kernel by the asymmetric score of ``P32`` (float32 ``(m, n_bits)``), right
+        after that query's scan; returns the best ``k_out`` as ``(S float32, I int64)``."""
         m, n = len(queries), snap.n
         layout = self._layout(snap)
         out_d = np.full((m, k), -1, np.int32)
         out_i = np.full((m, k), -1, np.int64)
+        if rerank is None:
+            P32, out_s, out_si, row_of_id = _NO_RERANK
+        else:
+            P32, k_out, row_of_id = rerank
+            out_s = np.full((m, k_out), -np.inf, np.float32)
+            out_si = np.full((m, k_out), -1, np.int64)
         if m == 0 or n == 0 or layout is None:
-            return out_d, out_i
+            return (out_d, out_i) if rerank is None else (out_s, out_si)
         cfd = self._float_distances(layout, queries, P)
         min_codes = self._min_codes(k, snap, layout)
         db = snap.rows["words"].reshape(-1)
@@ -608,6 +639,7 @@ class IVFIndex(BinaryIndex):
         args = (db, snap.ids, layout.offsets, cent, layout.n_lists, q, cfd)
         grouped = n * self._n_words >= GROUP_MIN_WORDS
         rest = (k, min(k, n), self.n_bits, probe, min_codes, grouped, out_d, out_i)
+        rest += (P32, row_of_id, out_s, out_si)
         width = _WIDTH_TAGS.get(self._n_words)
 
         tail: int | tuple[int, ...]  # the word count, or a tuple of that length
@@ -622,7 +654,7 @@ class IVFIndex(BinaryIndex):
             kernel(*args, start, stop, *rest, tail)
 
         parallel_chunks(scan, m, n_threads)
-        return out_d, out_i
+        return (out_d, out_i) if rerank is None else (out_s, out_si)
 
     def search_asymmetric(
         self,
@@ -641,6 +673,11 @@ class IVFIndex(BinaryIndex):
         :meth:`BinaryIndex.search_asymmetric <hashlearn.index.base.BinaryIndex.search_asymmetric>`
         ranks them: ``(S float32 (m, k), I int64 (m, k))``, scores largest first, ties to the
         smaller id, padded with ``-inf`` / ``-1``. Shortlist and codes come from one state.
+
+        Where the ids span at most ``4 n + 1024`` values (ids given by ``add``, or a few
+        removed), each query's shortlist is re-ranked inside the scan kernel right after that
+        query's scan, while its codes are still in cache; sparser ids are put in order by a
+        sort first. Both give the same results.
         """
         owner = "IVFIndex.search_asymmetric"
         P = check_projections(projections, self.n_bits, owner)
@@ -653,7 +690,12 @@ class IVFIndex(BinaryIndex):
         snap = self._store.snapshot
         if snap.n == 0:
             return np.full((m, k), -np.inf, np.float32), np.full((m, k), -1, np.int64)
-        _, cand = self._search_snapshot(snap, queries, min(snap.n, 4 * k), probe, n_threads, P)
+        n_short = min(snap.n, SHORTLIST_FACTOR * k)
+        row_of_id = snap.derived("ivf_row_of_id", _row_of_id)
+        if row_of_id is not False:  # re-ranked in the scan kernel, each query after its scan
+            rerank = (_read_only(P), k, row_of_id)
+            return self._search_snapshot(snap, queries, n_short, probe, n_threads, P, rerank)
+        _, cand = self._search_snapshot(snap, queries, n_short, probe, n_threads, P)
         # the shortlisted codes in id order, so that a tie goes to the smaller id
         short, rows, local = _id_ordered(snap, cand)
         S, pos = rerank_words(P, snap.rows["words"][rows], local, k, self.n_bits, n_threads)
