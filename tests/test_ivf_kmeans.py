@@ -274,8 +274,9 @@ def test_memory_per_vector_counts_the_coarse_stage():
     X = rng.standard_normal((2000, 40)).astype(np.float32)
     index = EmbeddingIndex("itq", n_bits=32, coarse=10, coarse_quantizer="k-means").fit(X).add(X)
     mem = index.memory_per_vector()
-    # 10 lists: a one-word centroid + an offset each, 10 x 32 float32 centroids, 32 scales
-    assert mem["coarse"] == -(-(10 * 16 + 10 * 32 * 4 + 32 * 4) // 2000)
+    # 10 lists: a one-word centroid + an offset each, 10 x 32 float32 centroids twice (as
+    # trained and the probe's transposed copy), 10 float32 norms, 32 scales
+    assert mem["coarse"] == -(-(10 * 16 + 2 * 10 * 32 * 4 + 10 * 4 + 32 * 4) // 2000)
     majority = EmbeddingIndex("itq", n_bits=32, coarse=10).fit(X).add(X)
     assert majority.codes_.quantizer == "k-majority"
     assert majority.memory_per_vector()["coarse"] == 1  # 10 x 16 B over 2000 vectors

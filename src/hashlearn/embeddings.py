@@ -496,7 +496,8 @@ class EmbeddingIndex:
     def memory_per_vector(self) -> dict[str, int]:
         """Bytes per vector: ``code`` (packed bits), ``scan`` (what the Hamming scan keeps in
         RAM: the code in whole 64-bit words plus the int64 id), ``coarse`` (the coarse
-        stage's centroids and list offsets shared out over the stored vectors, rounded up;
+        stage's centroids (k-means lists: also the probe's transposed copy) and list offsets
+        shared out over the stored vectors, rounded up;
         0 for a flat scan) and ``float`` (the float32 vector used for rescoring,
         memory-mapped from disk after :meth:`load`)."""
         mem = bytes_per_vector(self.n_bits, self.dim_ or 0)
@@ -506,7 +507,8 @@ class EmbeddingIndex:
             lists = len(codes.list_sizes)
             vectors = codes.centroid_vectors
             total = lists * (8 * ((self.n_bits + 63) // 64) + 8)
-            total += 0 if vectors is None else vectors.nbytes + 4 * self.n_bits
+            # float centroids: as trained, the probe's transposed copy, their norms, scale
+            total += 0 if vectors is None else 2 * vectors.nbytes + 4 * lists + 4 * self.n_bits
             mem["coarse"] = -(-total // len(codes))
         return mem
 

@@ -93,7 +93,7 @@ class _Lists:
     are ``centroids``) and the bits' stand-in scale (float32 ``(n_bits,)``); ``None`` for
     k-majority lists."""
 
-    __slots__ = ("centroids", "offsets", "vectors", "scale", "sq_norms")
+    __slots__ = ("centroids", "offsets", "vectors", "scale", "sq_norms", "probe_form")
 
     def __init__(self, centroids, offsets, vectors=None, scale=None):
         self.centroids = _read_only(centroids)
@@ -101,6 +101,16 @@ class _Lists:
         self.vectors = None if vectors is None else _read_only(vectors)
         self.scale = None if scale is None else _read_only(scale)
         self.sq_norms = None if vectors is None else (vectors.astype(np.float64) ** 2).sum(1)
+        #: the probe's operands: ``-2 C^T`` contiguous (float32 ``(n_bits, n_lists)``: a
+        #: transposed view would cost the product about 1.5x) and ``|c|^2`` in float32
+        self.probe_form = (
+            None
+            if vectors is None
+            else (
+                _read_only(np.ascontiguousarray(-2.0 * self.vectors.T, dtype=np.float32)),
+                self.sq_norms.astype(np.float32),
+            )
+        )
 
     def with_offsets(self, offsets: np.ndarray) -> _Lists:
         """The same centroids over other list offsets (a write's new layout)."""
@@ -292,8 +302,10 @@ class IVFIndex(BinaryIndex):
             return _NO_FLOAT
         if P is None:
             P = self._projections(None, queries, layout.scale, "")
-        d = layout.sq_norms.astype(np.float32)[None, :] - 2.0 * (P @ layout.vectors.T)
-        return _read_only(np.nan_to_num(d, nan=np.inf))
+        neg2_t, sq_norms = layout.probe_form
+        d = P @ neg2_t  # one product and two passes in place (a query's probe: about
+        d += sq_norms  # 10 us for 256 x 1,996 in a development profile, 20-38 before)
+        return _read_only(np.nan_to_num(d, copy=False, nan=np.inf))
 
     # --------------------------------------------------------------------------- state
 
