@@ -303,8 +303,8 @@ class IVFIndex(BinaryIndex):
         if P is None:
             P = self._projections(None, queries, layout.scale, "")
         neg2_t, sq_norms = layout.probe_form
-        d = P @ neg2_t  # one product and two passes in place (a query's probe: about
-        d += sq_norms  # 10 us for 256 x 1,996 in a development profile, 20-38 before)
+        d = P @ neg2_t  # one product, then two passes in place: 15 us a query for 256 bits
+        d += sq_norms  # x 1,996 lists (17-18 us for the product with a transposed view)
         return _read_only(np.nan_to_num(d, copy=False, nan=np.inf))
 
     # --------------------------------------------------------------------------- state
