@@ -650,8 +650,8 @@ class IVFIndex(BinaryIndex):
         cent = layout.centroids.reshape(-1)
         args = (db, snap.ids, layout.offsets, cent, layout.n_lists, q, cfd)
         grouped = n * self._n_words >= GROUP_MIN_WORDS
-        rest = (k, min(k, n), self.n_bits, probe, min_codes, grouped, out_d, out_i)
-        rest += (P32, row_of_id, out_s, out_si)
+        rest = (k, min(k, n), self.n_bits, probe, min_codes, grouped, out_d, out_i, P32)
+        rest_rerank = (row_of_id, out_s, out_si)
         width = _WIDTH_TAGS.get(self._n_words)
 
         tail: int | tuple[int, ...]  # the word count, or a tuple of that length
@@ -663,7 +663,7 @@ class IVFIndex(BinaryIndex):
             tail = width
 
         def scan(start: int, stop: int) -> None:
-            kernel(*args, start, stop, *rest, tail)
+            kernel(*args, start, stop, *rest, *rest_rerank, tail)
 
         parallel_chunks(scan, m, n_threads)
         return (out_d, out_i) if rerank is None else (out_s, out_si)
