@@ -63,7 +63,7 @@ from hashlearn.rerank._kernels import NEG_INNER, rescore_runner  # noqa: E402
 N_BITS = 256
 QUERY_LEVELS = 15  # 4-bit query projections
 NPROBES = (2, 4, 8, 16, 32, 64)
-SHORTLISTS = (80, 120, 160, 240)
+SHORTLISTS = (40, 80, 120, 160, 240)
 OVERFETCH = (8, 12, 16, 24, 48)
 
 
@@ -267,8 +267,8 @@ def residual_index(base, n_lists, seed=0):
     return C, P, codes, gain, shift, offsets, order
 
 
-def run_residual(base, queries, truth, log):
-    n_lists = max(1, round(np.sqrt(len(base))))
+def run_residual(base, queries, truth, log, n_lists=0):
+    n_lists = n_lists or max(1, round(np.sqrt(len(base))))
     t0 = time.process_time()
     C, P, codes, gain, shift, offsets, order = residual_index(base, n_lists)
     layout = as_blocks(codes, gain, shift, offsets)
@@ -391,6 +391,7 @@ def main(argv=None):
     parser.add_argument("--synthetic", type=int, default=0, help="draw this many from the mixture")
     parser.add_argument("--n-queries", type=int, default=1000)
     parser.add_argument("--faiss", action="store_true", help="also faiss IVF-RaBitQ + refine")
+    parser.add_argument("--lists", type=int, default=0, help="residual lists (0: sqrt(n))")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "residual")
     args = parser.parse_args(argv)
 
@@ -414,7 +415,7 @@ def main(argv=None):
     fit = base[np.sort(rng.choice(len(base), min(20000, len(base)), replace=False))]
     result = {"machine": machine, "data": data}
     result["global"] = run_global(base, queries, truth, fit, log)
-    result["residual"] = run_residual(base, queries, truth, log)
+    result["residual"] = run_residual(base, queries, truth, log, args.lists)
     if args.faiss:
         import faiss
 
