@@ -6,7 +6,9 @@ contender) and three implementations score them, one thread each, interleaved:
 
 * hashlearn -- ``hashlearn.rerank.Refiner(metric, screen=False)`` (the batched numba kernel
   over float32 rows; the wide SIMD path is whatever LLVM emits for this CPU), and
-  ``screen=True`` (Euclidean: the 8-bit screen first);
+  ``screen=True`` (Euclidean: the 8-bit screen first); beside them the unscreened float64
+  kernel (``rerank._kernels.distance_kernel``) that ``rescore_runner`` passes over for
+  float32 rows with at least 2k candidates (the same top k; which is faster is the CPU's);
 * faiss -- ``faiss.knn_inner_products_by_idx`` / ``faiss.knn_L2sqr_by_idx`` (IndexFlatIP /
   IndexFlatL2's kernels restricted to a subset of rows per query), ``omp_set_num_threads(1)``;
 * numpy -- the candidate rows gathered, one batched BLAS product, ``argpartition``.
@@ -40,6 +42,7 @@ import numpy as np  # noqa: E402
 import hashlearn  # noqa: E402
 from _common import interleaved_wall_and_cpu, load_average, machine, markdown_table  # noqa: E402
 from hashlearn.rerank import Refiner  # noqa: E402
+from hashlearn.rerank._kernels import EUCLIDEAN, NEG_INNER, distance_kernel  # noqa: E402
 
 K = 10
 
@@ -68,6 +71,14 @@ def numpy_gather(metric: str, X, Q, cand, k):
     return np.take_along_axis(cand, np.take_along_axis(part, order, 1), 1)
 
 
+def float64_kernel(metric: str, X, Q, cand, k):
+    """The unscreened float64 kernel over the candidate rows (ids = rows here)."""
+    kind = NEG_INNER if metric == "inner_product" else EUCLIDEAN
+    out_d, out_i = np.full((len(Q), k), np.inf), np.full((len(Q), k), -1, np.int64)
+    distance_kernel(Q, X, cand, kind, k, out_d, out_i, 0, len(Q))
+    return out_d, out_i
+
+
 def rows(n: int, d: int, m: int, repeats: int) -> list[dict]:
     rng = np.random.default_rng(d)
     X = rng.standard_normal((n, d), dtype=np.float32)
@@ -85,11 +96,13 @@ def rows(n: int, d: int, m: int, repeats: int) -> list[dict]:
                 lambda r=screened, c=cand: r.refine(Q, c, K, n_threads=1),
                 lambda c=cand, mt=metric: faiss_by_idx(mt, X, Q, c, K),
                 lambda c=cand, mt=metric: numpy_gather(mt, X, Q, c, K),
+                lambda c=cand, mt=metric: float64_kernel(mt, X, Q, c, K),
             ]
             ours = calls[0]()[1]  # rows whose top k equals faiss's / numpy's (float32 sums
             # may swap near-ties: hashlearn ranks in float64)
             same = float(np.mean((ours == calls[2]()[1]).all(axis=1)))
             same_np = float(np.mean((ours == calls[3]()).all(axis=1)))
+            assert np.array_equal(ours, calls[4]()[1]), "the float64 kernel's top k differs"
             _, cpu = interleaved_wall_and_cpu(calls, repeats)
             ms = np.median(cpu, axis=0) / m * 1e3
             out.append(
@@ -101,6 +114,7 @@ def rows(n: int, d: int, m: int, repeats: int) -> list[dict]:
                     screened_ms=ms[1],
                     faiss_ms=ms[2],
                     numpy_ms=ms[3],
+                    float64_ms=ms[4],
                     faiss_over_hashlearn=float(np.median(cpu[:, 2] / cpu[:, 0])),
                     numpy_over_hashlearn=float(np.median(cpu[:, 3] / cpu[:, 0])),
                     same_faiss=same,
@@ -145,7 +159,8 @@ def main() -> None:
     start = load_average()
     results = rows(args.n, 96, args.queries, args.repeats)
     results += rows(args.n, 384, args.queries, args.repeats)
-    header = ["d", "metric", "candidates", "hashlearn CPU ms/query", "screened", "faiss"]
+    header = ["d", "metric", "candidates", "hashlearn CPU ms/query", "screened", "float64"]
+    header += ["faiss"]
     header += ["numpy", "faiss / hashlearn", "numpy / hashlearn", "same top k: faiss / numpy"]
     table = markdown_table(
         header,
@@ -156,6 +171,7 @@ def main() -> None:
                 r["candidates"],
                 f"{r['hashlearn_ms']:.4f}",
                 f"{r['screened_ms']:.4f}",
+                f"{r['float64_ms']:.4f}",
                 f"{r['faiss_ms']:.4f}",
                 f"{r['numpy_ms']:.4f}",
                 f"**{r['faiss_over_hashlearn']:.2f}**",
