@@ -113,8 +113,13 @@ class _Lists:
         )
 
     def with_offsets(self, offsets: np.ndarray) -> _Lists:
-        """The same centroids over other list offsets (a write's new layout)."""
-        return _Lists(self.centroids, offsets, self.vectors, self.scale)
+        """The same centroids over other list offsets (a write's new layout), sharing the
+        derived norms and probe operands instead of computing them again on every write."""
+        lists = object.__new__(_Lists)
+        for name in _Lists.__slots__:
+            setattr(lists, name, getattr(self, name))
+        lists.offsets = _read_only(offsets)
+        return lists
 
     @property
     def n_lists(self) -> int:
