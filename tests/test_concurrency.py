@@ -33,6 +33,7 @@ from hashlearn.index import (
     MinHashLSHIndex,
     MultiIndexHashing,
     PermutationIndex,
+    ResidualIVFIndex,
     TableIndex,
 )
 
@@ -45,6 +46,7 @@ KINDS = (
     "cascade",
     "flat-on-disk",
     "permutation",
+    "residual-ivf",
     "searcher",
     "embedding-index",
 )
@@ -101,6 +103,8 @@ class _Kind:
     def make_rows(self, rng, m):
         if self.kind in ("searcher", "embedding-index"):  # integers: exact in any order
             return rng.integers(-3, 4, (m, 6)).astype(np.float32)
+        if self.kind == "residual-ivf":  # a hasher's projections
+            return rng.standard_normal((m, self.n_bits)).astype(np.float32)
         if self.kind == "table":
             return rng.integers(0, 6, (m, 3))
         if self.kind == "minhash":
@@ -129,6 +133,8 @@ class _Kind:
             return FlatIndex.open(self.tmp / "flat")
         if self.kind == "permutation":
             return PermutationIndex(self.n_bits, random_state=0)
+        if self.kind == "residual-ivf":
+            return ResidualIVFIndex(self.n_bits, n_lists=4, n_probe=4)
         cls = {"flat": FlatIndex, "mih": MultiIndexHashing, "hamming-ball": HammingBallIndex}
         return cls[self.kind](self.n_bits, **({"probe_cost": 1.0} if "ball" in self.kind else {}))
 
@@ -146,6 +152,9 @@ class _Kind:
         if self.kind == "searcher":
             index.add(rows, ids=ids)
             return ids
+        if self.kind == "residual-ivf":
+            codes = np.packbits(rows >= 0, axis=1, bitorder="little")
+            return index.add(codes, ids=ids if explicit else None, projections=rows)
         return index.add(self.data(rows), ids=ids if explicit else None)
 
     def search(self, index, n_threads):
@@ -162,6 +171,8 @@ class _Kind:
             )
         if self.kind == "cascade":
             return index.search(q, self.k)
+        if self.kind == "residual-ivf":
+            return index.search_asymmetric(q, self.k, n_threads=n_threads)
         return index.search(q, self.k, n_threads=n_threads)
 
     def brute(self, ids: np.ndarray, rows: np.ndarray):
@@ -184,7 +195,21 @@ class _Kind:
             if len(ids):
                 fresh.add(rows, ids)
             return fresh.search(self.queries, self.k)
+        if self.kind == "residual-ivf":  # every list probed: a fresh index on the same lists
+            return self._residual_brute(ids, rows)
         return _knn(_hamming(self.queries, rows), ids, self.k)
+
+    def _residual_brute(self, ids, rows):
+        """The answer of a fresh index whose lists are learned from the first rows added
+        (the stressed index trains on them), holding this state's rows."""
+        if len(ids) and not hasattr(self, "train_rows"):
+            self.train_rows = rows  # the first state: the 200 rows of the first add
+        fresh = self.new_index()
+        if len(ids):
+            codes = np.packbits(self.train_rows >= 0, axis=1, bitorder="little")
+            fresh.train(codes, projections=self.train_rows)
+            fresh.add(np.packbits(rows >= 0, axis=1, bitorder="little"), ids, projections=rows)
+        return fresh.search_asymmetric(self.queries, self.k)
 
     def _cascade_brute(self, ids, rows):
         D = np.full((len(self.queries), self.k), -1, np.int64)

@@ -66,6 +66,8 @@ import numpy as np
 
 from hashlearn.embeddings import (
     _RERANK,
+    COARSE_QUANTIZERS,
+    DEFAULT_COARSE_QUANTIZER,
     EmbeddingIndex,
     _normalized,
     bytes_per_vector,
@@ -419,9 +421,17 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     default="auto",
     show_default=True,
     metavar="N|auto|none",
-    help="An IVF coarse stage of N k-majority lists, probed as k x overfetch needs, built in "
+    help="An IVF coarse stage of N lists (--coarse-quantizer), probed as k x overfetch needs, built in "
     "memory, then saved; auto: about 4 sqrt(n) lists from 100,000 vectors up, a flat scan "
     "below (and on a sharded build); none: a flat scan.",
+)
+@click.option(
+    "--coarse-quantizer",
+    default=DEFAULT_COARSE_QUANTIZER,
+    show_default=True,
+    type=click.Choice(list(COARSE_QUANTIZERS)),
+    help="The coarse lists: k-majority lists of the codes, k-means lists of the projections, "
+    "or k-means lists holding residual codes ranked by RaBitQ's estimator.",
 )
 @_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
 @_count_option("--chunk-size", 65_536)
@@ -439,6 +449,7 @@ def build(
     overfetch,
     ranking,
     coarse,
+    coarse_quantizer,
     fit_size,
     chunk_size,
     seed,
@@ -483,6 +494,7 @@ def build(
             random_state=seed,
             ranking=ranking,
             coarse=coarse,
+            coarse_quantizer=coarse_quantizer,
         )
         idx.fit(check_embeddings(matrix.sample(fit_size), "embeddings", "hashlearn index build"))
         if coarse is not None and client is None:  # lists for the whole matrix, not a chunk
@@ -636,7 +648,7 @@ def info(directory):
         m.update(ranking=idx.ranking)
         if isinstance(idx.codes_, IVFIndex):
             sizes = idx.codes_.list_sizes
-            kind = idx.codes_.quantizer
+            kind = idx.coarse_quantizer
             m.update(
                 coarse=f"IVF, {len(sizes)} {kind} lists ({idx.coarse}), "
                 f"{sizes.max()} codes in the largest"

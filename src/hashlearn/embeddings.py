@@ -53,6 +53,7 @@ from hashlearn.index.ivf import (
     QUANTIZERS,
     IVFIndex,
 )
+from hashlearn.index.ivf_residual import ResidualIVFIndex
 from hashlearn.rerank.refiner import Refiner
 from hashlearn.search import Searcher
 
@@ -70,6 +71,10 @@ _RERANK = {"cosine": "inner_product", "ip": "inner_product", "euclidean": "eucli
 #: flat scan is faster below: class docstring)
 AUTO_COARSE_MIN_ROWS = 100_000
 _METRICS = tuple(_RERANK)
+#: the coarse stages: IVFIndex's quantizers, or residual codes (ResidualIVFIndex)
+COARSE_QUANTIZERS = (*QUANTIZERS, "residual")
+#: ``coarse_quantizer``'s default (the class docstring says why)
+DEFAULT_COARSE_QUANTIZER = "k-majority"
 _CLASS = "EmbeddingIndex"
 _COMPONENT = re.compile(r"(hasher|codes)-[0-9a-f]{16}")
 #: Families whose code length is bounded by the dimension (principal directions, one bit per
@@ -201,11 +206,14 @@ class EmbeddingIndex:
         249,000 and 1.99x HNSW's on 1M drawn rows
         (``docs/results.md``). A search scans the lists nearest the query's projection, as many as the
         budget ``k * overfetch`` needs (the index's probing rule).
-    coarse_quantizer : {"k-majority", "k-means"}, default="k-majority"
+    coarse_quantizer : {"k-majority", "k-means", "residual"}, default="k-majority"
         The coarse lists: k-majority lists of the codes (Hamming centroids), or k-means
         lists of the hasher's real-valued projections (float centroids, probed by the
         query's projection: a quarter of the candidates for the same recall on 249k MiniLM
-        rows, but a costlier probe and training). On those rows through ITQ-256 with 1,996
+        rows, but a costlier probe and training), or ``"residual"``: k-means lists holding
+        each row's residual signs and ranked by RaBitQ's estimator
+        (:class:`~hashlearn.index.ResidualIVFIndex`; the shortlist is always asymmetric,
+        ``ranking`` then applies to a flat scan only). On those rows through ITQ-256 with 1,996
         lists each, k-majority reached recall 0.952 at 109 us a query and k-means 0.944 at
         118 / 0.960 at 146 (development, not quiet); at 1M drawn rows the k-means probe (a
         256 x 4,000 product a query) made it 0.8x the k-majority lists. k-means pays where
@@ -245,7 +253,7 @@ class EmbeddingIndex:
         random_state: int | None = 0,
         ranking: str = "hamming",
         coarse: int | str | None = "auto",
-        coarse_quantizer: str = "k-majority",
+        coarse_quantizer: str = DEFAULT_COARSE_QUANTIZER,
     ):
         owner = "EmbeddingIndex"
         if coarse is not None and coarse != "auto":
@@ -295,9 +303,10 @@ class EmbeddingIndex:
         self.random_state = random_state
         self.ranking = ranking
         self.coarse = coarse
-        if coarse_quantizer not in QUANTIZERS:
+        if coarse_quantizer not in COARSE_QUANTIZERS:
             raise ValueError(
-                f"The 'coarse_quantizer' parameter of {owner} must be one of {list(QUANTIZERS)}."
+                f"The 'coarse_quantizer' parameter of {owner} must be one of "
+                f"{list(COARSE_QUANTIZERS)}."
                 f" Got {coarse_quantizer!r} instead."
             )
         self.coarse_quantizer = coarse_quantizer
@@ -326,11 +335,15 @@ class EmbeddingIndex:
         if self.coarse is None:
             return FlatIndex(self.n_bits)
         seed = self.random_state if isinstance(self.random_state, int) else 0
+        if self.coarse_quantizer == "residual":
+            return ResidualIVFIndex(self.n_bits, random_state=seed)
         return IVFIndex(self.n_bits, random_state=seed, quantizer=self.coarse_quantizer)
 
     def _per_list(self) -> int:
         """Training rows per coarse list (the index's own cap)."""
-        return K_MEANS_TRAIN_PER_LIST if self.coarse_quantizer == "k-means" else MAX_TRAIN_PER_LIST
+        if self.coarse_quantizer == "k-majority":
+            return MAX_TRAIN_PER_LIST
+        return K_MEANS_TRAIN_PER_LIST
 
     def coarse_sample_size(self, n_total: int) -> int:
         """Rows :meth:`train_coarse` uses for a database of ``n_total`` rows (0: no lists)."""
@@ -394,10 +407,10 @@ class EmbeddingIndex:
         return self
 
     def _searcher(self, hasher: BaseHasher, codes: FlatIndex | IVFIndex) -> Searcher:
-        # screen=False: the float32 screen of rescore_runner, as this class always used
-        return Searcher(
-            hasher, codes, rerank=_RERANK[self.metric], screen=False, ranking=self.ranking
-        )
+        # screen=False: the float32 screen of rescore_runner, as this class always used;
+        # residual codes are ranked by their estimator
+        ranking = "asymmetric" if isinstance(codes, ResidualIVFIndex) else self.ranking
+        return Searcher(hasher, codes, rerank=_RERANK[self.metric], screen=False, ranking=ranking)
 
     @property
     def hasher_(self) -> BaseHasher | None:
@@ -499,9 +512,12 @@ class EmbeddingIndex:
         stage's centroids (k-means lists: also the probe's transposed copy) and list offsets
         shared out over the stored vectors, rounded up;
         0 for a flat scan) and ``float`` (the float32 vector used for rescoring,
-        memory-mapped from disk after :meth:`load`)."""
+        memory-mapped from disk after :meth:`load`); residual codes keep two float32
+        factors a row beside the code (``scan`` counts them)."""
         mem = bytes_per_vector(self.n_bits, self.dim_ or 0)
         codes = self.codes_
+        if isinstance(codes, ResidualIVFIndex):
+            mem["scan"] += 8
         mem["coarse"] = 0
         if isinstance(codes, IVFIndex) and len(codes):
             lists = len(codes.list_sizes)
@@ -645,7 +661,10 @@ class EmbeddingIndex:
                 raise ValueError(f"invalid component directory name {name!r}")
         hasher = _io.load(path / dirs[0], mmap=False, verify=verify)
         codes = _io.load(path / dirs[1], mmap=mmap, verify=verify)
-        kinds = (FlatIndex,) if obj.coarse is None else (FlatIndex, IVFIndex)
+        kinds: tuple[type, ...] = (FlatIndex,)
+        if obj.coarse is not None:
+            residual = obj.coarse_quantizer == "residual"
+            kinds = (FlatIndex, ResidualIVFIndex if residual else IVFIndex)
         if not isinstance(hasher, BaseHasher) or type(codes) not in kinds:
             names = " or ".join(kind.__name__ for kind in kinds)
             raise ValueError(f"the components are not a hasher and a {names}")

@@ -9,6 +9,7 @@ from hashlearn.index.cascade import Cascade
 from hashlearn.index.flat import FlatIndex
 from hashlearn.index.hamming_ball import HammingBallIndex
 from hashlearn.index.ivf import IVFIndex
+from hashlearn.index.ivf_residual import ResidualIVFIndex
 from hashlearn.index.mih import MultiIndexHashing
 from hashlearn.index.minhash_lsh import MinHashLSHIndex
 from hashlearn.index.permutation import PermutationIndex
@@ -23,6 +24,7 @@ __all__ = [
     "MinHashLSHIndex",
     "MultiIndexHashing",
     "PermutationIndex",
+    "ResidualIVFIndex",
     "TableIndex",
     "available_indexes",
     "make_index",

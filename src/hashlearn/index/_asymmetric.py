@@ -502,11 +502,18 @@ def check_ranking(ranking, hasher, index, owner: str) -> str:
     """``ranking`` of a searcher over ``hasher`` and ``index``: ``"hamming"``, or
     ``"asymmetric"`` for a hashlearn hasher (its ``project``) with a local index that ranks
     codes (``search_asymmetric``; not a candidate-list index such as ``PermutationIndex`` or
-    ``TableIndex``, not a sharded index); anything else a one-line ``ValueError``."""
+    ``TableIndex``, not a sharded index); ``"asymmetric"`` only for an index without a
+    Hamming search (``hamming_search = False``: ``ResidualIVFIndex``); anything else a
+    one-line ``ValueError``."""
     if ranking not in ("hamming", "asymmetric"):
         raise ValueError(
             f"The 'ranking' parameter of {owner} must be 'hamming' or 'asymmetric'. "
             f"Got {ranking!r} instead."
+        )
+    if ranking == "hamming" and not getattr(index, "hamming_search", True):
+        raise ValueError(
+            f"{owner}: {type(index).__name__} ranks by its estimator only; pass "
+            "ranking='asymmetric'."
         )
     ranks = callable(getattr(index, "search_asymmetric", None)) and not callable(
         getattr(index, "candidates", None)

@@ -58,6 +58,7 @@ __all__ = [
     "ivf_range_count",
     "ivf_range_fill",
     "merge_lists",
+    "residual_knn",
     "lists_sorted",
 ]
 
@@ -1054,3 +1055,41 @@ def lists_sorted(ids, offsets):
             if ids[i] <= ids[i - 1]:
                 return False
     return True
+
+
+# ------------------------------------------------------------- residual codes (RaBitQ)
+
+
+@njit(nogil=True, cache=True)
+def residual_knn(
+    cfd, sq_norms, P, db, factors, ids, offsets, n_lists, n_words, n_bits, n_probe, min_codes,
+    out_s, out_i, q_start, q_end,
+):  # fmt: skip
+    """The best ``out_s.shape[1]`` codes of each query's probed lists by the estimated score
+    of :class:`~hashlearn.index.ivf_residual.ResidualIVFIndex` (its module doc), into
+    ``out_s`` / ``out_i`` (float32 scores largest first, ids; ties to the smaller id; padded
+    with ``-inf`` / ``-1``).
+
+    ``cfd[q, l] = |c_l|^2 - 2 <p_q, c_l>`` (the probe's distances, :func:`_probe_float`
+    picks the lists), ``sq_norms[l] = |c_l|^2``; code ``r`` of a list scores
+    ``<p_q, c_l> + shift_r + gain_r * <p_q, 2 b_r - 1>`` with ``(gain_r, shift_r) =
+    factors[r]`` and the last term the asymmetric score of the byte tables of ``P[q]``
+    (:func:`hashlearn.index._asymmetric._score`), each term float32 in a fixed order."""
+    k_out = out_s.shape[1]
+    table = np.empty(n_words * 8 * 256, np.float32)
+    heap_s = np.empty(k_out, np.float32)
+    heap_p = np.empty(k_out, np.int64)
+    heap_d = np.empty(n_lists, np.float32)
+    order = np.empty(2 * n_lists, np.int64)
+    for q in range(q_start, q_end):
+        byte_tables(P[q], n_bits, table)
+        n_pr = _probe_float(cfd[q], n_lists, offsets, n_probe, min_codes, heap_d, order)
+        size = 0
+        for t in range(n_pr):
+            c = order[t]
+            base = np.float32(0.5) * (sq_norms[c] - cfd[q, c])  # <p_q, c_l>
+            for r in range(offsets[c], offsets[c + 1]):
+                s = _score(table, db, r, n_words)
+                est = (base + factors[r, 1]) + factors[r, 0] * s
+                size = _offer_score(heap_s, heap_p, size, k_out, est, ids[r])
+        _emit_scores(heap_s, heap_p, size, out_s, out_i, q)

@@ -1,0 +1,311 @@
+"""ResidualIVFIndex: residual 1-bit codes under k-means lists, ranked by RaBitQ's estimator.
+
+Oracles: the estimator in float64 numpy, over every list or over the lists nearest each
+query; the recall ordering the design rests on (fewer candidates than Hamming ranking of the
+plain codes for the same recall after rescoring), on real data (digits) through ITQ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hashlearn
+from hashlearn import Searcher
+from hashlearn.embeddings import EmbeddingIndex
+from hashlearn.hashers import IterativeQuantization as ITQ
+from hashlearn.index import IVFIndex, ResidualIVFIndex
+from hashlearn.index import ivf_residual as residual_module
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return hashlearn.load_digits()
+
+
+def _codes(P):
+    return np.packbits(P >= 0, axis=1, bitorder="little")
+
+
+def _estimates(index, P_rows, Q):
+    """``(m, n)`` float64 estimated scores of every stored row (module doc) from the rows'
+    projections, filed under their nearest centroid as the index files them."""
+    C = index.centroid_vectors.astype(np.float64)
+    P = P_rows.astype(np.float64)
+    lists = np.argmin(((P[:, None, :] - C[None]) ** 2).sum(-1), axis=1)
+    c = C[lists]
+    r = P - c
+    signs = np.where(r >= 0, 1.0, -1.0)
+    l1 = np.abs(r).sum(1)
+    g = np.where(l1 > 0, (r * r).sum(1) / np.where(l1 > 0, l1, 1.0), 0.0)
+    h = (c * r).sum(1) - g * (c * signs).sum(1) - 0.5 * (P * P).sum(1)
+    Q = Q.astype(np.float64)
+    return (Q @ C.T)[:, lists] + g * (Q @ signs.T) + h, lists
+
+
+def _top(scores, ids, k):
+    order = np.lexsort((np.broadcast_to(ids, scores.shape), -scores), axis=1)[:, :k]
+    return np.take_along_axis(scores, order, 1), ids[order]
+
+
+def _assert_same_ranking(S, I, want_s, want_i, tol=1e-4):
+    """Equal ids wherever the oracle's neighbouring scores are apart by more than ``tol``
+    (float32 sums against float64 ones), scores within ``tol``."""
+    np.testing.assert_allclose(S, want_s, atol=tol, rtol=0)
+    gaps = np.diff(want_s, axis=1)
+    clear = np.ones_like(want_i, bool)
+    clear[:, 1:] &= np.abs(gaps) > tol
+    clear[:, :-1] &= np.abs(gaps) > tol
+    assert np.array_equal(I[clear], want_i[clear])
+
+
+@pytest.mark.parametrize("n_bits", [24, 64, 100, 256])
+def test_every_list_probed_is_the_exact_estimator_ranking(n_bits):
+    rng = np.random.default_rng(n_bits)
+    P = (rng.standard_normal((1500, n_bits)) + 0.5).astype(np.float32)
+    Q = rng.standard_normal((40, n_bits)).astype(np.float32)
+    index = ResidualIVFIndex(n_bits, n_lists=12)
+    ids = np.arange(1500) * 3 + 1  # sparse ids, not the rows' order
+    index.add(_codes(P[:900]), ids[:900], projections=P[:900])
+    index.add(_codes(P[900:]), ids[900:], projections=P[900:])
+    S, I = index.search_asymmetric(Q, 15, n_probe=12)
+    est, _ = _estimates(index, P, Q)
+    _assert_same_ranking(S, I, *_top(est, ids, 15))
+
+
+def test_the_probed_lists_are_the_nearest_centroids():
+    rng = np.random.default_rng(1)
+    P = rng.standard_normal((2000, 32)).astype(np.float32)
+    Q = rng.standard_normal((30, 32)).astype(np.float32)
+    index = ResidualIVFIndex(32, n_lists=20)
+    index.add(_codes(P), projections=P)
+    S, I = index.search_asymmetric(Q, 10, n_probe=3)
+    est, lists = _estimates(index, P, Q)
+    C = index.centroid_vectors.astype(np.float64)
+    d = ((Q[:, None, :].astype(np.float64) - C[None]) ** 2).sum(-1)
+    near = np.argsort(d, axis=1, kind="stable")[:, :3]
+    masked = np.empty_like(est)
+    for q in range(len(Q)):
+        masked[q] = np.where(np.isin(lists, near[q]), est[q], -np.inf)
+    _assert_same_ranking(S, I, *_top(masked, np.arange(2000), 10))
+
+
+def test_default_probing_follows_the_budget():
+    rng = np.random.default_rng(2)
+    P = rng.standard_normal((4000, 32)).astype(np.float32)
+    index = ResidualIVFIndex(32, n_lists=40)
+    index.add(_codes(P), projections=P)
+    sizes = index.list_sizes
+    Q = P[:5]
+    for k in (10, 40):
+        need = max(
+            residual_module.PROBE_FACTOR * k, -(-residual_module.MIN_PROBE_LISTS * 4000 // 40)
+        )
+        C = index.centroid_vectors.astype(np.float64)
+        d = ((Q[:, None, :].astype(np.float64) - C[None]) ** 2).sum(-1)
+        est, lists = _estimates(index, P, Q)
+        for q in range(len(Q)):
+            order = np.argsort(d[q], kind="stable")
+            n_probe = int(np.searchsorted(np.cumsum(sizes[order]), need) + 1)
+            probed = order[: min(n_probe, 40)]
+            want = np.where(np.isin(lists, probed), est[q], -np.inf)[None]
+            S, I = index.search_asymmetric(Q[q : q + 1], k)
+            _assert_same_ranking(S, I, *_top(want, np.arange(4000), k))
+
+
+def test_ties_go_to_the_smaller_id_and_short_results_pad():
+    P = np.repeat(np.random.default_rng(3).standard_normal((5, 16)).astype(np.float32), 4, 0)
+    index = ResidualIVFIndex(16, n_lists=2)
+    ids = np.array([9, 3, 7, 1] * 5) + np.repeat(np.arange(5) * 10, 4)
+    index.add(_codes(P), ids, projections=P)
+    S, I = index.search_asymmetric(P[:1], 30, n_probe=2)
+    assert np.array_equal(I[0, :4], np.sort(ids[:4]))
+    assert np.all(I[0, 20:] == -1) and np.all(S[0, 20:] == -np.inf)
+
+
+def test_writes_and_state():
+    rng = np.random.default_rng(4)
+    P = rng.standard_normal((600, 40)).astype(np.float32)
+    whole = ResidualIVFIndex(40, n_lists=6)
+    whole.add(_codes(P), projections=P)
+    parts = ResidualIVFIndex(40, n_lists=6)
+    parts.train(_codes(P), projections=P)
+    for s in range(0, 600, 170):
+        parts.add(_codes(P[s : s + 170]), projections=P[s : s + 170])
+    Q = P[::50]
+    for a, b in zip(
+        whole.search_asymmetric(Q, 8, n_probe=6),
+        parts.search_asymmetric(Q, 8, n_probe=6),
+        strict=True,
+    ):
+        assert np.array_equal(a, b)
+    assert parts.remove([0, 50, 599]) == 3
+    S, I = parts.search_asymmetric(Q, 8, n_probe=6)
+    assert not np.isin([0, 50, 599], I).any() and len(parts) == 597
+    assert parts.codes.shape == (597, 5) and parts.is_trained
+    with pytest.raises(ValueError, match="does not keep"):
+        parts.train(_codes(P), projections=P)
+    with pytest.raises(ValueError, match="already in the index"):
+        parts.add(_codes(P[:2]), [1, 2], projections=P[:2])
+
+
+def test_codes_alone_stand_in_for_projections():
+    rng = np.random.default_rng(5)
+    P = rng.standard_normal((800, 32)).astype(np.float32)
+    index = ResidualIVFIndex(32, n_lists=8)
+    index.add(_codes(P))  # the bits at the training scale
+    S, I = index.search_asymmetric(P[:10], 1, n_probe=8)
+    assert len(index) == 800 and np.isfinite(S).all()
+
+
+def test_hamming_search_is_refused_and_arguments_checked():
+    P = np.random.default_rng(6).standard_normal((100, 16)).astype(np.float32)
+    index = ResidualIVFIndex(16, n_lists=4)
+    index.add(_codes(P), projections=P)
+    with pytest.raises(TypeError, match="search_asymmetric"):
+        index.search(_codes(P[:2]), 3)
+    with pytest.raises(TypeError, match="range search"):
+        index.range_search(_codes(P[:2]), 3)
+    with pytest.raises(ValueError, match="columns"):
+        index.search_asymmetric(P[:2, :8], 3)
+    with pytest.raises(ValueError, match="finite"):
+        index.search_asymmetric(np.full((1, 16), np.nan, np.float32), 3)
+    with pytest.raises(ValueError, match="query codes"):
+        index.search_asymmetric(P[:2], 3, queries=_codes(P[:3]))
+    with pytest.raises(ValueError, match="rows of projections"):
+        index.add(_codes(P[:3]), projections=P[:2])
+    with pytest.raises(ValueError, match="float32 factors"):
+        ResidualIVFIndex(16, n_lists=1).add(_codes(P[:4]), projections=P[:4] * 1e20)
+    empty = ResidualIVFIndex(16)
+    S, I = empty.search_asymmetric(P[:2], 3)
+    assert np.all(I == -1) and np.all(S == -np.inf)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_save_load_round_trip(tmp_path, mmap):
+    rng = np.random.default_rng(7)
+    P = rng.standard_normal((500, 64)).astype(np.float32)
+    index = ResidualIVFIndex(64, n_lists=5)
+    index.add(_codes(P), projections=P)
+    index.remove([4])
+    index.save(tmp_path / "r")
+    loaded = hashlearn.load(tmp_path / "r", mmap=mmap)
+    assert type(loaded) is ResidualIVFIndex
+    for a, b in zip(
+        index.search_asymmetric(P[:20], 5), loaded.search_asymmetric(P[:20], 5), strict=True
+    ):
+        assert np.array_equal(a, b)
+    loaded.add(_codes(P[:3]), [1000, 1001, 1002], projections=P[:3])  # writes after a load
+    assert len(loaded) == 502
+    ResidualIVFIndex(64).save(tmp_path / "empty")
+    assert len(hashlearn.load(tmp_path / "empty")) == 0
+
+
+@pytest.mark.parametrize("damage", ["nan", "shape", "missing"])
+def test_damaged_factors_are_refused(tmp_path, damage):
+    from hashlearn import io
+
+    P = np.random.default_rng(8).standard_normal((50, 16)).astype(np.float32)
+    index = ResidualIVFIndex(16, n_lists=2)
+    index.add(_codes(P), projections=P)
+    params, state, arrays = index._get_state()
+    arrays = dict(arrays)
+    if damage == "nan":
+        arrays["factors"] = arrays["factors"].copy()
+        arrays["factors"][3, 1] = np.nan
+    elif damage == "shape":
+        arrays["factors"] = arrays["factors"][:-1]
+    else:
+        del arrays["factors"]
+    with pytest.raises(ValueError):
+        ResidualIVFIndex._from_state(params, state, arrays)
+    with pytest.raises(ValueError, match="quantizer"):
+        ResidualIVFIndex._from_state(dict(params, quantizer="k-means"), state, arrays)
+    assert io  # the save format is hashlearn.io's (round trip above)
+
+
+def test_searcher_ranks_by_the_estimator_only(digits):
+    X, _ = digits
+    with pytest.raises(ValueError, match="ranking='asymmetric'"):
+        Searcher(ITQ(16, random_state=0), ResidualIVFIndex(16), rerank="euclidean")
+    s = Searcher(ITQ(16, random_state=0), ResidualIVFIndex(16, n_lists=10), rerank="euclidean",
+                 ranking="asymmetric")  # fmt: skip
+    D, I = s.fit(X).add(X).search(X[:5], 3, n_candidates=50)
+    assert I[:, 0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_fewer_candidates_than_hamming_ranking_for_the_same_recall(digits):
+    """The design's claim on real data: in the same k-means lists (same probes), the
+    estimator's shortlist holds more true neighbours than the Hamming shortlist of the plain
+    codes, with a margin."""
+    X, _ = digits
+    X = X.astype(np.float64)
+    X = (X - X.mean(0)) / np.linalg.norm(X - X.mean(0), axis=1, keepdims=True).clip(1e-9)
+    X = X.astype(np.float32)
+    db, Qx = X[200:], X[:200]
+    hasher = ITQ(32, random_state=0).fit(db)
+    P, PQ = hasher.project(db), hasher.project(Qx)
+    truth = np.argsort(-(Qx @ db.T), axis=1, kind="stable")[:, :10]
+    res = ResidualIVFIndex(32, n_lists=40)
+    res.add(hasher.encode(db), projections=P)
+    ham = IVFIndex(32, n_lists=40, quantizer="k-means")
+    ham.train(hasher.encode(db), projections=P)  # the same k-means sample and seed
+    ham.add(hasher.encode(db), projections=P)
+    assert np.array_equal(ham.centroid_vectors, res.centroid_vectors)
+    for n_cand in (20, 40):
+        _, I_res = res.search_asymmetric(PQ, n_cand, n_probe=8)
+        _, I_ham = ham.search(hasher.encode(Qx), n_cand, n_probe=8, projections=PQ)
+        found = [np.mean([np.isin(t, i).mean() for t, i in zip(truth, I, strict=True)])
+                 for I in (I_res, I_ham)]  # fmt: skip
+        assert found[0] >= found[1] + 0.05, (n_cand, found)
+
+
+def test_embedding_index_residual_coarse_stage(tmp_path):
+    rng = np.random.default_rng(9)
+    centers = rng.standard_normal((30, 48))
+    X = centers[rng.integers(0, 30, 3000)] + 0.3 * rng.standard_normal((3000, 48))
+    X = X.astype(np.float32)
+    index = EmbeddingIndex("itq", n_bits=32, coarse=30, coarse_quantizer="residual")
+    index.fit(X[:1000]).add(X)
+    assert type(index.codes_) is ResidualIVFIndex and index.searcher_.ranking == "asymmetric"
+    scores, ids = index.search(X[:20], 5, overfetch=8)
+    assert ids[:, 0].tolist() == list(range(20))
+    mem = index.memory_per_vector()
+    assert mem["scan"] == 8 * 1 + 8 + 8 and mem["coarse"] > 0
+    index.save(tmp_path / "e")
+    loaded = EmbeddingIndex.load(tmp_path / "e")
+    assert type(loaded.codes_) is ResidualIVFIndex
+    for a, b in zip(loaded.search(X[:20], 5, overfetch=8), (scores, ids), strict=True):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="coarse stage"):
+        EmbeddingIndex.open(tmp_path / "e")
+
+
+def test_cli_builds_and_describes_a_residual_coarse_stage(tmp_path):
+    from click.testing import CliRunner
+
+    from hashlearn.cli import main
+
+    rng = np.random.default_rng(10)
+    X = rng.standard_normal((900, 16)).astype(np.float32)
+    np.save(tmp_path / "emb.npy", X)
+    np.save(tmp_path / "q.npy", X[:7])
+
+    def run(*args):
+        return CliRunner().invoke(main, ["index", *map(str, args)])
+
+    out = tmp_path / "idx"
+    r = run("build", tmp_path / "emb.npy", "--bits", 16, "--out", out, "--coarse", 10,
+            "--coarse-quantizer", "residual", "--fit-size", 900)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    loaded = EmbeddingIndex.load(out)
+    assert type(loaded.codes_) is ResidualIVFIndex and len(loaded.codes_.list_sizes) == 10
+    direct = EmbeddingIndex("itq", n_bits=16, coarse=10, coarse_quantizer="residual")
+    direct.fit(X).add(X)
+    r = run("search", out, tmp_path / "q.npy", "-k", 5, "--out", tmp_path / "res.npy")
+    assert r.exit_code == 0, r.output
+    assert np.array_equal(np.load(tmp_path / "res.npy"), direct.search(X[:7], 5)[1])
+    r = run("info", out)
+    assert r.exit_code == 0 and "residual lists" in r.output, r.output
+    r = run("build", tmp_path / "emb.npy", "--out", tmp_path / "b", "--coarse-quantizer", "pq")
+    assert r.exit_code == 2 and "--coarse-quantizer" in r.stderr, r.output
