@@ -76,6 +76,8 @@ METHODS = (
     ("itq-asym-ivf", "itq", {}, True, _ASYM_IVF),
     ("itq-ivf", "itq", {}, True, _IVF),
     ("itq-ivf-kmeans", "itq", {}, True, {**_IVF, "coarse_quantizer": "k-means"}),
+    ("itq-residual", "itq", {}, True, {**_IVF, "coarse_quantizer": "residual"}),
+    ("sign-residual", "sign", {"center": True}, False, {**_IVF, "coarse_quantizer": "residual"}),
     ("default", "itq", {}, True, {}),
 )
 AT_MOST_DIM = {"sign", "pca", "itq"}

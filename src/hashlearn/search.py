@@ -185,7 +185,8 @@ class Searcher:
             return self._search(X, k, n_candidates, n_threads)
 
     def _search(self, X, k, n_candidates, n_threads):
-        codes = self._encode(X)
+        # an index that ranks by projections only (ResidualIVFIndex) needs no query codes
+        codes = self._encode(X) if getattr(self.index, "hamming_search", True) else None
         if self.rerank is None:
             return self._ranked(X, codes, k, n_threads)
         if not callable(getattr(self.index, "candidates", None)):

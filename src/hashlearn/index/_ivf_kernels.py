@@ -58,6 +58,7 @@ __all__ = [
     "ivf_range_count",
     "ivf_range_fill",
     "merge_lists",
+    "query_planes",
     "residual_knn",
     "lists_sorted",
 ]
@@ -1059,6 +1060,59 @@ def lists_sorted(ids, offsets):
 
 # ------------------------------------------------------------- residual codes (RaBitQ)
 
+#: bit planes of a query's quantized projections (RaBitQ's ``B_q = 4``: 16 levels)
+QUERY_PLANES = 4
+_QUERY_LEVELS = (1 << QUERY_PLANES) - 1
+
+
+@njit(nogil=True, cache=True)
+def query_planes(p, n_bits, planes):
+    """Quantize the projections ``p`` to ``lo + step * level``, ``level`` in ``0..15``
+    (RaBitQ's query quantization, Gao & Long 2024, Sec. 3.3: ``lo = min p``, ``step =
+    (max p - min p) / 15``, round to nearest, in float64), into ``QUERY_PLANES`` bit planes
+    of ``n_words`` words each (``planes[t * n_words + w]``: bit ``t`` of the levels of bits
+    ``64 w .. 64 w + 63``); returns ``(lo, step, total)``, ``total`` the sum of the quantized
+    values. Then ``<p_bar, x> = lo |x| + step sum_t 2^t popcount(x & plane_t)`` for a code
+    ``x`` of bits."""
+    n_words = planes.shape[0] // QUERY_PLANES
+    lo = np.inf
+    hi = -np.inf
+    for j in range(n_bits):
+        v = np.float64(p[j])
+        lo = min(lo, v)
+        hi = max(hi, v)
+    step = (hi - lo) / _QUERY_LEVELS if hi > lo else 1.0
+    planes[:] = 0
+    levels = 0
+    for j in range(n_bits):
+        level = int(np.floor((np.float64(p[j]) - lo) / step + 0.5))
+        level = min(max(level, 0), _QUERY_LEVELS)
+        levels += level
+        bit = np.uint64(1) << np.uint64(j & 63)
+        for t in range(QUERY_PLANES):
+            if (level >> t) & 1:
+                planes[t * n_words + (j >> 6)] |= bit
+    return lo, step, n_bits * lo + step * levels
+
+
+@njit(nogil=True, inline="always")
+def _plane_dot(db, row, n_words, planes):
+    """``(ones, weighted)`` of code ``row``: ``popcount(x)`` and ``sum_t 2^t
+    popcount(x & plane_t)`` over its words (integers: exact in any order)."""
+    o = row * n_words
+    ones = 0
+    weighted = 0
+    for w in range(n_words):
+        x = db[o + w]
+        ones += popcount64(x)
+        weighted += (
+            popcount64(x & planes[w])
+            + 2 * popcount64(x & planes[n_words + w])
+            + 4 * popcount64(x & planes[2 * n_words + w])
+            + 8 * popcount64(x & planes[3 * n_words + w])
+        )
+    return ones, weighted
+
 
 @njit(nogil=True, cache=True)
 def residual_knn(
@@ -1072,24 +1126,29 @@ def residual_knn(
 
     ``cfd[q, l] = |c_l|^2 - 2 <p_q, c_l>`` (the probe's distances, :func:`_probe_float`
     picks the lists), ``sq_norms[l] = |c_l|^2``; code ``r`` of a list scores
-    ``<p_q, c_l> + shift_r + gain_r * <p_q, 2 b_r - 1>`` with ``(gain_r, shift_r) =
-    factors[r]`` and the last term the asymmetric score of the byte tables of ``P[q]``
-    (:func:`hashlearn.index._asymmetric._score`), each term float32 in a fixed order."""
+    ``<p_q, c_l> + shift_r + gain_r * <p_bar, 2 b_r - 1>`` with ``(gain_r, shift_r) =
+    factors[r]`` and ``p_bar`` the query's projections quantized to 4 bits
+    (:func:`query_planes`): four ANDs and popcounts a word, the integer sums exact, the
+    float terms in a fixed order."""
+    assert QUERY_PLANES == 4  # _plane_dot's four planes
     k_out = out_s.shape[1]
-    table = np.empty(n_words * 8 * 256, np.float32)
+    planes = np.empty(QUERY_PLANES * n_words, np.uint64)
     heap_s = np.empty(k_out, np.float32)
     heap_p = np.empty(k_out, np.int64)
     heap_d = np.empty(n_lists, np.float32)
     order = np.empty(2 * n_lists, np.int64)
     for q in range(q_start, q_end):
-        byte_tables(P[q], n_bits, table)
+        lo, step, total = query_planes(P[q], n_bits, planes)
+        two_lo, two_step = np.float32(2.0 * lo), np.float32(2.0 * step)
+        total32 = np.float32(total)
         n_pr = _probe_float(cfd[q], n_lists, offsets, n_probe, min_codes, heap_d, order)
         size = 0
         for t in range(n_pr):
             c = order[t]
             base = np.float32(0.5) * (sq_norms[c] - cfd[q, c])  # <p_q, c_l>
             for r in range(offsets[c], offsets[c + 1]):
-                s = _score(table, db, r, n_words)
+                ones, weighted = _plane_dot(db, r, n_words, planes)
+                s = (two_lo * np.float32(ones) + two_step * np.float32(weighted)) - total32
                 est = (base + factors[r, 1]) + factors[r, 0] * s
                 size = _offer_score(heap_s, heap_p, size, k_out, est, ids[r])
         _emit_scores(heap_s, heap_p, size, out_s, out_i, q)
