@@ -386,15 +386,19 @@ class IVFIndex(BinaryIndex):
             layout = _Lists(self._k_majority(words), np.zeros(1, np.int64))
             lists = self._assign(rows, layout.centroids)
         else:
-            vectors = self._k_means(P)
-            scale = np.abs(P).mean(0).astype(np.float32)
-            signs = pack_bits(vectors >= 0)
-            centroids = as_words(signs).reshape(len(vectors), self._n_words)
-            layout = _Lists(centroids, np.zeros(1, np.int64), vectors, scale)
+            layout = self._k_means_lists(P)
             stored_codes = np.ascontiguousarray(rows.view(np.uint8)[:, : self.code_size])
-            stored = self._projections(None, stored_codes, scale, "IVFIndex.train")
+            stored = self._projections(None, stored_codes, layout.scale, "IVFIndex.train")
             lists = self._float_assign(stored, layout)
         self._store.publish(self._grouped(rows, ids, lists, layout, snap.next_id))
+
+    def _k_means_lists(self, P: np.ndarray) -> _Lists:
+        """Empty k-means lists learned from projections ``P``: the float centroids, their
+        signs as the binary centroids, and the bits' stand-in scale (mean ``|p_j|``)."""
+        vectors = self._k_means(P)
+        scale = np.abs(P).mean(0).astype(np.float32)
+        centroids = as_words(pack_bits(vectors >= 0)).reshape(len(vectors), self._n_words)
+        return _Lists(centroids, np.zeros(len(vectors) + 1, np.int64), vectors, scale)
 
     def _lists_for(self, n: int) -> int:
         """The number of lists for ``n`` training rows (``n_lists``, or about 4 sqrt(n))."""
@@ -552,27 +556,34 @@ class IVFIndex(BinaryIndex):
                 P = P if P is not None else self._projections(None, codes, layout.scale, "")
                 lists = self._float_assign(P, layout)
             order = np.lexsort((new_ids, lists))
-            add_off = np.zeros(layout.n_lists + 1, np.int64)
-            np.cumsum(np.bincount(lists, minlength=layout.n_lists), out=add_off[1:])
-            n, W = snap.n, self._n_words
-            out_w = _zeroed_rows((n + m, W), np.uint64)
-            out_ids = np.empty(n + m, np.int64)
-            _kernels.merge_lists(
-                snap.rows["words"].reshape(-1),
-                snap.ids,
-                layout.offsets,
-                np.ascontiguousarray(words[order]).reshape(-1),
-                new_ids[order],
-                add_off,
-                W,
-                out_w.reshape(-1),
-                out_ids,
-            )
-            next_id = max(snap.next_id, int(new_ids.max()) + 1)
-            new = Snapshot(out_ids, {"words": out_w}, next_id)
-            new.attach(_LAYOUT, layout.with_offsets(layout.offsets + add_off))
-            self._store.publish(new)
+            rows = {"words": np.ascontiguousarray(words[order])}
+            self._store.publish(self._merged(snap, layout, lists, new_ids, order, rows))
         return new_ids
+
+    def _merged(self, snap: Snapshot, layout: _Lists, lists, new_ids, order, rows) -> Snapshot:
+        """The snapshot of ``snap`` with new rows merged into their ``lists`` by id, O(n + m):
+        ``rows`` maps each row array of the store to the new rows already in ``order``
+        (``np.lexsort((new_ids, lists))``), each row a whole number of 64-bit words."""
+        m = len(new_ids)
+        add_off = np.zeros(layout.n_lists + 1, np.int64)
+        np.cumsum(np.bincount(lists, minlength=layout.n_lists), out=add_off[1:])
+        added = new_ids[order]
+        out_ids = np.empty(snap.n + m, np.int64)
+        merged = {}
+        for name, new_rows in rows.items():
+            old = np.ascontiguousarray(snap.rows[name])
+            out = _zeroed_rows((snap.n + m, *old.shape[1:]), old.dtype)
+            width = out.reshape(snap.n + m, -1).view(np.uint64).shape[1]  # words a row
+            _kernels.merge_lists(
+                old.view(np.uint64).reshape(-1), snap.ids, layout.offsets,
+                np.ascontiguousarray(new_rows).view(np.uint64).reshape(-1), added, add_off,
+                width, out.view(np.uint64).reshape(-1), out_ids,
+            )  # fmt: skip
+            merged[name] = out
+        next_id = max(snap.next_id, int(new_ids.max()) + 1)
+        new = Snapshot(out_ids, merged, next_id)
+        new.attach(_LAYOUT, layout.with_offsets(layout.offsets + add_off))
+        return new
 
     def remove(self, ids, *, missing: str = "raise") -> int:
         """Remove the codes with these ids; the other ids stay as they are.

@@ -53,7 +53,7 @@ from hashlearn._utils.parallel import parallel_chunks
 from hashlearn.codes import as_words, pack_bits
 from hashlearn.index import _ivf_kernels as _kernels
 from hashlearn.index._asymmetric import check_projections
-from hashlearn.index._storage import IdStore, Snapshot, _zeroed_rows
+from hashlearn.index._storage import IdStore, Snapshot
 from hashlearn.index.ivf import _LAYOUT, IVFIndex, _Lists, _read_only
 from hashlearn.io import persistable, require_array
 
@@ -169,12 +169,8 @@ class ResidualIVFIndex(IVFIndex):
             )
         assert P is not None  # uses_projections: the stand-in when none are given
         self._check_scale(P)
-        vectors = self._k_means(P)
-        scale = np.abs(P).mean(0).astype(np.float32)
-        centroids = as_words(pack_bits(vectors >= 0)).reshape(len(vectors), self._n_words)
-        offsets = np.zeros(len(vectors) + 1, np.int64)
         empty = Snapshot(snap.ids, dict(snap.rows), snap.next_id)
-        empty.attach(_LAYOUT, _Lists(centroids, offsets, vectors, scale))
+        empty.attach(_LAYOUT, self._k_means_lists(P))
         self._store.publish(empty)
 
     # ------------------------------------------------------------------------- writing
@@ -208,26 +204,8 @@ class ResidualIVFIndex(IVFIndex):
             lists = self._float_assign(P, layout)
             order = np.lexsort((new_ids, lists))
             words, factors = self._residual_rows(P[order], lists[order], layout)
-            add_off = np.zeros(layout.n_lists + 1, np.int64)
-            np.cumsum(np.bincount(lists, minlength=layout.n_lists), out=add_off[1:])
-            n, W = snap.n, self._n_words
-            out_w = _zeroed_rows((n + m, W), np.uint64)
-            out_f = np.empty((n + m, 2), np.float32)
-            out_ids = np.empty(n + m, np.int64)
-            added = new_ids[order]
-            for old, new, width, out in (
-                (snap.rows["words"], words, W, out_w),
-                (snap.rows["factors"], factors, 1, out_f),  # two float32: one 64-bit word
-            ):
-                _kernels.merge_lists(
-                    np.ascontiguousarray(old).view(np.uint64).reshape(-1), snap.ids,
-                    layout.offsets, new.view(np.uint64).reshape(-1), added, add_off, width,
-                    out.view(np.uint64).reshape(-1), out_ids,
-                )  # fmt: skip
-            next_id = max(snap.next_id, int(new_ids.max()) + 1)
-            new_snap = Snapshot(out_ids, {"words": out_w, "factors": out_f}, next_id)
-            new_snap.attach(_LAYOUT, layout.with_offsets(layout.offsets + add_off))
-            self._store.publish(new_snap)
+            rows = {"words": words, "factors": factors}  # two float32: one 64-bit word
+            self._store.publish(self._merged(snap, layout, lists, new_ids, order, rows))
         return new_ids
 
     # -------------------------------------------------------------------------- search
