@@ -32,7 +32,7 @@ def _estimates(index, P_rows, Q):
     projections, filed under their nearest centroid as the index files them."""
     C = index.centroid_vectors.astype(np.float64)
     P = P_rows.astype(np.float64)
-    lists = np.argmin(((P[:, None, :] - C[None]) ** 2).sum(-1), axis=1)
+    lists = np.argmin(_list_distances(index, P_rows), axis=1)  # ties to the smaller list
     c = C[lists]
     r = P - c
     signs = np.where(r >= 0, 1.0, -1.0)
@@ -41,6 +41,17 @@ def _estimates(index, P_rows, Q):
     h = (c * r).sum(1) - g * (c * signs).sum(1) - 0.5 * (P * P).sum(1)
     Q = Q.astype(np.float64)
     return (Q @ C.T)[:, lists] + g * (_quantized(Q) @ signs.T) + h, lists
+
+
+def _list_distances(index, P):
+    """``(m, n_lists)`` distances by which the index files and probes projection rows ``P``:
+    squared Euclidean to the float centroids (k-means lists), Hamming from the signs of
+    ``P`` to the binary centroids (k-majority lists)."""
+    if index.quantizer == "k-means":
+        C = index.centroid_vectors.astype(np.float64)
+        return ((P.astype(np.float64)[:, None, :] - C[None]) ** 2).sum(-1)
+    bits = np.unpackbits(index.centroids, axis=1, bitorder="little")[:, : index.n_bits]
+    return ((P[:, None, :] >= 0) != bits[None].astype(bool)).sum(-1)
 
 
 def _quantized(Q):
@@ -91,12 +102,16 @@ def _assert_same_ranking(S, I, want_s, want_i):
     assert np.array_equal(I[clear], want_i[clear])
 
 
+QUANTIZERS = ["k-means", "k-majority"]
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
 @pytest.mark.parametrize("n_bits", [24, 64, 100, 256])
-def test_every_list_probed_is_the_exact_estimator_ranking(n_bits):
+def test_every_list_probed_is_the_exact_estimator_ranking(n_bits, quantizer):
     rng = np.random.default_rng(n_bits)
     P = (rng.standard_normal((1500, n_bits)) + 0.5).astype(np.float32)
     Q = rng.standard_normal((40, n_bits)).astype(np.float32)
-    index = ResidualIVFIndex(n_bits, n_lists=12)
+    index = ResidualIVFIndex(n_bits, n_lists=12, quantizer=quantizer)
     ids = np.arange(1500) * 3 + 1  # sparse ids, not the rows' order
     index.add(_codes(P[:900]), ids[:900], projections=P[:900])
     index.add(_codes(P[900:]), ids[900:], projections=P[900:])
@@ -105,16 +120,16 @@ def test_every_list_probed_is_the_exact_estimator_ranking(n_bits):
     _assert_same_ranking(S, I, *_top(est, ids, 15))
 
 
-def test_the_probed_lists_are_the_nearest_centroids():
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_the_probed_lists_are_the_nearest_centroids(quantizer):
     rng = np.random.default_rng(1)
     P = rng.standard_normal((2000, 32)).astype(np.float32)
     Q = rng.standard_normal((30, 32)).astype(np.float32)
-    index = ResidualIVFIndex(32, n_lists=20)
+    index = ResidualIVFIndex(32, n_lists=20, quantizer=quantizer)
     index.add(_codes(P), projections=P)
     S, I = index.search_asymmetric(Q, 10, n_probe=3)
     est, lists = _estimates(index, P, Q)
-    C = index.centroid_vectors.astype(np.float64)
-    d = ((Q[:, None, :].astype(np.float64) - C[None]) ** 2).sum(-1)
+    d = _list_distances(index, Q)
     near = np.argsort(d, axis=1, kind="stable")[:, :3]
     masked = np.empty_like(est)
     for q in range(len(Q)):
@@ -122,10 +137,11 @@ def test_the_probed_lists_are_the_nearest_centroids():
     _assert_same_ranking(S, I, *_top(masked, np.arange(2000), 10))
 
 
-def test_default_probing_follows_the_budget():
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_default_probing_follows_the_budget(quantizer):
     rng = np.random.default_rng(2)
     P = rng.standard_normal((4000, 32)).astype(np.float32)
-    index = ResidualIVFIndex(32, n_lists=40)
+    index = ResidualIVFIndex(32, n_lists=40, quantizer=quantizer)
     index.add(_codes(P), projections=P)
     sizes = index.list_sizes
     Q = P[:5]
@@ -133,8 +149,7 @@ def test_default_probing_follows_the_budget():
         need = max(
             residual_module.PROBE_FACTOR * k, -(-residual_module.MIN_PROBE_LISTS * 4000 // 40)
         )
-        C = index.centroid_vectors.astype(np.float64)
-        d = ((Q[:, None, :].astype(np.float64) - C[None]) ** 2).sum(-1)
+        d = _list_distances(index, Q)
         est, lists = _estimates(index, P, Q)
         for q in range(len(Q)):
             order = np.argsort(d[q], kind="stable")
@@ -145,9 +160,10 @@ def test_default_probing_follows_the_budget():
             _assert_same_ranking(S, I, *_top(want, np.arange(4000), k))
 
 
-def test_ties_go_to_the_smaller_id_and_short_results_pad():
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_ties_go_to_the_smaller_id_and_short_results_pad(quantizer):
     P = np.repeat(np.random.default_rng(3).standard_normal((5, 16)).astype(np.float32), 4, 0)
-    index = ResidualIVFIndex(16, n_lists=2)
+    index = ResidualIVFIndex(16, n_lists=2, quantizer=quantizer)
     ids = np.array([9, 3, 7, 1] * 5) + np.repeat(np.arange(5) * 10, 4)
     index.add(_codes(P), ids, projections=P)
     S, I = index.search_asymmetric(P[:1], 30, n_probe=2)
@@ -155,12 +171,13 @@ def test_ties_go_to_the_smaller_id_and_short_results_pad():
     assert np.all(I[0, 20:] == -1) and np.all(S[0, 20:] == -np.inf)
 
 
-def test_writes_and_state():
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_writes_and_state(quantizer):
     rng = np.random.default_rng(4)
     P = rng.standard_normal((600, 40)).astype(np.float32)
-    whole = ResidualIVFIndex(40, n_lists=6)
+    whole = ResidualIVFIndex(40, n_lists=6, quantizer=quantizer)
     whole.add(_codes(P), projections=P)
-    parts = ResidualIVFIndex(40, n_lists=6)
+    parts = ResidualIVFIndex(40, n_lists=6, quantizer=quantizer)
     parts.train(_codes(P), projections=P)
     for s in range(0, 600, 170):
         parts.add(_codes(P[s : s + 170]), projections=P[s : s + 170])
@@ -213,16 +230,17 @@ def test_hamming_search_is_refused_and_arguments_checked():
     assert np.all(I == -1) and np.all(S == -np.inf)
 
 
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
 @pytest.mark.parametrize("mmap", [False, True])
-def test_save_load_round_trip(tmp_path, mmap):
+def test_save_load_round_trip(tmp_path, mmap, quantizer):
     rng = np.random.default_rng(7)
     P = rng.standard_normal((500, 64)).astype(np.float32)
-    index = ResidualIVFIndex(64, n_lists=5)
+    index = ResidualIVFIndex(64, n_lists=5, quantizer=quantizer)
     index.add(_codes(P), projections=P)
     index.remove([4])
     index.save(tmp_path / "r")
     loaded = hashlearn.load(tmp_path / "r", mmap=mmap)
-    assert type(loaded) is ResidualIVFIndex
+    assert type(loaded) is ResidualIVFIndex and loaded.quantizer == quantizer
     for a, b in zip(
         index.search_asymmetric(P[:20], 5), loaded.search_asymmetric(P[:20], 5), strict=True
     ):
@@ -252,7 +270,7 @@ def test_damaged_factors_are_refused(tmp_path, damage):
     with pytest.raises(ValueError):
         ResidualIVFIndex._from_state(params, state, arrays)
     with pytest.raises(ValueError, match="quantizer"):
-        ResidualIVFIndex._from_state(dict(params, quantizer="k-means"), state, arrays)
+        ResidualIVFIndex._from_state(dict(params, quantizer="pq"), state, arrays)
     assert io  # the save format is hashlearn.io's (round trip above)
 
 

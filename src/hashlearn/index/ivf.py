@@ -833,7 +833,7 @@ class IVFIndex(BinaryIndex):
             if not (np.isfinite(vectors).all() and np.isfinite(scale).all()):
                 raise ValueError("arrays 'centroid_vectors' and 'bit_scale' must be finite")
             signs = centroids.view(np.uint8)[:, : index.code_size]
-            if not np.array_equal(pack_bits(vectors >= 0), signs):
+            if index.quantizer == "k-means" and not np.array_equal(pack_bits(vectors >= 0), signs):
                 raise ValueError("array 'centroids' is not the signs of 'centroid_vectors'")
         elif "centroid_vectors" in arrays or "bit_scale" in arrays:
             raise ValueError(

@@ -30,12 +30,16 @@ the query's scores:
 
 The factors ``(g, h)`` are computed in float64 and stored as float32; the scan sums the
 integer popcounts exactly and the float32 terms in a fixed order
-(:func:`hashlearn.index._ivf_kernels.residual_knn`). The codes of the plain
+(:func:`hashlearn.index._ivf_kernels.residual_knn_fixed_width`). The codes of the plain
 :class:`~hashlearn.index.IVFIndex` compared by Hamming distance to the query's residual do
 worse than plain Hamming ranking (residual distances are not comparable across lists:
 ``bench/residual_codes.py``), so this index ranks by the estimate only:
 :meth:`search_asymmetric` (``Searcher(ranking="asymmetric")``); its Hamming ``search`` and
 ``range_search`` raise.
+
+Lists: k-means (the paper's IVF, the default) or k-majority lists of the projections' signs
+probed by Hamming distance (``quantizer="k-majority"``), whose residuals are taken from each
+list's mean projection; the estimator is the same for both.
 
 Measured (``docs/results.md``, 120k MiniLM rows through ITQ-256, one thread, AMD EPYC Zen 3
 with AVX2): recall@10 0.958 after rescoring 80 rows, at 0.91x faiss HNSW's queries per second
@@ -50,11 +54,12 @@ from __future__ import annotations
 import numpy as np
 
 from hashlearn._utils.parallel import parallel_chunks
-from hashlearn.codes import as_words, pack_bits
+from hashlearn.codes import as_words, pack_bits, unpack_bits
 from hashlearn.index import _ivf_kernels as _kernels
 from hashlearn.index._asymmetric import check_projections
+from hashlearn.index._knn_scan import _WIDTH_TAGS
 from hashlearn.index._storage import IdStore, Snapshot
-from hashlearn.index.ivf import _LAYOUT, IVFIndex, _Lists, _read_only
+from hashlearn.index.ivf import _LAYOUT, _NO_FLOAT, IVFIndex, _Lists, _read_only
 from hashlearn.io import persistable, require_array
 
 __all__ = ["ResidualIVFIndex"]
@@ -65,6 +70,7 @@ PROBE_FACTOR = 64
 MIN_PROBE_LISTS = 16
 _CHUNK = 65536  # rows encoded at a time (bounds the float64 temporaries)
 _FLOAT32_SQ_MAX = 1e37  # |p|^2 of a row at most this (float32 factors, with room)
+_NO_WORDS = _read_only(np.zeros(0, np.uint64))  # no query signs: a probe by float distances
 
 
 @persistable
@@ -91,6 +97,13 @@ class ResidualIVFIndex(IVFIndex):
         asks for set how far it looks.
     random_state : int, default=0
         Seed of the k-means sample and initial centroids.
+    quantizer : {"k-means", "k-majority"}, default="k-means"
+        The lists: k-means on the projections (RaBitQ's IVF; a query's probe is one
+        product with the float centroids, about 15 us a query at 256 bits x 2,000 lists on
+        Zen 4), or k-majority lists of the projections' signs (:class:`IVFIndex`'s default,
+        probed by Hamming distance, about 2 us), each with the mean of its training
+        projections as the float centroid of its residuals. The k-means default stays until
+        the k-majority lists are measured on real embeddings (issue 32).
 
     Notes
     -----
@@ -115,14 +128,20 @@ class ResidualIVFIndex(IVFIndex):
     #: the shortlist comes from :meth:`search_asymmetric` only (``check_ranking``)
     hamming_search = False
 
+    @property
+    def uses_projections(self) -> bool:
+        """Always: the residuals are taken in the projection space, whatever the lists."""
+        return True
+
     def __init__(
         self,
         n_bits: int,
         n_lists: int | None = None,
         n_probe: int | None = None,
         random_state: int = 0,
+        quantizer: str = "k-means",
     ):
-        super().__init__(n_bits, n_lists, n_probe, random_state, quantizer="k-means")
+        super().__init__(n_bits, n_lists, n_probe, random_state, quantizer=quantizer)
         rows = {"words": ((self._n_words,), np.uint64), "factors": ((2,), np.float32)}
         self._store = IdStore(rows, type(self).__name__)
 
@@ -170,8 +189,36 @@ class ResidualIVFIndex(IVFIndex):
         assert P is not None  # uses_projections: the stand-in when none are given
         self._check_scale(P)
         empty = Snapshot(snap.ids, dict(snap.rows), snap.next_id)
-        empty.attach(_LAYOUT, self._k_means_lists(P))
+        if self.quantizer == "k-means":
+            layout = self._k_means_lists(P)
+        else:
+            layout = self._k_majority_lists(P)
+        empty.attach(_LAYOUT, layout)
         self._store.publish(empty)
+
+    def _k_majority_lists(self, P: np.ndarray) -> _Lists:
+        """Empty k-majority lists of the projections' signs (:meth:`IVFIndex._k_majority`),
+        each with the mean of its training projections as the float centroid the residuals
+        are taken from (an empty list: its binary centroid at the bits' stand-in scale)."""
+        words = self._sign_words(P)
+        centroids = self._k_majority(words)
+        lists = self._assign(words, centroids)
+        n_lists = len(centroids)
+        scale = np.abs(P).mean(0).astype(np.float32)
+        sizes = np.bincount(lists, minlength=n_lists)
+        sums = np.zeros((n_lists, self.n_bits), np.float64)
+        np.add.at(sums, lists, P.astype(np.float64))
+        codes = np.ascontiguousarray(centroids.view(np.uint8)[:, : self.code_size])
+        signs = unpack_bits(codes, self.n_bits) * 2.0 - 1.0
+        vectors = np.where(
+            sizes[:, None] > 0, sums / np.maximum(sizes, 1)[:, None], signs * scale
+        ).astype(np.float32)
+        return _Lists(centroids, np.zeros(n_lists + 1, np.int64), vectors, scale)
+
+    def _sign_words(self, P: np.ndarray) -> np.ndarray:
+        """The signs ``p >= 0`` of projection rows as uint64 words ``(m, W)`` (a linear
+        hasher's codes of the same rows)."""
+        return as_words(pack_bits(P >= 0)).reshape(len(P), self._n_words)
 
     # ------------------------------------------------------------------------- writing
 
@@ -201,7 +248,10 @@ class ResidualIVFIndex(IVFIndex):
             assert layout is not None  # trained just above
             if P is None:  # the stand-in, at the trained scale
                 P = self._projections(None, codes, layout.scale, "")
-            lists = self._float_assign(P, layout)
+            if self.quantizer == "k-means":
+                lists = self._float_assign(P, layout)
+            else:
+                lists = self._assign(self._sign_words(P), layout.centroids)
             order = np.lexsort((new_ids, lists))
             words, factors = self._residual_rows(P[order], lists[order], layout)
             rows = {"words": words, "factors": factors}  # two float32: one 64-bit word
@@ -257,27 +307,34 @@ class ResidualIVFIndex(IVFIndex):
         out_i = np.full((m, k), -1, np.int64)
         if m == 0 or snap.n == 0 or layout is None:
             return out_s, out_i
-        cfd = self._float_distances(layout, None, P)
+        if self.quantizer == "k-means":  # the probe by float distances
+            cfd, query_words = self._float_distances(layout, None, P), _NO_WORDS
+        else:  # by the Hamming distances of the queries' signs to the binary centroids
+            cfd, query_words = _NO_FLOAT, _read_only(self._sign_words(P).reshape(-1))
         args = (
             cfd, layout.probe_form[1], _read_only(P), snap.rows["words"].reshape(-1),
-            snap.rows["factors"], snap.ids, layout.offsets, layout.n_lists, self._n_words,
-            self.n_bits, probe, self._min_codes(k, snap, layout), out_s, out_i,
+            snap.rows["factors"], snap.ids, layout.offsets, layout.centroids.reshape(-1),
+            layout.vectors, query_words, layout.n_lists, self.n_bits, probe,
+            self._min_codes(k, snap, layout), out_s, out_i,
         )  # fmt: skip
-        parallel_chunks(lambda s, e: _kernels.residual_knn(*args, s, e), m, n_threads)
+        width = _WIDTH_TAGS.get(self._n_words)
+        tail: int | tuple[int, ...]  # the word count, or a tuple of that length
+        if width is None:
+            kernel, tail = _kernels.residual_knn_any_width, self._n_words
+        else:
+            kernel, tail = _kernels.residual_knn_fixed_width, width
+        parallel_chunks(lambda s, e: kernel(*args, s, e, tail), m, n_threads)
         return out_s, out_i
 
     # -------------------------------------------------------------------- persistence
 
     def _get_state(self):
         params, state, arrays = super()._get_state()
-        del params["quantizer"]
         arrays["factors"] = self._store.snapshot.rows["factors"]
         return params, state, arrays
 
     @classmethod
     def _from_state(cls, params, state, arrays):
-        if "quantizer" in params:
-            raise ValueError("a ResidualIVFIndex takes no 'quantizer' (its lists are k-means)")
         index = super()._from_state(params, state, arrays)
         snap = index._store.snapshot
         factors = require_array(arrays, "factors", np.float32, shape=(snap.n, 2))
