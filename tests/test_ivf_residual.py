@@ -310,14 +310,17 @@ def test_fewer_candidates_than_hamming_ranking_for_the_same_recall(digits):
         assert found[0] >= found[1] + 0.05, (n_cand, found)
 
 
-def test_embedding_index_residual_coarse_stage(tmp_path):
+@pytest.mark.parametrize("coarse_quantizer", ["residual", "residual-k-majority"])
+def test_embedding_index_residual_coarse_stage(tmp_path, coarse_quantizer):
     rng = np.random.default_rng(9)
     centers = rng.standard_normal((30, 48))
     X = centers[rng.integers(0, 30, 3000)] + 0.3 * rng.standard_normal((3000, 48))
     X = X.astype(np.float32)
-    index = EmbeddingIndex("itq", n_bits=32, coarse=30, coarse_quantizer="residual")
+    index = EmbeddingIndex("itq", n_bits=32, coarse=30, coarse_quantizer=coarse_quantizer)
     index.fit(X[:1000]).add(X)
     assert type(index.codes_) is ResidualIVFIndex and index.searcher_.ranking == "asymmetric"
+    lists = "k-means" if coarse_quantizer == "residual" else "k-majority"
+    assert index.codes_.quantizer == lists
     scores, ids = index.search(X[:20], 5, overfetch=8)
     assert ids[:, 0].tolist() == list(range(20))
     mem = index.memory_per_vector()
@@ -329,6 +332,12 @@ def test_embedding_index_residual_coarse_stage(tmp_path):
         assert np.array_equal(a, b)
     with pytest.raises(ValueError, match="coarse stage"):
         EmbeddingIndex.open(tmp_path / "e")
+    meta = tmp_path / "e" / "meta.json"  # a meta.json naming the other residual lists
+    other = "residual" if coarse_quantizer != "residual" else "residual-k-majority"
+    text = meta.read_text().replace(f'"{coarse_quantizer}"', f'"{other}"')
+    meta.write_text(text)
+    with pytest.raises(ValueError, match="lists"):
+        EmbeddingIndex.load(tmp_path / "e", verify=False)
 
 
 def test_cli_builds_and_describes_a_residual_coarse_stage(tmp_path):

@@ -431,7 +431,8 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     show_default=True,
     type=click.Choice(list(COARSE_QUANTIZERS)),
     help="The coarse lists: k-majority lists of the codes, k-means lists of the projections, "
-    "or k-means lists holding residual codes ranked by RaBitQ's estimator.",
+    "or k-means (residual) or k-majority (residual-k-majority) lists holding residual codes "
+    "ranked by RaBitQ's estimator.",
 )
 @_count_option("--fit-size", 50_000, minimum=2, help="Rows the hasher is fitted on.")
 @_count_option("--chunk-size", 65_536)

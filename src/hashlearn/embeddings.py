@@ -71,8 +71,10 @@ _RERANK = {"cosine": "inner_product", "ip": "inner_product", "euclidean": "eucli
 #: flat scan is faster below: class docstring)
 AUTO_COARSE_MIN_ROWS = 100_000
 _METRICS = tuple(_RERANK)
+#: the residual coarse stages (ResidualIVFIndex) and the quantizer of their lists
+_RESIDUAL_LISTS = {"residual": "k-means", "residual-k-majority": "k-majority"}
 #: the coarse stages: IVFIndex's quantizers, or residual codes (ResidualIVFIndex)
-COARSE_QUANTIZERS = (*QUANTIZERS, "residual")
+COARSE_QUANTIZERS = (*QUANTIZERS, *_RESIDUAL_LISTS)
 #: ``coarse_quantizer``'s default (the class docstring says why)
 DEFAULT_COARSE_QUANTIZER = "k-majority"
 _CLASS = "EmbeddingIndex"
@@ -206,14 +208,17 @@ class EmbeddingIndex:
         249,000 and 1.99x HNSW's on 1M drawn rows
         (``docs/results.md``). A search scans the lists nearest the query's projection, as many as the
         budget ``k * overfetch`` needs (the index's probing rule).
-    coarse_quantizer : {"k-majority", "k-means", "residual"}, default="k-majority"
+    coarse_quantizer : {"k-majority", "k-means", "residual", "residual-k-majority"}, \
+default="k-majority"
         The coarse lists: k-majority lists of the codes (Hamming centroids), or k-means
         lists of the hasher's real-valued projections (float centroids, probed by the
         query's projection: a quarter of the candidates for the same recall on 249k MiniLM
         rows, but a costlier probe and training), or ``"residual"``: k-means lists holding
         each row's residual signs and ranked by RaBitQ's estimator
         (:class:`~hashlearn.index.ResidualIVFIndex`; the shortlist is always asymmetric,
-        ``ranking`` then applies to a flat scan only). On 120k MiniLM rows through ITQ-256
+        ``ranking`` then applies to a flat scan only), or ``"residual-k-majority"``: the
+        same residual codes in k-majority lists of the projections' signs, probed by Hamming
+        distance (``ResidualIVFIndex(quantizer="k-majority")``: a cheaper probe). On 120k MiniLM rows through ITQ-256
         (AMD Zen 3, AVX2) it reached recall 0.958 from 80 rescored rows, 1.9x faiss
         IVF-RaBitQ's queries per second but 0.74x the k-majority lists' at 0.95, so it is
         not the default (``docs/results.md``). On those rows through ITQ-256 with 1,996
@@ -338,13 +343,14 @@ class EmbeddingIndex:
         if self.coarse is None:
             return FlatIndex(self.n_bits)
         seed = self.random_state if isinstance(self.random_state, int) else 0
-        if self.coarse_quantizer == "residual":
-            return ResidualIVFIndex(self.n_bits, random_state=seed)
+        if self.coarse_quantizer in _RESIDUAL_LISTS:
+            quantizer = _RESIDUAL_LISTS[self.coarse_quantizer]
+            return ResidualIVFIndex(self.n_bits, random_state=seed, quantizer=quantizer)
         return IVFIndex(self.n_bits, random_state=seed, quantizer=self.coarse_quantizer)
 
     def _per_list(self) -> int:
         """Training rows per coarse list (the index's own cap)."""
-        if self.coarse_quantizer == "k-majority":
+        if self.coarse_quantizer in ("k-majority", "residual-k-majority"):
             return MAX_TRAIN_PER_LIST
         return K_MEANS_TRAIN_PER_LIST
 
@@ -666,11 +672,17 @@ class EmbeddingIndex:
         codes = _io.load(path / dirs[1], mmap=mmap, verify=verify)
         kinds: tuple[type, ...] = (FlatIndex,)
         if obj.coarse is not None:
-            residual = obj.coarse_quantizer == "residual"
+            residual = obj.coarse_quantizer in _RESIDUAL_LISTS
             kinds = (FlatIndex, ResidualIVFIndex if residual else IVFIndex)
         if not isinstance(hasher, BaseHasher) or type(codes) not in kinds:
             names = " or ".join(kind.__name__ for kind in kinds)
             raise ValueError(f"the components are not a hasher and a {names}")
+        lists = _RESIDUAL_LISTS.get(obj.coarse_quantizer, obj.coarse_quantizer)
+        if isinstance(codes, IVFIndex) and codes.quantizer != lists:
+            raise ValueError(
+                f"coarse_quantizer={obj.coarse_quantizer!r} but the codes hold "
+                f"{codes.quantizer} lists"
+            )
         if isinstance(obj.coarse, int) and isinstance(codes, FlatIndex) and len(codes):
             raise ValueError(f"coarse={obj.coarse} lists, but the codes are a flat index")
         vectors = arrays.get("vectors")

@@ -216,59 +216,55 @@ def _lists_reaching(order, size, offsets, min_codes):
     return 0
 
 
-@njit(nogil=True, inline="always")
-def _after(d1, c1, d2, c2):
-    """Whether ``(d1, c1)`` orders after ``(d2, c2)``: a larger distance, or a tie with a
-    larger list number."""
-    return d1 > d2 or (d1 == d2 and c1 > c2)
+#: bins of :func:`_nearest_lists`' histogram over a query's centroid distances
+_SELECT_BINS = 512
 
 
 @njit(nogil=True, inline="always")
-def _sift_down(heap_d, heap_c, j, size):
-    """Restore the max-heap order of ``heap[:size]`` below position ``j``."""
-    while True:
-        top, left = j, 2 * j + 1
-        if left < size and _after(heap_d[left], heap_c[left], heap_d[top], heap_c[top]):
-            top = left
-        right = left + 1
-        if right < size and _after(heap_d[right], heap_c[right], heap_d[top], heap_c[top]):
-            top = right
-        if top == j:
-            return
-        heap_d[j], heap_d[top] = heap_d[top], heap_d[j]
-        heap_c[j], heap_c[top] = heap_c[top], heap_c[j]
-        j = top
+def _bin(d, lo, scale):
+    return min(int((np.float64(d) - lo) * scale), _SELECT_BINS - 1)
 
 
 @njit(nogil=True, inline="always")
 def _nearest_lists(row, n_lists, g, heap_d, order):
     """The ``g`` lists of smallest float distance ``row[c]`` (ties to the smaller list),
-    ascending, in ``order[:g]``: a max-heap of the best ``g`` over one pass, then a heap
-    sort. A list enters only below the heap's worst, so the pass is mostly comparisons."""
-    size = 0
+    ascending, in ``order[:g]`` (``order`` holds ``2 n_lists``; ``heap_d`` ``n_lists``
+    scratch values); returns ``g``.
+
+    A histogram select: the distances are binned over ``[min, max]`` in ``_SELECT_BINS``
+    equal bins, the bins counted up to the one that reaches ``g``, the lists of those bins
+    (``g`` and a few more) gathered in list order and sorted stably by distance. Linear in
+    the lists plus a sort of about ``g``: a max-heap of the best ``g`` cost 9 / 17 / 32 us a
+    query at ``g`` = 32 / 64 / 128 of 1,996 lists (Zen 4), mostly mispredicted sifts."""
+    g = min(g, n_lists)
+    if g <= 0:
+        return 0
+    lo = np.float64(row[0])
+    hi = lo
+    for c in range(1, n_lists):
+        d = np.float64(row[c])
+        lo = min(lo, d)
+        hi = max(hi, d)
+    span = hi - lo
+    scale = (_SELECT_BINS - 1) / span if span > 0.0 and span < np.inf else 0.0
+    counts = np.zeros(_SELECT_BINS, np.int64)
     for c in range(n_lists):
-        d = row[c]
-        if size < g:
-            j = size
-            size += 1
-            while j > 0:  # sift up
-                p = (j - 1) >> 1
-                if not _after(d, c, heap_d[p], order[p]):
-                    break
-                heap_d[j] = heap_d[p]
-                order[j] = order[p]
-                j = p
-            heap_d[j] = d
-            order[j] = c
-        elif d < heap_d[0]:  # lists come in ascending order: a tie never wins
-            heap_d[0] = d
-            order[0] = c
-            _sift_down(heap_d, order, 0, size)
-    for end in range(size - 1, 0, -1):
-        heap_d[0], heap_d[end] = heap_d[end], heap_d[0]
-        order[0], order[end] = order[end], order[0]
-        _sift_down(heap_d, order, 0, end)
-    return size
+        counts[_bin(row[c], lo, scale)] += 1
+    last = 0
+    total = counts[0]
+    while total < g:
+        last += 1
+        total += counts[last]
+    n = 0
+    for c in range(n_lists):
+        if _bin(row[c], lo, scale) <= last:
+            order[n_lists + n] = c
+            heap_d[n] = row[c]
+            n += 1
+    by_distance = np.argsort(heap_d[:n], kind="mergesort")  # stable: ties to the smaller list
+    for t in range(g):
+        order[t] = order[n_lists + by_distance[t]]
+    return g
 
 
 @njit(nogil=True, inline="always")
@@ -1083,16 +1079,23 @@ def query_planes(p, n_bits, planes):
         lo = min(lo, v)
         hi = max(hi, v)
     step = (hi - lo) / _QUERY_LEVELS if hi > lo else 1.0
-    planes[:] = 0
     levels = 0
-    for j in range(n_bits):
-        level = int(np.floor((np.float64(p[j]) - lo) / step + 0.5))
-        level = min(max(level, 0), _QUERY_LEVELS)
-        levels += level
-        bit = np.uint64(1) << np.uint64(j & 63)
-        for t in range(QUERY_PLANES):
-            if (level >> t) & 1:
-                planes[t * n_words + (j >> 6)] |= bit
+    for w in range(n_words):  # each word's four planes built in registers
+        w0 = w1 = w2 = w3 = np.uint64(0)
+        for b in range(min(64, n_bits - 64 * w)):
+            # floor(x + 0.5) as a truncation: x = (p - lo) / step >= 0
+            level = min(int((np.float64(p[64 * w + b]) - lo) / step + 0.5), _QUERY_LEVELS)
+            levels += level
+            u = np.uint64(level)
+            shift = np.uint64(b)
+            w0 |= (u & np.uint64(1)) << shift
+            w1 |= ((u >> np.uint64(1)) & np.uint64(1)) << shift
+            w2 |= ((u >> np.uint64(2)) & np.uint64(1)) << shift
+            w3 |= (u >> np.uint64(3)) << shift
+        planes[w] = w0
+        planes[n_words + w] = w1
+        planes[2 * n_words + w] = w2
+        planes[3 * n_words + w] = w3
     return lo, step, n_bits * lo + step * levels
 
 

@@ -308,8 +308,11 @@ class IVFIndex(BinaryIndex):
         if P is None:
             P = self._projections(None, queries, layout.scale, "")
         neg2_t, sq_norms = layout.probe_form
-        d = P @ neg2_t  # one product, then two passes in place: 15 us a query for 256 bits
-        d += sq_norms  # x 1,996 lists (17-18 us for the product with a transposed view)
+        # one float32 product (float64 projections would make it a float64 product at twice
+        # the cost: 28 against 13 us a query for 256 bits x 1,996 lists on Zen 4), then two
+        # passes in place
+        d = P.astype(np.float32, copy=False) @ neg2_t
+        d += sq_norms
         return _read_only(np.nan_to_num(d, copy=False, nan=np.inf))
 
     # --------------------------------------------------------------------------- state
