@@ -364,7 +364,8 @@ def test_a_coarse_stage_with_one_list_is_the_flat_scan_and_round_trips(tmp_path)
     rng = np.random.default_rng(3)
     X = rng.standard_normal((3000, 40)).astype(np.float32)
     flat = EmbeddingIndex("itq", n_bits=32).fit(X[:1000]).add(X)
-    one = EmbeddingIndex("itq", n_bits=32, coarse=1).fit(X[:1000]).add(X)
+    one = EmbeddingIndex("itq", n_bits=32, coarse=1, coarse_quantizer="k-majority")
+    one.fit(X[:1000]).add(X)
     assert isinstance(one.codes_, IVFIndex)
     for overfetch in (1, 4, 16):
         for a, b in zip(flat.search(X[:40], 10, overfetch=overfetch),

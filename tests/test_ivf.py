@@ -21,7 +21,7 @@ from conftest import budget_lists_oracle, knn_from_distances, popcount_distances
 from hashlearn import Searcher, load_digits
 from hashlearn._utils.popcount import set_kernel_path
 from hashlearn.hashers import IterativeQuantization, RandomHyperplaneLSH
-from hashlearn.index import FlatIndex, IVFIndex, make_index
+from hashlearn.index import FlatIndex, IVFIndex, ResidualIVFIndex, make_index
 from hashlearn.index import ivf as ivf_module
 
 ALL = 10**6  # n_probe above any n_lists: every list
@@ -605,14 +605,14 @@ def test_cli_build_with_a_coarse_stage(tmp_path):
         return CliRunner().invoke(main, ["index", *map(str, args)])
 
     out = tmp_path / "idx"
-    # 15 lists x 256 training rows >= 900: the lists are learned on every row, as the
+    # 15 lists x 64 training rows >= 900: the lists are learned on every row, as the
     # library's first add learns them
     r = run("build", tmp_path / "emb.npy", "--bits", 16, "--out", out, "--coarse", 15,
             "--chunk-size", 250, "--fit-size", 900)  # fmt: skip
     assert r.exit_code == 0, r.output
     loaded = EmbeddingIndex.load(out)
     assert isinstance(loaded.codes_, IVFIndex) and len(loaded.codes_.centroids) == 15
-    assert loaded.codes_.quantizer == "k-majority"
+    assert type(loaded.codes_) is ResidualIVFIndex and loaded.codes_.quantizer == "k-means"
     direct = EmbeddingIndex("itq", n_bits=16, coarse=15).fit(X).add(X, chunk_size=250)
     r = run("search", out, tmp_path / "q.npy", "-k", 5, "--out", tmp_path / "res.npy")
     assert r.exit_code == 0, r.output

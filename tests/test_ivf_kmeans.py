@@ -277,7 +277,8 @@ def test_memory_per_vector_counts_the_coarse_stage():
     # 10 lists: a one-word centroid + an offset each, 10 x 32 float32 centroids twice (as
     # trained and the probe's transposed copy), 10 float32 norms, 32 scales
     assert mem["coarse"] == -(-(10 * 16 + 2 * 10 * 32 * 4 + 10 * 4 + 32 * 4) // 2000)
-    majority = EmbeddingIndex("itq", n_bits=32, coarse=10).fit(X).add(X)
+    majority = EmbeddingIndex("itq", n_bits=32, coarse=10, coarse_quantizer="k-majority")
+    majority.fit(X).add(X)
     assert majority.codes_.quantizer == "k-majority"
     assert majority.memory_per_vector()["coarse"] == 1  # 10 x 16 B over 2000 vectors
     assert EmbeddingIndex("itq", n_bits=32).fit(X).add(X).memory_per_vector()["coarse"] == 0
@@ -293,7 +294,9 @@ def test_train_coarse_sizes_the_lists_for_the_whole_database(monkeypatch):
     index.fit(X[:1000])
     assert index.coarse_lists(10_000) == 400 and index.coarse_lists(999) == 0
     assert index.coarse_sample_size(10_000) == 64 * 400
-    assert EmbeddingIndex(n_bits=16).coarse_sample_size(10_000) == 256 * 400  # k-majority
+    majority = EmbeddingIndex(n_bits=16, coarse_quantizer="k-majority")
+    assert majority.coarse_sample_size(10_000) == 256 * 400
+    assert EmbeddingIndex(n_bits=16).coarse_sample_size(10_000) == 64 * 400  # residual
     assert EmbeddingIndex(n_bits=16).coarse_sample_size(999) == 0  # "auto": the flat scan
     index.train_coarse(X[:2000], n_total=10_000)  # 400 lists, at most 64 rows each
     assert len(index.codes_.list_sizes) == 400

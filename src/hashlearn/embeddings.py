@@ -76,7 +76,7 @@ _RESIDUAL_LISTS = {"residual": "k-means", "residual-k-majority": "k-majority"}
 #: the coarse stages: IVFIndex's quantizers, or residual codes (ResidualIVFIndex)
 COARSE_QUANTIZERS = (*QUANTIZERS, *_RESIDUAL_LISTS)
 #: ``coarse_quantizer``'s default (the class docstring says why)
-DEFAULT_COARSE_QUANTIZER = "k-majority"
+DEFAULT_COARSE_QUANTIZER = "residual"
 _CLASS = "EmbeddingIndex"
 _COMPONENT = re.compile(r"(hasher|codes)-[0-9a-f]{16}")
 #: Families whose code length is bounded by the dimension (principal directions, one bit per
@@ -197,35 +197,31 @@ class EmbeddingIndex:
         finds more true neighbours in the same budget at a costlier scan.
     coarse : None, int or "auto", default="auto"
         A sub-linear coarse stage in front of the codes: ``None`` scans every code
-        (:class:`~hashlearn.index.FlatIndex`); a number of lists partitions the codes with
-        :class:`~hashlearn.index.IVFIndex` (``coarse_quantizer``), learned by
-        :meth:`train_coarse`, or by the first :meth:`add` on a sample of its rows (so that
-        call should hold most of the database). ``"auto"``: about ``4 sqrt(n)`` lists for a database of ``n`` rows when
-        it holds at least ``AUTO_COARSE_MIN_ROWS`` (100,000) rows, else the flat scan
-        (decided by that first :meth:`add` or :meth:`train_coarse`); on MiniLM embeddings
-        through ITQ-256 the flat scan was 1.9x the (k-means) lists' queries per second at
-        recall 0.96 on 40,000 rows, and the k-majority lists 1.4x the flat scan's at 0.95 on
-        249,000 and 1.99x HNSW's on 1M drawn rows
-        (``docs/results.md``). A search scans the lists nearest the query's projection, as many as the
-        budget ``k * overfetch`` needs (the index's probing rule).
-    coarse_quantizer : {"k-majority", "k-means", "residual", "residual-k-majority"}, \
-default="k-majority"
-        The coarse lists: k-majority lists of the codes (Hamming centroids), or k-means
-        lists of the hasher's real-valued projections (float centroids, probed by the
-        query's projection: a quarter of the candidates for the same recall on 249k MiniLM
-        rows, but a costlier probe and training), or ``"residual"``: k-means lists holding
-        each row's residual signs and ranked by RaBitQ's estimator
-        (:class:`~hashlearn.index.ResidualIVFIndex`; the shortlist is always asymmetric,
-        ``ranking`` then applies to a flat scan only), or ``"residual-k-majority"``: the
-        same residual codes in k-majority lists of the projections' signs, probed by Hamming
-        distance (``ResidualIVFIndex(quantizer="k-majority")``: a cheaper probe). On 120k MiniLM rows through ITQ-256
-        (AMD Zen 3, AVX2) it reached recall 0.958 from 80 rescored rows, 1.9x faiss
-        IVF-RaBitQ's queries per second but 0.74x the k-majority lists' at 0.95, so it is
-        not the default (``docs/results.md``). On those rows through ITQ-256 with 1,996
-        lists each, k-majority reached recall 0.952 at 109 us a query and k-means 0.944 at
-        118 / 0.960 at 146 (development, not quiet); at 1M drawn rows the k-means probe (a
-        256 x 4,000 product a query) made it 0.8x the k-majority lists. k-means pays where
-        a candidate costs more than a scanned code by far: float vectors read from disk.
+        (:class:`~hashlearn.index.FlatIndex`); a number of lists partitions the codes
+        (``coarse_quantizer``), learned by :meth:`train_coarse`, or by the first :meth:`add`
+        on a sample of its rows (so that call should hold most of the database).
+        ``"auto"``: about ``4 sqrt(n)`` lists for a database of ``n`` rows when it holds at
+        least ``AUTO_COARSE_MIN_ROWS`` (100,000) rows, else the flat scan (decided by that
+        first :meth:`add` or :meth:`train_coarse`); on MiniLM embeddings through ITQ-256 the
+        flat scan was 1.9x the (k-means) lists' queries per second at recall 0.96 on 40,000
+        rows (``docs/results.md``). A search scans the lists nearest the query's projection,
+        as many as the budget ``k * overfetch`` needs (the index's probing rule).
+    coarse_quantizer : {"residual", "residual-k-majority", "k-majority", "k-means"}, \
+default="residual"
+        The coarse lists. ``"residual"``: k-means lists of the hasher's projections holding
+        each row's residual signs, ranked by RaBitQ's estimator against the query's
+        projections (:class:`~hashlearn.index.ResidualIVFIndex`, Gao & Long, SIGMOD 2024;
+        the shortlist is always asymmetric, ``ranking`` then applies to a flat scan only).
+        ``"residual-k-majority"``: the same codes in k-majority lists of the projections'
+        signs, probed by Hamming distance (a cheaper probe, a worse one). ``"k-majority"``:
+        :class:`~hashlearn.index.IVFIndex` over k-majority lists of the codes (Hamming
+        centroids), shortlisted by Hamming distance. ``"k-means"``: ``IVFIndex`` over k-means
+        lists of the projections (float centroids), shortlisted by Hamming distance. On the
+        249k MiniLM corpus through ITQ-256 with 1,996 lists (AMD Zen 4, quiet, 2026-12-02,
+        one run, ``docs/results.md``) ``"residual"`` reached recall@10 0.950 at overfetch 6
+        (60 rescored rows) at 13,384 queries/s, 2.46x faiss HNSW (M=32) and 1.83x faiss
+        IVF-RaBitQ in the same run; ``"k-majority"``, the default before, needed overfetch
+        32 for 0.951 (7,237 q/s), ``"residual-k-majority"`` overfetch 12 for 0.948 (7,473).
 
     Attributes
     ----------
