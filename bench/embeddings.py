@@ -60,10 +60,11 @@ BITS = (128, 256, 384, 512)
 EF_SEARCH = (8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 _FLAT = {"coarse": None}
 _ASYM = {"ranking": "asymmetric", "coarse": None}
-_IVF = {"coarse": "lists"}  # about 4 sqrt(n) k-majority lists whatever n (run_codes)
-_ASYM_IVF = {"ranking": "asymmetric", "coarse": "lists"}
+_IVF = {"coarse": "lists", "coarse_quantizer": "k-majority"}  # 4 sqrt(n) lists (run_codes)
+_ASYM_IVF = {"ranking": "asymmetric", **_IVF}
 #: (label, registry name, hasher parameters, learned?, EmbeddingIndex parameters); "default"
-#: is ``EmbeddingIndex()`` as a user gets it (ITQ-256, coarse="auto": lists from 100k rows)
+#: is ``EmbeddingIndex()`` as a user gets it (ITQ-256, coarse="auto": residual lists from 100k
+#: rows); "-ivf" rows use k-majority lists, "-residual" rows residual codes
 METHODS = (
     ("sign", "sign", {"center": False}, False, _FLAT),
     ("sign-centred", "sign", {"center": True}, False, _FLAT),
