@@ -339,14 +339,16 @@ default="residual"
         if self.coarse is None:
             return FlatIndex(self.n_bits)
         seed = self.random_state if isinstance(self.random_state, int) else 0
-        if self.coarse_quantizer in _RESIDUAL_LISTS:
-            quantizer = _RESIDUAL_LISTS[self.coarse_quantizer]
-            return ResidualIVFIndex(self.n_bits, random_state=seed, quantizer=quantizer)
-        return IVFIndex(self.n_bits, random_state=seed, quantizer=self.coarse_quantizer)
+        kind = ResidualIVFIndex if self.coarse_quantizer in _RESIDUAL_LISTS else IVFIndex
+        return kind(self.n_bits, random_state=seed, quantizer=self._list_quantizer())
+
+    def _list_quantizer(self) -> str:
+        """The quantizer of the coarse lists (``IVFIndex``'s ``quantizer``)."""
+        return _RESIDUAL_LISTS.get(self.coarse_quantizer, self.coarse_quantizer)
 
     def _per_list(self) -> int:
         """Training rows per coarse list (the index's own cap)."""
-        if self.coarse_quantizer in ("k-majority", "residual-k-majority"):
+        if self._list_quantizer() == "k-majority":
             return MAX_TRAIN_PER_LIST
         return K_MEANS_TRAIN_PER_LIST
 
@@ -673,8 +675,7 @@ default="residual"
         if not isinstance(hasher, BaseHasher) or type(codes) not in kinds:
             names = " or ".join(kind.__name__ for kind in kinds)
             raise ValueError(f"the components are not a hasher and a {names}")
-        lists = _RESIDUAL_LISTS.get(obj.coarse_quantizer, obj.coarse_quantizer)
-        if isinstance(codes, IVFIndex) and codes.quantizer != lists:
+        if isinstance(codes, IVFIndex) and codes.quantizer != obj._list_quantizer():
             raise ValueError(
                 f"coarse_quantizer={obj.coarse_quantizer!r} but the codes hold "
                 f"{codes.quantizer} lists"
