@@ -368,3 +368,154 @@ def test_cli_builds_and_describes_a_residual_coarse_stage(tmp_path):
     assert r.exit_code == 0 and "residual lists" in r.output, r.output
     r = run("build", tmp_path / "emb.npy", "--out", tmp_path / "b", "--coarse-quantizer", "pq")
     assert r.exit_code == 2 and "--coarse-quantizer" in r.stderr, r.output
+
+
+# ------------------------------------------------------------------- calibrated probe
+
+
+def _reach_oracle(index, P_rows, ids, Q, neighbors):
+    """Sorted fractions of the stored rows a probe scans to reach each listed neighbour:
+    the codes of the lists nearer the query (stable order) plus one, over ``len(index)``."""
+    lists = np.argmin(_list_distances(index, P_rows), axis=1)
+    sizes = np.bincount(lists, minlength=len(index.list_sizes))
+    d = _list_distances(index, Q)
+    out = []
+    for q in range(len(Q)):
+        order = list(np.argsort(d[q], kind="stable"))
+        for j in neighbors[q]:
+            if j < 0:
+                continue
+            own = lists[np.flatnonzero(ids == j)[0]]
+            out.append((sizes[order[: order.index(own)]].sum() + 1) / len(index))
+    return np.sort(out)
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_calibrate_counts_the_codes_ahead_of_each_neighbour(quantizer):
+    rng = np.random.default_rng(11)
+    P = rng.standard_normal((3000, 32)).astype(np.float32)
+    ids = np.arange(3000) * 2 + 5
+    index = ResidualIVFIndex(32, n_lists=30, quantizer=quantizer)
+    index.add(_codes(P), ids, projections=P)
+    Q = P[:40] + 0.1 * rng.standard_normal((40, 32)).astype(np.float32)
+    truth = np.argsort(((Q[:, None, :] - P[None]) ** 2).sum(-1), axis=1, kind="stable")[:, :6]
+    neighbors = ids[truth]
+    neighbors[3, 4:] = -1  # padding is skipped
+    assert index.calibrate(Q, neighbors) is index
+    want = _reach_oracle(index, P, ids, Q, neighbors)
+    assert len(index._probe_need) == 40 * 6 - 2
+    np.testing.assert_allclose(index._probe_need, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_calibrated_probing_scans_the_lists_the_budget_names(quantizer):
+    """After calibrate, ``n_probe=None`` scans the nearest lists until they hold ``max(k,
+    f n)`` codes, ``f`` the fraction leaving ``PROBE_MISS / k`` of the sample unreached."""
+    rng = np.random.default_rng(12)
+    centers = 4 * rng.standard_normal((40, 32))
+    P = (centers[rng.integers(0, 40, 4000)] + rng.standard_normal((4000, 32))).astype(np.float32)
+    index = ResidualIVFIndex(32, n_lists=40, quantizer=quantizer)
+    index.add(_codes(P), projections=P)
+    sample = P[::40]
+    truth = np.argsort(((sample[:, None, :] - P[None]) ** 2).sum(-1), axis=1, kind="stable")
+    index.calibrate(sample, truth[:, 1:11])  # each row left out of its own neighbours
+    need = index._probe_need
+    sizes = index.list_sizes
+    Q = P[1:6]
+    d = _list_distances(index, Q)
+    est, lists = _estimates(index, P, Q)
+    for k in (10, 40):
+        allowed = int(residual_module.PROBE_MISS * len(need) / k)
+        budget = max(k, int(np.ceil(need[len(need) - 1 - allowed] * 4000)))
+        assert np.mean(need * 4000 > budget) <= residual_module.PROBE_MISS / k
+        fixed = max(residual_module.PROBE_FACTOR * k, residual_module.MIN_PROBE_LISTS * 100)
+        assert budget < fixed  # clustered rows: their neighbours share a list
+        for q in range(len(Q)):
+            order = np.argsort(d[q], kind="stable")
+            n_probe = int(np.searchsorted(np.cumsum(sizes[order]), budget) + 1)
+            want = np.where(np.isin(lists, order[:n_probe]), est[q], -np.inf)[None]
+            S, I = index.search_asymmetric(Q[q : q + 1], k)
+            _assert_same_ranking(S, I, *_top(want, np.arange(4000), k))
+
+
+def test_calibration_is_saved_checked_and_cleared_by_training(tmp_path):
+    rng = np.random.default_rng(13)
+    P = rng.standard_normal((800, 16)).astype(np.float32)
+    index = ResidualIVFIndex(16, n_lists=8)
+    index.add(_codes(P), projections=P)
+    index.calibrate(P[:20], np.arange(20)[:, None] + 1)
+    index.save(tmp_path / "c")
+    loaded = hashlearn.load(tmp_path / "c")
+    assert np.array_equal(loaded._probe_need, index._probe_need)
+    for a, b in zip(index.search_asymmetric(P[:9], 7), loaded.search_asymmetric(P[:9], 7),
+                    strict=True):  # fmt: skip
+        assert np.array_equal(a, b)
+    params, state, arrays = index._get_state()
+    for bad in (np.array([0.5, 0.2]), np.array([0.1, np.nan]), np.array([0.0, 0.5]),
+                np.array([0.5, 1.5]), np.array([1, 2], np.int64)):  # fmt: skip
+        with pytest.raises(ValueError, match="probe_need"):
+            ResidualIVFIndex._from_state(params, state, dict(arrays, probe_need=bad))
+    older = {k: v for k, v in arrays.items() if k != "probe_need"}  # a save from before
+    assert ResidualIVFIndex._from_state(params, state, older)._probe_need is None
+    with pytest.raises(ValueError, match="not in the index"):
+        index.calibrate(P[:2], np.array([[1], [5000]]))
+    with pytest.raises(ValueError, match="one row per"):
+        index.calibrate(P[:2], np.array([1, 2]))
+    with pytest.raises(ValueError, match="no rows"):
+        ResidualIVFIndex(16, n_lists=2).calibrate(P[:2], np.array([[1], [2]]))
+    empty = ResidualIVFIndex(16, n_lists=8)
+    empty.train(_codes(P), projections=P)
+    empty.add(_codes(P), projections=P)
+    empty.calibrate(P[:3], np.array([[1], [2], [3]]))
+    empty.remove(np.arange(800))
+    empty.train(_codes(P), projections=P)  # other lists: the calibration goes
+    assert empty._probe_need is None
+
+
+def test_embedding_index_calibrates_on_exact_neighbours_after_the_first_add(monkeypatch):
+    from hashlearn import embeddings as emb
+
+    rng = np.random.default_rng(14)
+    centers = rng.standard_normal((25, 40))
+    X = centers[rng.integers(0, 25, 2500)] + 0.4 * rng.standard_normal((2500, 40))
+    X = X.astype(np.float32)
+    seen = []
+    real = ResidualIVFIndex.calibrate
+    monkeypatch.setattr(ResidualIVFIndex, "calibrate",
+                        lambda self, P, nb: seen.append((P, nb)) or real(self, P, nb))  # fmt: skip
+    monkeypatch.setattr(emb, "CALIBRATION_QUERIES", 60)
+    for metric in ("cosine", "euclidean"):
+        seen.clear()
+        index = EmbeddingIndex("itq", n_bits=32, coarse=25, metric=metric)
+        index.fit(X[:800]).add(X[:2000])
+        assert len(seen) == 1 and index.codes_._probe_need is not None
+        P, nb = seen[0]
+        V = index.vectors.astype(np.float64)
+        proj = index.hasher_.project(index.vectors).astype(np.float64)
+        rows = [int(np.argmin(((proj - p) ** 2).sum(1))) for p in P]  # the sampled rows
+        assert len(set(rows)) == 60
+        for r, got in zip(rows, nb, strict=True):
+            if metric == "cosine":
+                key = 1.0 - V @ V[r]
+            else:
+                key = ((V - V[r]) ** 2).sum(1)
+            key[r] = np.inf  # itself left out
+            want = np.sort(key)[:10]
+            # the true 10 nearest, up to float32 near-ties at the 10th
+            np.testing.assert_allclose(np.sort(key[got]), want, rtol=1e-4, atol=1e-5)
+        index.add(X[2000:])  # later adds keep the first calibration ...
+        assert len(seen) == 1 and index.codes_.probe_rows == 2000
+    parts = EmbeddingIndex("itq", n_bits=32, coarse=25).fit(X[:800])
+    parts.train_coarse(X)
+    seen.clear()
+    for start in (0, 300, 600):  # ... until the rows have doubled: 300, then 600
+        parts.add(X[start : start + 300])
+    assert [len(nb) for _, nb in seen] == [60, 60] and parts.codes_.probe_rows == 600
+    parts.calibrate_probe()  # sized on all 900 rows, as one add of them would be
+    assert len(seen) == 3 and parts.codes_.probe_rows == 900
+    parts.calibrate_probe()  # the same rows: nothing to do
+    assert len(seen) == 3
+    whole = EmbeddingIndex("itq", n_bits=32, coarse=25).fit(X[:800])
+    whole.train_coarse(X)
+    whole.add(X[:900])
+    assert np.array_equal(whole.codes_._probe_need, parts.codes_._probe_need)

@@ -520,6 +520,7 @@ def build(
                             ) from None
                         bar.update(len(chunk))
                 if not flat:
+                    idx.calibrate_probe()  # the residual lists' probe, sized on every row
                     idx.save(tmp)
             else:
                 rows = _build_sharded(client, idx, matrix, embeddings, shards, chunk_size, tmp)

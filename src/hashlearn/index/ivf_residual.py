@@ -54,20 +54,24 @@ from __future__ import annotations
 import numpy as np
 
 from hashlearn._utils.parallel import parallel_chunks
-from hashlearn.codes import as_words, pack_bits, unpack_bits
+from hashlearn.codes import as_words, hamming_cdist, pack_bits, unpack_bits
 from hashlearn.index import _ivf_kernels as _kernels
 from hashlearn.index._asymmetric import check_projections
 from hashlearn.index._knn_scan import _WIDTH_TAGS
-from hashlearn.index._storage import IdStore, Snapshot
+from hashlearn.index._storage import ID_MAX, IdStore, Snapshot
 from hashlearn.index.ivf import _LAYOUT, _NO_FLOAT, IVFIndex, _Lists, _read_only
-from hashlearn.io import persistable, require_array
+from hashlearn.io import persistable, require_array, require_state
 
 __all__ = ["ResidualIVFIndex"]
 
-#: ``n_probe=None``: scan the nearest lists until they hold ``PROBE_FACTOR * k`` codes ...
+#: ``n_probe=None`` before :meth:`ResidualIVFIndex.calibrate`: scan the nearest lists until
+#: they hold ``PROBE_FACTOR * k`` codes ...
 PROBE_FACTOR = 64
 #: ... and at least ``MIN_PROBE_LISTS`` average lists' worth of codes
 MIN_PROBE_LISTS = 16
+#: ``n_probe=None`` after :meth:`ResidualIVFIndex.calibrate`: for ``k`` candidates the probed
+#: lists may miss ``PROBE_MISS / k`` of a query's true neighbours (estimated on the sample)
+PROBE_MISS = 2.0
 _CHUNK = 65536  # rows encoded at a time (bounds the float64 temporaries)
 _FLOAT32_SQ_MAX = 1e37  # |p|^2 of a row at most this (float32 factors, with room)
 _NO_WORDS = _read_only(np.zeros(0, np.uint64))  # no query signs: a probe by float distances
@@ -92,9 +96,11 @@ class ResidualIVFIndex(IVFIndex):
         Number of k-means lists; ``None``: about ``4 sqrt(n)`` for ``n`` training rows (as
         :class:`~hashlearn.index.IVFIndex`).
     n_probe : int or None, default=None
-        Lists scanned per query. ``None``: the nearest lists until they hold at least
-        ``max(64 k, 16 n / n_lists)`` codes for a search of ``k``: the candidates a searcher
-        asks for set how far it looks.
+        Lists scanned per query. ``None``: the nearest lists until they hold a budget of
+        codes for a search of ``k``, so that the candidates a searcher asks for set how far
+        it looks: sized from the data after :meth:`calibrate` (the lists may miss about
+        ``PROBE_MISS / k`` of a query's true neighbours), else ``max(64 k, 16 n /
+        n_lists)``.
     random_state : int, default=0
         Seed of the k-means sample and initial centroids.
     quantizer : {"k-means", "k-majority"}, default="k-means"
@@ -144,6 +150,10 @@ class ResidualIVFIndex(IVFIndex):
         super().__init__(n_bits, n_lists, n_probe, random_state, quantizer=quantizer)
         rows = {"words": ((self._n_words,), np.uint64), "factors": ((2,), np.float32)}
         self._store = IdStore(rows, type(self).__name__)
+        #: from :meth:`calibrate`: sorted fractions of the stored rows a probe must scan to
+        #: reach each sampled true neighbour (None: the fixed budget rule)
+        self._probe_need: np.ndarray | None = None
+        self.probe_rows = 0  # the rows stored when calibrate last ran (0: never)
 
     # ------------------------------------------------------------------------ encoding
 
@@ -189,6 +199,7 @@ class ResidualIVFIndex(IVFIndex):
         assert P is not None  # uses_projections: the stand-in when none are given
         self._check_scale(P)
         empty = Snapshot(snap.ids, dict(snap.rows), snap.next_id)
+        self._probe_need, self.probe_rows = None, 0  # other lists: calibrate again
         if self.quantizer == "k-means":
             layout = self._k_means_lists(P)
         else:
@@ -274,7 +285,68 @@ class ResidualIVFIndex(IVFIndex):
         )
 
     def _min_codes(self, k: int, snap: Snapshot, layout: _Lists) -> int:
-        return max(PROBE_FACTOR * k, -(-MIN_PROBE_LISTS * snap.n // layout.n_lists))
+        need = self._probe_need
+        if need is None:
+            return max(PROBE_FACTOR * k, -(-MIN_PROBE_LISTS * snap.n // layout.n_lists))
+        # the smallest budget leaving at most PROBE_MISS / k of the sampled neighbours out
+        allowed = int(PROBE_MISS * len(need) / k)
+        if allowed >= len(need):
+            return k
+        return max(k, int(np.ceil(need[len(need) - 1 - allowed] * snap.n)))
+
+    def calibrate(self, projections, neighbors) -> ResidualIVFIndex:
+        """Size the budget rule of ``n_probe=None`` from the data; returns ``self``.
+
+        ``projections``: sample queries like those to be searched (``(m, n_bits)``, e.g.
+        stored rows'); ``neighbors``: the ids of each one's true nearest stored rows by the
+        metric searched (int ``(m, t)``, ``-1`` pads). For each true neighbour the probe's
+        cost to reach it is counted: the codes of the lists nearer the query (in the probe's
+        order) plus one, as a fraction of the rows stored. A search for ``k`` candidates
+        then scans the nearest lists until they hold ``max(k, f n)`` codes, ``n`` the rows
+        stored at search time and ``f`` the fraction that leaves at most ``PROBE_MISS / k``
+        of the sampled neighbours unreached: the lists are expected to lose about as few
+        true neighbours as ``k`` candidates do, whether the data's neighbours sit in one
+        list (a clustered 1M set: 7 average lists for 120 candidates) or spread over many
+        (the 249k MiniLM corpus: 64 for 60). Fixed factors (``PROBE_FACTOR``) serve until
+        this is called; training other lists clears it. ``EmbeddingIndex`` calls it after
+        the first add, with exact neighbours of sampled rows."""
+        owner = "ResidualIVFIndex.calibrate"
+        P = check_projections(projections, self.n_bits, owner)
+        nb = np.asarray(neighbors)
+        if nb.ndim != 2 or len(nb) != len(P) or not np.issubdtype(nb.dtype, np.integer):
+            raise ValueError(
+                f"{owner}: neighbors must be an integer array (m, t) with one row per "
+                f"projection row ({len(P)}); got {nb.dtype} {nb.shape}."
+            )
+        with self._store.writing():
+            snap = self._store.snapshot
+            layout = self._layout(snap)
+            if layout is None or snap.n == 0:
+                raise ValueError(f"{owner}: the index holds no rows to calibrate on.")
+            by_id = np.argsort(snap.ids, kind="stable")
+            q_rows, cols = np.nonzero(nb >= 0)
+            wanted = nb[q_rows, cols].astype(np.int64)
+            pos = np.searchsorted(snap.ids, wanted, sorter=by_id)
+            pos = np.minimum(pos, snap.n - 1)
+            if not np.array_equal(snap.ids[by_id[pos]], wanted):
+                raise ValueError(f"{owner}: neighbors holds ids that are not in the index.")
+            sizes = np.diff(layout.offsets)
+            row_list = np.searchsorted(layout.offsets, by_id[pos], side="right") - 1
+            if self.quantizer == "k-means":
+                dist = self._float_distances(layout, None, P)
+            else:
+                signs = pack_bits(P >= 0)
+                cent = np.ascontiguousarray(layout.centroids.view(np.uint8)[:, : self.code_size])
+                dist = hamming_cdist(signs, cent, self.n_bits)
+            order = np.argsort(dist, axis=1, kind="stable")  # the probe's order, ties by list
+            rank = np.empty_like(order)
+            np.put_along_axis(rank, order, np.arange(layout.n_lists)[None, :], axis=1)
+            before = np.cumsum(sizes[order], axis=1) - sizes[order]  # codes ahead of a list
+            reach = before[q_rows, rank[q_rows, row_list]] + 1
+            need = np.sort(reach / snap.n)
+            self._probe_need = _read_only(need) if len(need) else None
+            self.probe_rows = snap.n if len(need) else 0
+        return self
 
     def search_asymmetric(
         self,
@@ -331,6 +403,9 @@ class ResidualIVFIndex(IVFIndex):
     def _get_state(self):
         params, state, arrays = super()._get_state()
         arrays["factors"] = self._store.snapshot.rows["factors"]
+        if self._probe_need is not None:
+            arrays["probe_need"] = self._probe_need
+            state = dict(state, probe_rows=self.probe_rows)
         return params, state, arrays
 
     @classmethod
@@ -340,6 +415,12 @@ class ResidualIVFIndex(IVFIndex):
         factors = require_array(arrays, "factors", np.float32, shape=(snap.n, 2))
         if not np.isfinite(factors).all():
             raise ValueError("array 'factors' must be finite")
+        if "probe_need" in arrays:  # saves before calibrate existed have none
+            need = require_array(arrays, "probe_need", np.float64, 1)
+            if not (np.all((need > 0) & (need <= 1)) and np.all(np.diff(need) >= 0)):
+                raise ValueError("array 'probe_need' must rise within (0, 1]")
+            index._probe_need = need if len(need) else None
+            index.probe_rows = require_state(state, "probe_rows", int, low=1, high=ID_MAX + 1)
         rows = {"words": snap.rows["words"], "factors": factors}
         loaded = Snapshot(snap.ids, rows, snap.next_id)
         layout = index._layout(snap)
