@@ -55,7 +55,7 @@ from hashlearn.embeddings import EmbeddingIndex, load_embeddings  # noqa: E402
 from hashlearn.index import IVFIndex  # noqa: E402
 
 K = 10
-OVERFETCH = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+OVERFETCH = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 BITS = (128, 256, 384, 512)
 EF_SEARCH = (8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 _FLAT = {"coarse": None}
