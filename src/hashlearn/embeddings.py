@@ -523,7 +523,7 @@ default="residual"
         with searcher._seq.writing():  # the rows and their ids stay put meanwhile
             V = self.vectors
             n = len(V)
-            rng = np.random.default_rng(searcher.index.random_state)
+            rng = np.random.default_rng(codes.random_state)
             take = np.sort(rng.choice(n, min(n, CALIBRATION_QUERIES), replace=False))
             S = np.ascontiguousarray(V[take], np.float32)
             t = min(CALIBRATION_NEIGHBORS, n - 1)
@@ -543,7 +543,7 @@ default="residual"
                 best_s = np.take_along_axis(cand_s, keep, 1)
                 best_i = np.take_along_axis(cand_i, keep, 1)
             best_i[~np.isfinite(best_s)] = -1
-            searcher.index.calibrate(searcher.hasher.project(S), best_i)
+            codes.calibrate(searcher.hasher.project(S), best_i)
         return self
 
     @property
