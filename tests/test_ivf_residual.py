@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 
 import hashlearn
 from hashlearn import Searcher
 from hashlearn.embeddings import EmbeddingIndex
 from hashlearn.hashers import IterativeQuantization as ITQ
 from hashlearn.index import IVFIndex, ResidualIVFIndex
+from hashlearn.index import _asymmetric as asymmetric_kernels
+from hashlearn.index import _ivf_kernels as ivf_kernels
 from hashlearn.index import ivf_residual as residual_module
 
 
@@ -519,3 +522,42 @@ def test_embedding_index_calibrates_on_exact_neighbours_after_the_first_add(monk
     whole.train_coarse(X)
     whole.add(X[:900])
     assert np.array_equal(whole.codes_._probe_need, parts.codes_._probe_need)
+
+
+@njit
+def _select(row, g):
+    n = row.shape[0]
+    heap_d, order = np.empty(n, np.float32), np.empty(2 * n, np.int64)
+    return order[: ivf_kernels._nearest_lists(row, n, g, heap_d, order)].copy()
+
+
+@pytest.mark.parametrize("layout", ["normal", "ties", "descending", "infinite"])
+def test_the_list_select_is_a_stable_sort_prefix(layout):
+    # the sampled threshold of _nearest_lists against numpy's stable argsort, with lists
+    # few (no stride) and many (strided samples, the retries), ties and infinite distances
+    rng = np.random.default_rng(["normal", "ties", "descending", "infinite"].index(layout))
+    for n in (1, 7, 255, 300, 1000, 4096, 5003):
+        row = rng.standard_normal(n).astype(np.float32)
+        if layout == "ties":
+            row = rng.integers(0, 4, n).astype(np.float32)
+        elif layout == "descending":
+            row = np.sort(row)[::-1].copy()
+        elif layout == "infinite":
+            row[rng.random(n) < 0.4] = np.inf
+        want = np.argsort(row, kind="stable")
+        for g in sorted({0, 1, 2, 5, 24, 64, n // 3, n - 1, n, n + 5}):
+            assert np.array_equal(_select(row, g), want[: max(min(g, n), 0)]), (n, g)
+
+
+def test_the_buffer_cut_keeps_the_best_pairs():
+    # _keep_best (the residual scan's buffer cut) against a sort by (score desc, id asc)
+    rng = np.random.default_rng(5)
+    for n, k in ((2, 1), (10, 3), (200, 100), (500, 7), (64, 63)):
+        for scores in (rng.standard_normal(n), rng.integers(0, 3, n)):
+            s = scores.astype(np.float32)
+            p = rng.permutation(10 * n)[:n].astype(np.int64)
+            buf_s, buf_p = s.copy(), p.copy()
+            low = asymmetric_kernels._keep_best(buf_s, buf_p, n, k)
+            best = np.lexsort((p, -s))[:k]
+            assert set(buf_p[:k].tolist()) == set(p[best].tolist())
+            assert low == s[best].min()

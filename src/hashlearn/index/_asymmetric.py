@@ -191,6 +191,57 @@ def _offer(heap_s, heap_p, size, k, s, p):
     return size + 1
 
 
+@njit(nogil=True, inline="always")
+def _swap(buf_s, buf_p, a, b):
+    buf_s[a], buf_s[b] = buf_s[b], buf_s[a]
+    buf_p[a], buf_p[b] = buf_p[b], buf_p[a]
+
+
+@njit(nogil=True, cache=True)
+def _keep_best(buf_s, buf_p, n, k):
+    """Reorder ``buf[:n]`` (``k < n``, distinct pairs) so that ``buf[:k]`` holds its ``k``
+    best pairs, in no order (:func:`_worse`'s ranking); returns the lowest score of those.
+
+    Quickselect (Hoare, "Algorithm 65: Find", CACM 1961) with a median-of-three pivot:
+    linear on average. A scan that buffers the codes reaching its threshold and cuts the
+    buffer to ``k`` when it fills does about ``log(n / k)`` cuts where a heap does a sift per
+    code kept."""
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _worse(buf_s[lo], buf_p[lo], buf_s[mid], buf_p[mid]):
+            _swap(buf_s, buf_p, lo, mid)
+        if _worse(buf_s[lo], buf_p[lo], buf_s[hi], buf_p[hi]):
+            _swap(buf_s, buf_p, lo, hi)
+        if _worse(buf_s[mid], buf_p[mid], buf_s[hi], buf_p[hi]):
+            _swap(buf_s, buf_p, mid, hi)
+        _swap(buf_s, buf_p, mid, hi)  # the median of the three as the pivot, at hi
+        ps, pp = buf_s[hi], buf_p[hi]
+        store = lo
+        for i in range(lo, hi):
+            if _worse(ps, pp, buf_s[i], buf_p[i]):  # ranks before the pivot
+                _swap(buf_s, buf_p, i, store)
+                store += 1
+        _swap(buf_s, buf_p, store, hi)
+        if store == k or store == k - 1:
+            break
+        if store > k:
+            hi = store - 1
+        else:
+            lo = store + 1
+    low = buf_s[0]
+    for i in range(1, k):
+        low = min(low, buf_s[i])
+    return low
+
+
+@njit(nogil=True, cache=True)
+def _heapify(heap_s, heap_p, size):
+    """Make ``heap[:size]`` the heap :func:`_offer` keeps (root: the worst pair)."""
+    for j in range(size // 2 - 1, -1, -1):
+        _sift_down(heap_s, heap_p, size, j)
+
+
 @njit(nogil=True, cache=True)
 def _emit(heap_s, heap_p, size, out_s, out_i, row):
     """Write the heap's pairs to ``out[row]`` best first (popping the worst to the back),
