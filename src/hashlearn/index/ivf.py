@@ -299,10 +299,12 @@ class IVFIndex(BinaryIndex):
         """The projections of the queries, checked once at a search's entry (or None)."""
         return None if projections is None else self._projections(projections, queries, None, owner)
 
-    def _float_distances(self, layout: _Lists, queries, P) -> np.ndarray:
+    def _float_distances(self, layout: _Lists, queries, P, *, finite: bool = False) -> np.ndarray:
         """The queries' squared distances to the float centroids less ``|p|^2`` (float32
         ``(m, n_lists)``, one matrix product) from their checked projections ``P`` (None:
-        the stand-in); none for k-majority lists."""
+        the stand-in); none for k-majority lists. ``finite``: the caller knows every ``|p|^2``
+        and ``|c|^2`` is at most ``1e37``, so no sum overflows float32 and the pass that turns
+        NaN into ``inf`` is skipped (about 5 us a query at 4,000 lists, Zen 4)."""
         if layout.vectors is None:
             return _NO_FLOAT
         if P is None:
@@ -313,7 +315,7 @@ class IVFIndex(BinaryIndex):
         # passes in place
         d = P.astype(np.float32, copy=False) @ neg2_t
         d += sq_norms
-        return _read_only(np.nan_to_num(d, copy=False, nan=np.inf))
+        return _read_only(d if finite else np.nan_to_num(d, copy=False, nan=np.inf))
 
     # --------------------------------------------------------------------------- state
 

@@ -380,7 +380,13 @@ class ResidualIVFIndex(IVFIndex):
         if m == 0 or snap.n == 0 or layout is None:
             return out_s, out_i
         if self.quantizer == "k-means":  # the probe by float distances
-            cfd, query_words = self._float_distances(layout, None, P), _NO_WORDS
+            # no float32 overflow (hence no NaN) where every |p|^2 and |c|^2 is small enough
+            finite = bool(
+                max((P.astype(np.float64) ** 2).sum(1).max(), layout.sq_norms.max())
+                <= _FLOAT32_SQ_MAX
+            )
+            cfd = self._float_distances(layout, None, P, finite=finite)
+            query_words = _NO_WORDS
         else:  # by the Hamming distances of the queries' signs to the binary centroids
             cfd, query_words = _NO_FLOAT, _read_only(self._sign_words(P).reshape(-1))
         args = (
