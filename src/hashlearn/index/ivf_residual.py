@@ -133,6 +133,8 @@ class ResidualIVFIndex(IVFIndex):
 
     #: the shortlist comes from :meth:`search_asymmetric` only (``check_ranking``)
     hamming_search = False
+    #: ``add`` takes ``row_terms`` (what the projection drops; ``Searcher`` passes them)
+    accepts_row_terms = True
 
     @property
     def uses_projections(self) -> bool:
@@ -157,9 +159,10 @@ class ResidualIVFIndex(IVFIndex):
 
     # ------------------------------------------------------------------------ encoding
 
-    def _residual_rows(self, P: np.ndarray, lists: np.ndarray, layout: _Lists):
+    def _residual_rows(self, P: np.ndarray, lists: np.ndarray, layout: _Lists, terms=None):
         """``(words, factors)`` of projection rows ``P`` filed under ``lists``: the residual
-        signs as uint64 words and ``(g, h)`` per row (module doc), computed in float64."""
+        signs as uint64 words and ``(g, h)`` per row (module doc), computed in float64;
+        ``terms``: the rows' terms replacing ``-|p|^2 / 2`` in ``h`` (:meth:`add`)."""
         assert layout.vectors is not None
         m = len(P)
         words = np.empty((m, self._n_words), np.uint64)
@@ -172,11 +175,29 @@ class ResidualIVFIndex(IVFIndex):
             l1 = np.abs(r).sum(1)
             g = np.divide((r * r).sum(1), l1, out=np.zeros(len(r)), where=l1 > 0)
             signed_c = np.where(bits, c, -c).sum(1)  # <c, b>
-            h = (c * r).sum(1) - g * signed_c - 0.5 * (p * p).sum(1)
+            if terms is None:
+                term = -0.5 * (p * p).sum(1)
+            else:
+                term = terms[s : s + _CHUNK].astype(np.float64)
+            h = (c * r).sum(1) - g * signed_c + term
             words[s : s + len(p)] = as_words(pack_bits(bits)).reshape(len(p), self._n_words)
             factors[s : s + len(p), 0] = g
             factors[s : s + len(p), 1] = h
         return words, factors
+
+    @staticmethod
+    def _checked_terms(row_terms, m: int, owner: str) -> np.ndarray:
+        """``row_terms`` as float64 ``(m,)``, finite and within float32's range with room."""
+        terms = np.asarray(row_terms)
+        if terms.shape != (m,) or not np.issubdtype(terms.dtype, np.floating):
+            raise ValueError(
+                f"row_terms of {owner} must be a float array of shape ({m},); got "
+                f"{terms.dtype} {terms.shape}."
+            )
+        terms = terms.astype(np.float64)
+        if not np.isfinite(terms).all() or (m and np.abs(terms).max() > _FLOAT32_SQ_MAX):
+            raise ValueError(f"row_terms of {owner} must be finite and at most 1e37 in size.")
+        return terms
 
     @staticmethod
     def _check_scale(P: np.ndarray) -> None:
@@ -233,9 +254,15 @@ class ResidualIVFIndex(IVFIndex):
 
     # ------------------------------------------------------------------------- writing
 
-    def add(self, codes: np.ndarray, ids=None, *, projections=None) -> np.ndarray:
+    def add(self, codes: np.ndarray, ids=None, *, projections=None, row_terms=None) -> np.ndarray:
         """Add rows by their codes and ``projections`` (see the class doc) with optional
         distinct int ids; returns their ids (int64, in the order given).
+
+        ``row_terms``: float ``(m,)``, each row's term ``t_x`` in place of ``-|p|^2 / 2``, so
+        that its score estimates ``<q, p> + t_x`` (module doc): what the projection drops
+        from a row, put back by a caller that has the vectors (``Searcher`` over a linear
+        hasher with orthonormal rows gives ``<x, m>`` for inner products, ``-|x - m|^2 / 2``
+        for Euclidean distances, ``m`` the point the projection centres on).
 
         An untrained index first trains on them. Without ``ids`` the rows are numbered from
         one past the largest id ever added; duplicate ids, or ids already in the index, raise
@@ -247,6 +274,7 @@ class ResidualIVFIndex(IVFIndex):
         P = self._checked(projections, codes, owner)
         if P is not None:
             self._check_scale(P)
+        terms = None if row_terms is None else self._checked_terms(row_terms, m, owner)
         with self._store.writing():
             new_ids = self._store.new_ids(ids, m)
             if m == 0:
@@ -264,7 +292,8 @@ class ResidualIVFIndex(IVFIndex):
             else:
                 lists = self._assign(self._sign_words(P), layout.centroids)
             order = np.lexsort((new_ids, lists))
-            words, factors = self._residual_rows(P[order], lists[order], layout)
+            sorted_terms = None if terms is None else terms[order]
+            words, factors = self._residual_rows(P[order], lists[order], layout, sorted_terms)
             rows = {"words": words, "factors": factors}  # two float32: one 64-bit word
             self._store.publish(self._merged(snap, layout, lists, new_ids, order, rows))
         return new_ids
