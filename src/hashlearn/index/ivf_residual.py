@@ -24,9 +24,11 @@ the query's scores:
   (:func:`hashlearn.index._ivf_kernels.query_planes`). It estimates ``<q, p> - |p|^2 / 2 =
   (|q|^2 - |q - p|^2) / 2``: ranking by ``s`` descending is ranking by the estimated
   Euclidean distance in the projection space ascending, the geometry of the lists' probe.
-  (For unit-norm embeddings through a centred orthonormal projection such as ITQ's this is
-  the inner product of the vectors up to the discarded directions and a per-query constant;
-  ``-|p|^2 / 2`` cancels the term ``-<x, mu>`` that centring adds to ``<q, p>``.)
+  ``add(row_terms=t)`` puts ``t_x`` in place of ``-|p|^2 / 2``, so that the score estimates
+  ``<q, p> + t_x``: :class:`~hashlearn.search.Searcher` passes what an orthonormal
+  projection drops from each row (:func:`hashlearn.search.row_terms`), since the projection
+  space's own distance over-ranks rows with much outside the projection (for unit vectors
+  through ITQ ``-|p|^2 / 2 = <x, mu> + |x_perp|^2 / 2 + const``, not ``<x, mu> + const``).
 
 The factors ``(g, h)`` are computed in float64 and stored as float32; the scan sums the
 integer popcounts exactly and the float32 terms in a fixed order
