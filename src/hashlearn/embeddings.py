@@ -217,7 +217,10 @@ default="residual"
         The coarse lists. ``"residual"``: k-means lists of the hasher's projections holding
         each row's residual signs, ranked by RaBitQ's estimator against the query's
         projections (:class:`~hashlearn.index.ResidualIVFIndex`, Gao & Long, SIGMOD 2024;
-        the shortlist is always asymmetric, ``ranking`` then applies to a flat scan only).
+        the shortlist is always asymmetric, ``ranking`` then applies to a flat scan only),
+        each row's score completed by what the projection drops
+        (:func:`hashlearn.search.row_terms`: at 1M MiniLM-like rows through ITQ-256, recall@10
+        0.95 from 80 rescored rows instead of 120, 1.15x faiss IVF-RaBitQ, ``docs/results.md``).
         ``"residual-k-majority"``: the same codes in k-majority lists of the projections'
         signs, probed by Hamming distance (a cheaper probe, a worse one). ``"k-majority"``:
         :class:`~hashlearn.index.IVFIndex` over k-majority lists of the codes (Hamming
