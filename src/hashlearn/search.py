@@ -247,7 +247,6 @@ class Searcher:
         callable ``rerank`` cannot be saved (``TypeError``)."""
         params = {**Refiner.params(self.rerank, self.screen), "n_candidates": self.n_candidates}
         params["ranking"] = self.ranking
-        params["row_terms"] = self._row_terms or "none"
         token = secrets.token_hex(8)
         hasher_dir, index_dir = f"hasher-{token}", f"index-{token}"
         with self._seq.lock:  # one state of the index and its vectors
@@ -259,7 +258,12 @@ class Searcher:
                 lambda name: _COMPONENT.fullmatch(name) or _COMPONENT_TMP.fullmatch(name),
                 "Searcher",
                 params,
-                {"hasher_dir": hasher_dir, "index_dir": index_dir, **state},
+                {
+                    "hasher_dir": hasher_dir,
+                    "index_dir": index_dir,
+                    "row_terms": self._row_terms or "none",
+                    **state,
+                },
                 arrays,
             )
 
@@ -292,7 +296,7 @@ class Searcher:
             rerank, screen = Refiner.saved_params(meta["params"])
             ranking = meta["params"].get("ranking", "hamming")  # saves before it: Hamming
             obj = cls(hasher, index, rerank, meta["params"].get("n_candidates"), screen, ranking)
-            terms = meta["params"].get("row_terms", "none")  # saves before it: none
+            terms = meta["state"].get("row_terms", "none")  # saves before it: none
             if terms not in ("none", *_ROW_TERMS.values()):
                 raise ValueError(f"unknown row_terms {terms!r}")
             obj._row_terms = None if terms == "none" else terms
