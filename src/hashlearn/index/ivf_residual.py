@@ -202,9 +202,14 @@ class ResidualIVFIndex(IVFIndex):
         return terms
 
     @staticmethod
-    def _check_scale(P: np.ndarray) -> None:
+    def _largest_sq_norm(P: np.ndarray) -> float:
+        """The largest ``|p|^2`` of projection rows ``P`` (0 for none), in float64."""
+        return float((P.astype(np.float64) ** 2).sum(1).max()) if len(P) else 0.0
+
+    @classmethod
+    def _check_scale(cls, P: np.ndarray) -> None:
         """Refuse projections whose squared norms overflow float32 (the factors hold them)."""
-        if len(P) and (P.astype(np.float64) ** 2).sum(1).max() > _FLOAT32_SQ_MAX:
+        if cls._largest_sq_norm(P) > _FLOAT32_SQ_MAX:
             raise ValueError(
                 "ResidualIVFIndex.add: projections too large for float32 factors (|p|^2 "
                 "overflows); scale the vectors down."
@@ -262,9 +267,8 @@ class ResidualIVFIndex(IVFIndex):
 
         ``row_terms``: float ``(m,)``, each row's term ``t_x`` in place of ``-|p|^2 / 2``, so
         that its score estimates ``<q, p> + t_x`` (module doc): what the projection drops
-        from a row, put back by a caller that has the vectors (``Searcher`` over a linear
-        hasher with orthonormal rows gives ``<x, m>`` for inner products, ``-|x - m|^2 / 2``
-        for Euclidean distances, ``m`` the point the projection centres on).
+        from a row, put back by a caller that has the vectors (``Searcher`` passes
+        :func:`hashlearn.search.row_terms` for a linear hasher with orthonormal rows).
 
         An untrained index first trains on them. Without ``ids`` the rows are numbered from
         one past the largest id ever added; duplicate ids, or ids already in the index, raise
@@ -412,10 +416,8 @@ class ResidualIVFIndex(IVFIndex):
             return out_s, out_i
         if self.quantizer == "k-means":  # the probe by float distances
             # no float32 overflow (hence no NaN) where every |p|^2 and |c|^2 is small enough
-            finite = bool(
-                max((P.astype(np.float64) ** 2).sum(1).max(), layout.sq_norms.max())
-                <= _FLOAT32_SQ_MAX
-            )
+            largest = max(self._largest_sq_norm(P), float(layout.sq_norms.max()))
+            finite = largest <= _FLOAT32_SQ_MAX
             cfd = self._float_distances(layout, None, P, finite=finite)
             query_words = _NO_WORDS
         else:  # by the Hamming distances of the queries' signs to the binary centroids
