@@ -8,7 +8,9 @@ fitted on a sample of the base, filled with the whole base, and searched for eve
 over-fetch 1..32 (``k * overfetch`` Hamming candidates rescored exactly with the float
 vectors). Contenders, all on ONE thread, on the same data, in the same run:
 
-* sign bits (binary quantization of vector databases) at 384 bits, plain and centred;
+* sign bits (binary quantization of vector databases), plain and centred: one bit per
+  dimension, or below the input's width the dimensions of largest training variance
+  (:class:`hashlearn.hashers.SignHashing`'s ``select="variance"``);
 * random-hyperplane LSH, PCA hashing, ITQ and spectral hashing at 128/256/384/512 bits
   (PCA-based codes, ITQ, and sign bits have at most one bit per dimension: <= 384);
 * faiss ``IndexFlatIP`` (exact float search, BLAS over the whole query batch);
@@ -707,8 +709,6 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         for bits in bits_list:
             if name in AT_MOST_DIM and bits > dim:
-                continue
-            if name == "sign" and bits != dim:
                 continue
             rows += run_codes(
                 method,
