@@ -47,6 +47,7 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -207,6 +208,17 @@ def machine_line() -> str:
     )
 
 
+def serialized_bytes(index) -> int:
+    """The size of a faiss index as ``faiss.write_index`` writes it, through a temporary file
+    (``faiss.serialize_index`` would hold a second copy of a multi-GB index in memory)."""
+    import faiss
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "index.faiss")
+        faiss.write_index(index, path)
+        return os.path.getsize(path)
+
+
 class FlatTimer:
     """faiss IndexFlatIP over the base (exact float search); timed again before each sweep."""
 
@@ -216,7 +228,7 @@ class FlatTimer:
         self.index = faiss.IndexFlatIP(base.shape[1])
         self.index.add(np.ascontiguousarray(base, dtype=np.float32))
         self.queries = np.ascontiguousarray(queries, dtype=np.float32)
-        self.bytes_per_vector = len(faiss.serialize_index(self.index)) / len(base)
+        self.bytes_per_vector = serialized_bytes(self.index) / len(base)
         self.walls: list[float] = []
         self.cpus: list[float] = []
         self.ids = None
@@ -236,7 +248,6 @@ def run_faiss(
     (timed as the build), then searched once per setting of ``settings`` (``[(param label,
     apply(index))]``) per repetition, interleaved with the exact scan like every contender.
     Memory per vector: the serialized index (a refine stage's float copy included)."""
-    import faiss
 
     base, queries, truth = data
     index = make()
@@ -247,7 +258,7 @@ def run_faiss(
 
     _, build_wall, build_cpu = timed(build)
     log(f"{label} built in {build_wall:.1f} s")
-    per_vector = len(faiss.serialize_index(index)) / len(base)
+    per_vector = serialized_bytes(index) / len(base)
     walls = {p: [] for p, _ in settings}
     cpus = {p: [] for p, _ in settings}
     ratios = {p: [] for p, _ in settings}
