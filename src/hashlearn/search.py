@@ -328,6 +328,22 @@ DROPPED_OVERLAP = 0.25
 _TERM_ROWS = 65536  # rows of X widened to float64 at a time
 
 
+def orthonormal_form(hasher) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(W, m)`` float64 of a fitted linear hasher whose scores are ``W (x - m)`` with
+    orthonormal rows of ``W`` (ITQ, PCA hashing, orthogonal LSH; ``m = mean - W^T shift``),
+    or None (no linear form, or rows not orthonormal)."""
+    form = hasher._linear_form() if isinstance(hasher, BaseHasher) else None
+    if form is None:
+        return None
+    W = np.asarray(form.weights, np.float64)
+    if not np.allclose(W @ W.T, np.eye(len(W)), rtol=0, atol=1e-6):
+        return None
+    m = np.zeros(W.shape[1]) if form.mean is None else np.asarray(form.mean, np.float64)
+    if form.shift is not None:
+        m = m - W.T @ np.asarray(form.shift, np.float64)
+    return W, m
+
+
 def row_terms(hasher, X, geometry: str) -> np.ndarray | None:
     """What a linear hasher's projection drops from each row of ``X``, as the per-row term of
     a residual index's score (:class:`~hashlearn.index.ResidualIVFIndex`), or None.
@@ -346,15 +362,12 @@ def row_terms(hasher, X, geometry: str) -> np.ndarray | None:
     ITQ-32 from 0.858 to 0.897 (``DROPPED_OVERLAP``). None for other hashers (rows not
     orthonormal, or no linear form: sign bits, which drop nothing at full width) and for
     sparse ``X``."""
-    form = hasher._linear_form() if isinstance(hasher, BaseHasher) else None
-    if form is None or sp.issparse(X) or not isinstance(X, np.ndarray):
+    if sp.issparse(X) or not isinstance(X, np.ndarray):
         return None
-    W = np.asarray(form.weights, np.float64)
-    if not np.allclose(W @ W.T, np.eye(len(W)), rtol=0, atol=1e-6):
+    form = orthonormal_form(hasher)
+    if form is None:
         return None
-    m = np.zeros(W.shape[1]) if form.mean is None else np.asarray(form.mean, np.float64)
-    if form.shift is not None:
-        m = m - W.T @ np.asarray(form.shift, np.float64)
+    W, m = form
     out = np.empty(len(X))
     for start in range(0, len(X), _TERM_ROWS):
         centred = np.asarray(X[start : start + _TERM_ROWS], np.float64) - m
