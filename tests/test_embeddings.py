@@ -165,6 +165,20 @@ def test_chunked_add_equals_one_add_and_pads_when_k_exceeds_n():
     assert sorted(ids[0, :3].tolist()) == [0, 1, 2]
 
 
+def test_a_chunked_add_sizes_the_float_store_once():
+    """Growing by doubling, the last copy held the old and the new buffer: up to twice the
+    floats in memory. add sizes the store for all of X before its first chunk."""
+    X, Q = _data(n=3000)
+    index = EmbeddingIndex("itq", n_bits=16, coarse=None).fit(X).add(X[:1100])
+    store = index.searcher_.refiner.store
+    assert store._ids.capacity == 1100
+    index.add(X[1100:], chunk_size=500)  # doubling: 2,200 then 4,400 rows
+    assert store._ids.capacity == 3000
+    whole = EmbeddingIndex("itq", n_bits=16, coarse=None).fit(X).add(X)
+    np.testing.assert_array_equal(index.vectors, whole.vectors)
+    np.testing.assert_array_equal(index.search(Q, 5)[1], whole.search(Q, 5)[1])
+
+
 def test_hasher_instance_and_memory_accounting():
     X, Q = _data()
     index = EmbeddingIndex(make_hasher("lsh", n_bits=100, random_state=3), n_bits=None)

@@ -125,3 +125,19 @@ def test_a_loaded_store_maps_its_vectors_for_random_access(tmp_path):
             flags.append(fields[1:])
     assert flags and all("rr" in f for f in flags), flags
     np.testing.assert_array_equal(loaded.search(X[:3], 2)[1], s.search(X[:3], 2)[1])
+
+
+def test_reserve_keeps_the_rows_and_sizes_the_buffers_once():
+    store = VectorStore()
+    store.reserve(10, 3)
+    assert len(store) == 0 and store._ids.capacity == 10
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    store.add(store.prepare(rows), np.arange(4))
+    store.reserve(6, 3)  # fewer than it holds room for: nothing to do
+    assert store._ids.capacity == 10
+    store.add(store.prepare(rows + 1), np.arange(4, 8))
+    assert store._ids.capacity == 10
+    np.testing.assert_array_equal(VectorStore.vectors_of(store.state), np.vstack([rows, rows + 1]))
+    store.reserve(20, 3)  # grows, the rows copied
+    assert store._ids.capacity == 20
+    np.testing.assert_array_equal(VectorStore.vectors_of(store.state), np.vstack([rows, rows + 1]))

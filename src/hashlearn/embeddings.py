@@ -474,7 +474,9 @@ default="residual"
 
     def add(self, X, *, chunk_size: int = 65536) -> EmbeddingIndex:
         """Encode and add the rows of ``X`` (ids continue from ``len(self)``), ``chunk_size``
-        rows at a time: ``X`` may be a memory-mapped ``.npy`` larger than memory.
+        rows at a time: ``X`` may be a memory-mapped ``.npy`` larger than memory. In memory
+        the float store is sized for all of ``X`` before the first chunk, so it holds the
+        rows once (growing by doubling, its last copy held up to twice them at once).
 
         On an index from :meth:`open` each chunk is appended to the save in place.
         """
@@ -488,6 +490,8 @@ default="residual"
             check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
         if isinstance(searcher.index, IVFIndex) and not searcher.index.is_trained and len(X):
             searcher = self.train_coarse(X)._fitted(owner)  # "auto" may keep the flat scan
+        if self._path is None and X.shape[0] > chunk_size and X.shape[1] == self.dim_:
+            searcher.refiner.store.reserve(len(self) + X.shape[0], X.shape[1])
         for start in range(0, X.shape[0], chunk_size):
             chunk = self._prepare(X[start : start + chunk_size], "X", owner)
             if self._path is None:

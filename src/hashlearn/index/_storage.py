@@ -278,13 +278,7 @@ class IdStore:
             buffers = self._buffers
             end = n + m
             if buffers is None or len(buffers["ids"]) < end:
-                capacity = max(end, 2 * n, 1024)
-                grown = {"ids": _zeroed_rows((capacity,), np.int64)}
-                grown["ids"][:n] = snap.ids
-                for name, (shape, dtype) in self.row_shapes.items():
-                    grown[name] = _zeroed_rows((capacity, *shape), dtype)
-                    grown[name][:n] = snap.rows[name]
-                buffers = grown
+                buffers = self._grown(max(end, 2 * n, 1024))
             buffers["ids"][n:end] = sorted_ids
             for name in self.row_shapes:
                 buffers[name][n:end] = sorted_rows[name]
@@ -308,6 +302,30 @@ class IdStore:
         rank = np.empty(n + m, np.int64)
         rank[merged] = np.arange(n + m)
         return new, None, rank[:n], rank[n:]
+
+    def _grown(self, capacity: int) -> dict[str, np.ndarray]:
+        """Fresh row buffers of ``capacity`` rows holding the current snapshot's rows."""
+        snap = self._snapshot
+        grown = {"ids": _zeroed_rows((capacity,), np.int64)}
+        grown["ids"][: snap.n] = snap.ids
+        for name, (shape, dtype) in self.row_shapes.items():
+            grown[name] = _zeroed_rows((capacity, *shape), dtype)
+            grown[name][: snap.n] = snap.rows[name]
+        return grown
+
+    @property
+    def capacity(self) -> int:
+        """Rows the append buffers hold before the next growth (0: none yet)."""
+        return 0 if self._buffers is None else len(self._buffers["ids"])
+
+    def reserve(self, n_rows: int) -> None:
+        """Make room for ``n_rows`` rows in all before the appends that fill them, so a
+        large database added chunk by chunk is copied into its buffers once, instead of
+        growing by doubling (whose last copy holds both buffers: up to twice the rows in
+        memory at once). A no-op when the buffers already hold that many rows."""
+        with self.writing():
+            if n_rows > max(self.capacity, self._snapshot.n):
+                self._buffers = self._grown(int(n_rows))
 
     def add(self, rows: Mapping[str, np.ndarray], ids=None) -> np.ndarray:
         """Add items (``rows[name]`` aligned with them); returns their ids (input order)."""

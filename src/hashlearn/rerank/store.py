@@ -193,6 +193,14 @@ class VectorStore:
             new.attach("csr", canonical_csr(sp.csr_matrix(csr[order])))
             self._ids.publish(new)
 
+    def reserve(self, n_rows: int, dim: int, dtype=np.float32) -> None:
+        """Room for ``n_rows`` dense ``dim``-wide rows in all before appending them
+        (:meth:`IdStore.reserve`: one copy instead of doubling; a no-op for CSR vectors)."""
+        if self._ids is None:
+            self._ids = IdStore({"vectors": ((dim,), np.dtype(dtype))}, "VectorStore")
+        if "vectors" in self._ids.row_shapes:
+            self._ids.reserve(n_rows)
+
     def remove(self, ids) -> int:
         """Forget the vectors of ``ids`` (ids not held are skipped); returns how many."""
         if self._ids is None:
