@@ -37,16 +37,30 @@ Writes ``results.json``, ``results.md`` (a table for docs/results.md) and
 from __future__ import annotations
 
 import os
+import sys
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+
+def _build_threads(argv: list[str]) -> int:
+    """``--build-threads N`` read before numba loads (its pool is sized at import)."""
+    for i, arg in enumerate(argv):
+        if arg == "--build-threads" and i + 1 < len(argv):
+            return max(1, int(argv[i + 1]))
+        if arg.startswith("--build-threads="):
+            return max(1, int(arg.split("=", 1)[1]))
+    return 1
+
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # one thread everywhere, before numpy / faiss / numba load
+os.environ["NUMBA_NUM_THREADS"] = str(_build_threads(sys.argv))  # searches still use one
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -65,6 +79,8 @@ RABITQ_NPROBE = (2, 4, 6, 8, 12, 16, 32, 64)
 RABITQ_K_FACTOR = (2, 3, 4, 6, 8)
 BITS = (128, 256, 384, 512)
 EF_SEARCH = (8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+#: threads for every build (``--build-threads``); searches always run on one
+BUILD_THREADS = _build_threads(sys.argv)
 _FLAT = {"coarse": None}
 _ASYM = {"ranking": "asymmetric", "coarse": None}
 _IVF = {"coarse": "lists", "coarse_quantizer": "k-majority"}  # 4 sqrt(n) lists (run_codes)
@@ -118,10 +134,24 @@ ROWS_PER_COMPONENT = 10
 LOCAL_RANK = 4
 
 
-def mixture_sample(real: np.ndarray, n: int, n_queries: int, log, seed: int = 0):
+def mixture_sample(
+    real: np.ndarray, n: int, n_queries: int, log, seed: int = 0, scratch: Path | None = None
+):
     """``(base, queries, truth, info)``: ``n`` + ``n_queries`` unit vectors drawn from a
     mixture of probabilistic PCA fitted to the real rows (at most 40,000 of them; see
-    ``ROWS_PER_COMPONENT``), and the exact cosine top-``K`` of each query (float64 blocks)."""
+    ``ROWS_PER_COMPONENT``), and the exact cosine top-``K`` of each query (float64 blocks).
+
+    ``scratch``: the base is written to ``scratch/base.npy`` and returned memory-mapped
+    (larger than memory: 10M x 384 float32 is 15 GB), with the queries, the truth and the
+    draw's parameters beside it; a later call with the same parameters maps them again
+    instead of drawing. The rows are the same with or without it."""
+    key = {"n": n, "n_queries": n_queries, "seed": seed, "real_rows": len(real), "k": K}
+    if scratch is not None and (scratch / "draw.json").is_file():
+        info = json.loads((scratch / "draw.json").read_text())
+        if info["key"] == key:
+            log(f"the draw of {n:,} rows mapped from {scratch}")
+            base = np.load(scratch / "base.npy", mmap_mode="r")
+            return base, np.load(scratch / "queries.npy"), np.load(scratch / "truth.npy"), info
     from sklearn.cluster import MiniBatchKMeans
 
     t0 = time.perf_counter()
@@ -148,14 +178,24 @@ def mixture_sample(real: np.ndarray, n: int, n_queries: int, log, seed: int = 0)
         residual_sd[c] = np.median(residual_sd[sizes > 1])
     total = n + n_queries
     comp = rng.choice(n_comp, total, p=sizes / sizes.sum())
-    X = np.empty((total, dim), np.float32)
+    if scratch is None:
+        base = np.empty((n, dim), np.float32)
+    else:
+        scratch.mkdir(parents=True, exist_ok=True)
+        (scratch / "draw.json").unlink(missing_ok=True)  # the old draw is being replaced
+        base = np.lib.format.open_memmap(scratch / "base.npy", "w+", np.float32, (n, dim))
+    queries = np.empty((n_queries, dim), np.float32)
     for start in range(0, total, 16_384):
         c = comp[start : start + 16_384]
         z = rng.standard_normal((len(c), LOCAL_RANK))
         x = means[c] + np.einsum("nr,nrd->nd", z, factors[c])
         x += rng.standard_normal((len(c), dim)) * residual_sd[c, None]
-        X[start : start + len(c)] = x / np.linalg.norm(x, axis=1, keepdims=True)
-    base, queries = X[:n], np.ascontiguousarray(X[n:])
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        end = start + len(c)
+        if start < n:
+            base[start : min(end, n)] = x[: n - start]
+        if end > n:
+            queries[max(start, n) - n : end - n] = x[max(n - start, 0) :]
     truth = np.zeros((n_queries, K), np.int64)
     best_s = np.full((n_queries, K), -np.inf)
     for start in range(0, n, 131_072):
@@ -174,7 +214,14 @@ def mixture_sample(real: np.ndarray, n: int, n_queries: int, log, seed: int = 0)
         "local_rank": LOCAL_RANK,
         "seed": seed,
         "seconds": seconds,
+        "key": key,
     }
+    if scratch is not None:
+        base.flush()
+        np.save(scratch / "queries.npy", queries)
+        np.save(scratch / "truth.npy", truth)
+        (scratch / "draw.json").write_text(json.dumps(info))  # last: the draw is whole
+        base = np.load(scratch / "base.npy", mmap_mode="r")
     return base, queries, truth, info
 
 
@@ -241,6 +288,48 @@ class FlatTimer:
         return wall
 
 
+class NoFlat:
+    """``--no-flat``: no exact scan to time (at 10M rows faiss's copy of the floats would
+    not fit beside a contender's); the speed-ups against it are NaN."""
+
+    bytes_per_vector = None
+
+    def __init__(self):
+        self.walls: list[float] = []
+        self.cpus = [float("nan")]
+        self.ids = None
+
+    def time(self) -> float:
+        return float("nan")
+
+
+@contextlib.contextmanager
+def build_threads(n: int):
+    """``n`` threads (numba, faiss's OpenMP, BLAS) inside, one thread after: builds may use
+    the machine, searches are timed on one thread."""
+    import faiss
+    from threadpoolctl import threadpool_limits
+
+    hashlearn.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+    try:
+        with threadpool_limits(limits=n):
+            yield
+    finally:
+        hashlearn.set_num_threads(1)
+        faiss.omp_set_num_threads(1)
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory (``VmHWM``), GB."""
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+        return kb / 2**20
+    except (OSError, StopIteration):
+        return float("nan")
+
+
 def run_faiss(
     method, label, make, settings, data, flat: FlatTimer, repeats: int, log
 ) -> list[dict]:
@@ -256,7 +345,8 @@ def run_faiss(
         index.train(base)
         index.add(base)
 
-    _, build_wall, build_cpu = timed(build)
+    with build_threads(BUILD_THREADS):
+        _, build_wall, build_cpu = timed(build)
     log(f"{label} built in {build_wall:.1f} s")
     per_vector = serialized_bytes(index) / len(base)
     walls = {p: [] for p, _ in settings}
@@ -300,6 +390,8 @@ def run_faiss(
                 "float_bytes_per_vector": 0,
                 "build_s": build_wall,
                 "build_cpu_s": build_cpu,
+                "build_threads": BUILD_THREADS,
+                "peak_rss_gb": peak_rss_gb(),
                 "learned": False,
             }
         )
@@ -331,10 +423,12 @@ def run_hnsw(base, queries, truth, flat: FlatTimer, repeats: int, ef_values, log
     return rows
 
 
-def run_rabitq(base, queries, truth, flat: FlatTimer, repeats: int, log) -> list[dict]:
+def run_rabitq(
+    base, queries, truth, flat: FlatTimer, repeats: int, log, which=("flat", "ivf")
+) -> list[dict]:
     """faiss's RaBitQ (Gao & Long, SIGMOD 2024): the flat fast-scan index and the IVF one
     (``nlist`` about 4 sqrt(n), nprobe swept), each with an exact float refine stage
-    (``IndexRefineFlat``, ``k_factor`` swept), inner product."""
+    (``IndexRefineFlat``, ``k_factor`` swept), inner product; ``which`` of the two."""
     import faiss
 
     d, data = base.shape[1], (base, queries, truth)
@@ -354,16 +448,20 @@ def run_rabitq(base, queries, truth, flat: FlatTimer, repeats: int, log) -> list
 
         return apply
 
-    rows = run_faiss(
-        "faiss-rabitq-fastscan",
-        "RaBitQFastScan + refine",
-        refine_of(lambda: faiss.IndexRaBitQFastScan(d, ip)),
-        [(f"k_factor={f}", setting(f)) for f in (1, 2, 4, 8, 16)],
-        data,
-        flat,
-        repeats,
-        log,
-    )
+    rows = []
+    if "flat" in which:
+        rows += run_faiss(
+            "faiss-rabitq-fastscan",
+            "RaBitQFastScan + refine",
+            refine_of(lambda: faiss.IndexRaBitQFastScan(d, ip)),
+            [(f"k_factor={f}", setting(f)) for f in (1, 2, 4, 8, 16)],
+            data,
+            flat,
+            repeats,
+            log,
+        )
+    if "ivf" not in which:
+        return rows
     nlist = max(1, int(4 * np.sqrt(len(base))))
     rows += run_faiss(
         "faiss-ivf-rabitq",
@@ -388,8 +486,9 @@ def run_codes(method, bits, data, fit_sample, flat, repeats, overfetches, log) -
     if index_params.get("coarse") == "lists":
         index_params = {**index_params, "coarse": max(1, round(4 * np.sqrt(len(base))))}
     idx = EmbeddingIndex(name, n_bits=bits, hasher_params=params, random_state=0, **index_params)
-    _, fit_wall, _ = timed(lambda: idx.fit(fit_sample))
-    _, add_wall, _ = timed(lambda: idx.add(base))
+    with build_threads(BUILD_THREADS):
+        _, fit_wall, fit_cpu = timed(lambda: idx.fit(fit_sample))
+        _, add_wall, add_cpu = timed(lambda: idx.add(base))
     idx.search(queries[:8], K, overfetch=max(overfetches), n_threads=1)  # compile, warm
     lists = len(idx.codes_.list_sizes) if isinstance(idx.codes_, IVFIndex) else 0
     walls = {o: [] for o in overfetches}
@@ -432,6 +531,9 @@ def run_codes(method, bits, data, fit_sample, flat, repeats, overfetches, log) -
                 "float_bytes_per_vector": mem["float"],
                 "fit_s": fit_wall,
                 "add_s": add_wall,
+                "build_cpu_s": fit_cpu + add_cpu,
+                "build_threads": BUILD_THREADS,
+                "peak_rss_gb": peak_rss_gb(),
                 "learned": learned,
                 "ranking": idx.ranking,
                 "coarse": lists or None,  # the lists built, None for a flat scan
@@ -530,10 +632,17 @@ def markdown(result: dict) -> str:
         f"Data: {meta['data']} ({meta['n_base']} base vectors, {meta['n_queries']} held-out "
         f"queries, {meta['dim']}-d, cosine). One thread. {meta['machine']}.",
         "",
-        f"faiss IndexFlatIP (exact): {t['flat_qps']:.0f} queries/s by {meta['timing']} time "
-        f"({meta['flat_bytes_per_vector']:.0f} B/vector). Speeds below are by "
-        f"**{meta['timing']} time** (both are in results.json); x FlatIP is the median of "
-        "per-repetition ratios.",
+        (
+            f"faiss IndexFlatIP (exact): {t['flat_qps']:.0f} queries/s by {meta['timing']} "
+            f"time ({meta['flat_bytes_per_vector']:.0f} B/vector). Speeds below are by "
+            f"**{meta['timing']} time** (both are in results.json); x FlatIP is the median of "
+            "per-repetition ratios."
+            if t["flat_qps"]
+            else f"faiss IndexFlatIP not run (--no-flat / --isolate: x FlatIP is nan). Speeds "
+            f"below are by **{meta['timing']} time** (both are in results.json). Builds on "
+            f"{meta.get('build_threads', 1)} thread(s), each contender in "
+            + ("a process of its own." if meta.get("isolated") else "one process.")
+        ),
         "",
         "| method | bits | param | recall@10 | queries/s (wall) | x FlatIP (wall) "
         "| queries/s (CPU) | x FlatIP (CPU) | wall s | CPU s | code B | RAM B/vec | float B/vec |",
@@ -628,8 +737,9 @@ def plot(result: dict, path: Path) -> None:
             label=label,
         )
     flat_qps = result["targets"][timing]["flat_qps"]
-    ax.axhline(flat_qps, color="grey", lw=1, ls=":")
-    ax.plot([1.0], [flat_qps], "k*", ms=12, label="faiss IndexFlatIP (exact)")
+    if flat_qps:
+        ax.axhline(flat_qps, color="grey", lw=1, ls=":")
+        ax.plot([1.0], [flat_qps], "k*", ms=12, label="faiss IndexFlatIP (exact)")
     ax.axvline(0.95, color="red", lw=0.8, ls=":")
     ax.set_yscale("log")
     ax.set_xlabel("recall@10 (exact cosine)")
@@ -649,7 +759,62 @@ def plot(result: dict, path: Path) -> None:
 # ------------------------------------------------------------------------------------- main
 
 
+def contenders(args, dim: int, parser) -> list[str]:
+    """The parts of a run, in order: ``codes:<label>:<bits>``, ``hnsw``, ``rabitq-flat``,
+    ``rabitq-ivf`` (each built and searched on its own: ``--isolate`` runs each in a process
+    of its own)."""
+    bits_list = [int(b) for b in args.bits.split(",")]
+    wanted = args.methods.split(",")
+    if args.quick:
+        bits_list, wanted = [256, 384], ["sign-centred", "sign-centred-asym", "itq", "itq-asym"]
+    unknown = set(wanted) - {m[0] for m in METHODS}
+    if unknown:
+        parser.error(f"unknown methods {sorted(unknown)}")
+    parts = []
+    for label, name, *_ in METHODS:
+        if label in wanted:
+            parts += [
+                f"codes:{label}:{b}" for b in bits_list if not (name in AT_MOST_DIM and b > dim)
+            ]
+    if not args.no_hnsw:
+        parts.append("hnsw")
+    if not args.no_rabitq:
+        parts += [] if args.no_rabitq_flat else ["rabitq-flat"]
+        parts.append("rabitq-ivf")
+    return parts
+
+
+def run_part(part: str, data, fit_sample, flat, args, log) -> list[dict]:
+    """Build and search one contender of :func:`contenders`."""
+    base, queries, truth = data
+    if part.startswith("codes:"):
+        _, label, bits = part.split(":")
+        method = next(m for m in METHODS if m[0] == label)
+        return run_codes(method, int(bits), data, fit_sample, flat, args.repeats, OVERFETCH, log)
+    if part == "hnsw":
+        return run_hnsw(base, queries, truth, flat, args.repeats, EF_SEARCH, log)
+    which = ("flat",) if part == "rabitq-flat" else ("ivf",)
+    return run_rabitq(base, queries, truth, flat, args.repeats, log, which)
+
+
+def run_isolated(part: str, argv: list[str], out: Path, log) -> list[dict]:
+    """``part`` in a fresh process of this script (its memory returned when it ends); its
+    rows are kept in ``out/parts`` so that ``--resume`` skips it next time."""
+    path = out / "parts" / (part.replace(":", "_") + ".json")
+    if path.is_file():
+        log(f"{part}: rows from {path}")
+        return json.loads(path.read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    child = [a for a in argv if a not in ("--isolate", "--resume")]
+    log(f"{part}: in a process of its own")
+    subprocess.run(
+        [sys.executable, __file__, *child, "--part", part, "--part-out", str(path)], check=True
+    )
+    return json.loads(path.read_text())
+
+
 def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=None, help="data set directory")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "embeddings")
@@ -661,11 +826,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-hnsw", action="store_true")
     parser.add_argument("--no-rabitq", action="store_true")
     parser.add_argument(
+        "--no-rabitq-flat", action="store_true", help="faiss IVF-RaBitQ only (no flat RaBitQ)"
+    )
+    parser.add_argument(
         "--synthetic",
         type=int,
         default=0,
         help="instead of the data set: this many base vectors (and --n-queries queries) drawn "
         "from a mixture of probabilistic PCA fitted to it (seeded; generated, never stored)",
+    )
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        default=None,
+        help="with --synthetic: write the drawn base to DIR/base.npy and map it (larger than "
+        "memory); a later run with the same draw maps it again",
     )
     parser.add_argument("--quick", action="store_true", help="128/384 bits, itq and sign only")
     parser.add_argument(
@@ -675,7 +850,34 @@ def main(argv: list[str] | None = None) -> dict:
         help="speeds in the table's targets and the plot: wall-clock (default, for a quiet "
         "machine) or CPU time (fairer under load)",
     )
+    parser.add_argument(
+        "--no-flat",
+        action="store_true",
+        help="do not build or time faiss IndexFlatIP (10M rows: its copy of the floats)",
+    )
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="build and search each contender in a process of its own (one index in memory "
+        "at a time); its rows are kept in OUT/parts",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="with --isolate: keep the parts already in OUT"
+    )
+    parser.add_argument(
+        "--build-threads",
+        type=int,
+        default=1,
+        help="threads for every build (fit, add, faiss train/add); searches use one",
+    )
+    parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--part-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if max(1, args.build_threads) != BUILD_THREADS:
+        parser.error("--build-threads must be given on the command line (numba reads it first)")
+    if args.isolate and not args.resume:
+        for old in (args.out / "parts").glob("*.json"):
+            old.unlink()
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -687,9 +889,14 @@ def main(argv: list[str] | None = None) -> dict:
     ds = load_embeddings(args.data)
     data_name, data_info = str(ds.path), ds.info
     if args.synthetic:
-        base, queries, truth, data_info = mixture_sample(
-            np.asarray(ds.base, np.float32), args.synthetic, args.n_queries, log
-        )
+        with build_threads(BUILD_THREADS):
+            base, queries, truth, data_info = mixture_sample(
+                np.asarray(ds.base, np.float32),
+                args.synthetic,
+                args.n_queries,
+                log,
+                scratch=args.scratch,
+            )
         data_name = (
             f"{args.synthetic:,} vectors from a mixture of probabilistic PCA fitted to {ds.path}"
         )
@@ -698,63 +905,53 @@ def main(argv: list[str] | None = None) -> dict:
         queries = np.ascontiguousarray(ds.queries[: args.n_queries], dtype=np.float32)
         truth = ds.neighbors[: args.n_queries, :K]
     dim = base.shape[1]
-    bits_list = [int(b) for b in args.bits.split(",")]
-    wanted = args.methods.split(",")
-    if args.quick:
-        bits_list, wanted = [256, 384], ["sign-centred", "sign-centred-asym", "itq", "itq-asym"]
-    unknown = set(wanted) - {m[0] for m in METHODS}
-    if unknown:
-        parser.error(f"unknown methods {sorted(unknown)}")
+    parts = contenders(args, dim, parser)
     rng = np.random.default_rng(0)
-    fit_sample = base[np.sort(rng.choice(len(base), min(args.fit_size, len(base)), replace=False))]
+    take = np.sort(rng.choice(len(base), min(args.fit_size, len(base)), replace=False))
+    fit_sample = np.ascontiguousarray(base[take])
     machine = machine_line()
+    flat = NoFlat() if args.no_flat or args.isolate else FlatTimer(base, queries)
+    if args.part is not None:  # one contender, for --isolate
+        rows = run_part(args.part, (base, queries, truth), fit_sample, flat, args, log)
+        args.part_out.write_text(json.dumps(rows, indent=1) + "\n")
+        return {"rows": rows}
     log(f"{machine}\nbase {base.shape}, queries {queries.shape}")
     t_start = time.perf_counter()
-    flat = FlatTimer(base, queries)
-    flat.time()
-    log(f"IndexFlatIP recall@10 {recall_at_k(flat.ids, truth):.4f}, {flat.walls[-1]:.2f} s")
+    if not isinstance(flat, NoFlat):
+        flat.time()
+        log(f"IndexFlatIP recall@10 {recall_at_k(flat.ids, truth):.4f}, {flat.walls[-1]:.2f} s")
     rows: list[dict] = []
-    for method in METHODS:
-        label, name = method[:2]
-        if label not in wanted:
-            continue
-        for bits in bits_list:
-            if name in AT_MOST_DIM and bits > dim:
-                continue
-            rows += run_codes(
-                method,
-                bits,
-                (base, queries, truth),
-                fit_sample,
-                flat,
-                args.repeats,
-                OVERFETCH,
-                log,
-            )
-    if not args.no_hnsw:
-        rows += run_hnsw(base, queries, truth, flat, args.repeats, EF_SEARCH, log)
-    if not args.no_rabitq:
-        rows += run_rabitq(base, queries, truth, flat, args.repeats, log)
-    flat_wall = float(np.median(flat.walls))
-    flat_row = {
-        "method": "faiss-flat-ip",
-        "label": "IndexFlatIP",
-        "bits": None,
-        "param": "exact",
-        "overfetch": None,
-        "ef_search": None,
-        "recall": recall_at_k(flat.ids, truth),
-        "wall_s": flat_wall,
-        "cpu_s": float(np.median(flat.cpus)),
-        "qps": len(queries) / flat_wall,
-        "qps_cpu": len(queries) / float(np.median(flat.cpus)),
-        "speedup_vs_flat": 1.0,
-        "speedup_vs_flat_cpu": 1.0,
-        "code_bytes": None,
-        "ram_bytes_per_vector": flat.bytes_per_vector,
-        "float_bytes_per_vector": 0,
-        "learned": False,
-    }
+    for part in parts:
+        if args.isolate:
+            rows += run_isolated(part, argv, args.out, log)
+        else:
+            rows += run_part(part, (base, queries, truth), fit_sample, flat, args, log)
+    flat_rows = []
+    if flat.walls:
+        flat_wall = float(np.median(flat.walls))
+        flat_rows.append(
+            {
+                "method": "faiss-flat-ip",
+                "label": "IndexFlatIP",
+                "bits": None,
+                "param": "exact",
+                "overfetch": None,
+                "ef_search": None,
+                "recall": recall_at_k(flat.ids, truth),
+                "wall_s": flat_wall,
+                "cpu_s": float(np.median(flat.cpus)),
+                "qps": len(queries) / flat_wall,
+                "qps_cpu": len(queries) / float(np.median(flat.cpus)),
+                "speedup_vs_flat": 1.0,
+                "speedup_vs_flat_cpu": 1.0,
+                "code_bytes": None,
+                "ram_bytes_per_vector": flat.bytes_per_vector,
+                "float_bytes_per_vector": 0,
+                "learned": False,
+            }
+        )
+    flat_qps = flat_rows[0]["qps"] if flat_rows else None
+    flat_qps_cpu = flat_rows[0]["qps_cpu"] if flat_rows else None
     result = {
         "meta": {
             "machine": machine,
@@ -766,16 +963,18 @@ def main(argv: list[str] | None = None) -> dict:
             "k": K,
             "fit_size": int(len(fit_sample)),
             "repeats": args.repeats,
+            "build_threads": BUILD_THREADS,
+            "isolated": args.isolate,
             "flat_bytes_per_vector": flat.bytes_per_vector,
             "load_average_end": os.getloadavg(),
             "timing": args.timing,
             "seconds": time.perf_counter() - t_start,
         },
-        "rows": [flat_row, *rows],
+        "rows": [*flat_rows, *rows],
     }
     result["targets"] = {
-        "wall": targets(result["rows"], flat_row["qps"], dim, "wall"),
-        "cpu": targets(result["rows"], flat_row["qps_cpu"], dim, "cpu"),
+        "wall": targets(result["rows"], flat_qps, dim, "wall"),
+        "cpu": targets(result["rows"], flat_qps_cpu, dim, "cpu"),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
