@@ -80,11 +80,13 @@ RABITQ_NPROBE = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 RABITQ_K_FACTOR = (2, 3, 4, 6, 8, 12, 16)
 BITS = (128, 256, 384, 512)
 EF_SEARCH = (8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 256)
-#: faiss adds the base this many rows at a time, each block copied into RAM: HNSW's
-#: insertion reads each new row from the array given to ``add`` in random order, and from a
-#: memory-mapped 10M x 384 base (``--scratch``) every read faulted in 128 KiB of file
-#: read-ahead while its own copy of the floats filled RAM (1.3 GB/s of reads, 45 % of a core)
-FAISS_ADD_ROWS = 1_000_000
+#: HNSW adds the base this many rows at a time, each block copied into RAM (:func:`add_hnsw`)
+HNSW_ADD_ROWS = 500_000
+#: neighbour slots reserved per row for HNSW's graph (M = 32: 64 at level 0, about 65 on
+#: average with the upper levels)
+HNSW_SLOTS_PER_ROW = 70
+#: ``--faiss-train-per-list``: faiss IVF's k-means sample per list (None: faiss's own 256)
+FAISS_TRAIN_PER_LIST: int | None = None
 #: threads for every build (``--build-threads``); searches always run on one
 BUILD_THREADS = _build_threads(sys.argv)
 _FLAT = {"coarse": None}
@@ -336,8 +338,30 @@ def peak_rss_gb() -> float:
         return float("nan")
 
 
+def add_hnsw(index, base) -> None:
+    """Add ``base`` to a faiss HNSW index in blocks copied into RAM, its vectors' and
+    graph's arrays sized for all rows first.
+
+    HNSW's insertion reads each new row from the array given to ``add`` in random order:
+    from a memory-mapped 10M x 384 base (``--scratch``) every read faulted in 128 KiB of file
+    read-ahead while the index's own copy of the floats filled RAM (1.3 GB/s of reads, the
+    build at 45 % of a core). Added in blocks instead, faiss's arrays grow by doubling and
+    the last growth held both copies (killed for memory at 24 GB): a ``resize`` up and back
+    to 0 leaves their capacity for every row."""
+    import faiss
+
+    n = len(base)
+    storage = faiss.downcast_index(index.storage)
+    for vec, size in ((storage.codes, n * storage.code_size), (index.hnsw.neighbors, 0)):
+        size = size or n * HNSW_SLOTS_PER_ROW
+        vec.resize(size)
+        vec.resize(0)
+    for start in range(0, n, HNSW_ADD_ROWS):
+        index.add(np.array(base[start : start + HNSW_ADD_ROWS], np.float32))
+
+
 def run_faiss(
-    method, label, make, settings, data, flat: FlatTimer, repeats: int, log
+    method, label, make, settings, data, flat: FlatTimer, repeats: int, log, add=None
 ) -> list[dict]:
     """A faiss contender: ``make()`` builds an empty index, trained and filled with the base
     (timed as the build), then searched once per setting of ``settings`` (``[(param label,
@@ -346,11 +370,11 @@ def run_faiss(
 
     base, queries, truth = data
     index = make()
+    add = add or (lambda index, x: index.add(x))
 
     def build():
         index.train(base)
-        for start in range(0, len(base), FAISS_ADD_ROWS):  # rows copied into RAM first
-            index.add(np.array(base[start : start + FAISS_ADD_ROWS], np.float32))
+        add(index, base)
 
     with build_threads(BUILD_THREADS):
         _, build_wall, build_cpu = timed(build)
@@ -423,7 +447,15 @@ def run_hnsw(base, queries, truth, flat: FlatTimer, repeats: int, ef_values, log
 
     settings = [(f"efSearch={v}", ef(v)) for v in ef_values]
     rows = run_faiss(
-        "faiss-hnsw", "HNSW M=32", make, settings, (base, queries, truth), flat, repeats, log
+        "faiss-hnsw",
+        "HNSW M=32",
+        make,
+        settings,
+        (base, queries, truth),
+        flat,
+        repeats,
+        log,
+        add_hnsw,
     )
     for r, v in zip(rows, ef_values, strict=True):
         r["ef_search"] = v
@@ -440,6 +472,12 @@ def run_rabitq(
 
     d, data = base.shape[1], (base, queries, truth)
     ip = faiss.METRIC_INNER_PRODUCT
+
+    def ivf_rabitq(d, nlist):
+        index = faiss.IndexIVFRaBitQ(faiss.IndexFlatIP(d), d, nlist, ip)
+        if FAISS_TRAIN_PER_LIST:
+            index.cp.max_points_per_centroid = FAISS_TRAIN_PER_LIST
+        return index
 
     def refine_of(inner):
         def make():
@@ -473,7 +511,7 @@ def run_rabitq(
     rows += run_faiss(
         "faiss-ivf-rabitq",
         f"IVF{nlist}-RaBitQ + refine",
-        refine_of(lambda: faiss.IndexIVFRaBitQ(faiss.IndexFlatIP(d), d, nlist, ip)),
+        refine_of(lambda: ivf_rabitq(d, nlist)),
         [
             (f"nprobe={p}, k_factor={f}", setting(f, p))
             for p in RABITQ_NPROBE
@@ -877,9 +915,18 @@ def main(argv: list[str] | None = None) -> dict:
         default=1,
         help="threads for every build (fit, add, faiss train/add); searches use one",
     )
+    parser.add_argument(
+        "--faiss-train-per-list",
+        type=int,
+        default=None,
+        help="faiss IVF's k-means sample per list (default: faiss's 256; EmbeddingIndex's "
+        "lists use 64)",
+    )
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--part-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global FAISS_TRAIN_PER_LIST
+    FAISS_TRAIN_PER_LIST = args.faiss_train_per_list
     if max(1, args.build_threads) != BUILD_THREADS:
         parser.error("--build-threads must be given on the command line (numba reads it first)")
     if args.isolate and not args.resume:
