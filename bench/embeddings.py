@@ -29,6 +29,12 @@ Run (about 5-10 minutes on 2 cores)::
 
     python bench/embeddings.py [--data DIR] [--out bench/out/embeddings] [--quick]
     python bench/embeddings.py --synthetic 1000000 ...  # a mixture of probabilistic PCA fitted to the data
+    python bench/embeddings.py --synthetic 10000000 --scratch DIR --isolate --resume \
+        --no-flat --no-rabitq-flat --methods default --bits 256 --build-threads 2  # 24 GB RAM
+
+At 10M rows the 15 GB of floats fit once, not twice: ``--scratch`` keeps the drawn base on
+disk (memory-mapped), ``--isolate`` builds and searches each contender in a process of its
+own (``OUT/parts``, ``--resume`` keeps them), ``--no-flat`` skips ``IndexFlatIP``'s copy.
 
 Writes ``results.json``, ``results.md`` (a table for docs/results.md) and
 ``recall_qps.png`` (ann-benchmarks style: recall@10 vs log queries/s) to ``--out``.

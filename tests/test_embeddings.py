@@ -179,6 +179,26 @@ def test_a_chunked_add_sizes_the_float_store_once():
     np.testing.assert_array_equal(index.search(Q, 5)[1], whole.search(Q, 5)[1])
 
 
+def test_reserve_before_adding_in_parts(tmp_path):
+    """A database added in several calls (the CLI's chunks) is sized once by reserve."""
+    X, Q = _data(n=3000)
+    index = EmbeddingIndex("itq", n_bits=16, coarse=None).fit(X).reserve(3000)
+    for start in range(0, 3000, 700):
+        index.add(X[start : start + 700])
+    assert index.searcher_.refiner.store._ids.capacity == 3000
+    whole = EmbeddingIndex("itq", n_bits=16, coarse=None).fit(X).add(X)
+    np.testing.assert_array_equal(index.search(Q, 5)[1], whole.search(Q, 5)[1])
+    assert index.reserve(10) is index  # fewer rows than held: nothing to do
+    assert index.searcher_.refiner.store._ids.capacity == 3000
+    with pytest.raises(ValueError, match="n_rows"):
+        index.reserve(-1)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        EmbeddingIndex("itq", n_bits=16).reserve(10)
+    index.save(tmp_path / "idx")
+    opened = EmbeddingIndex.open(tmp_path / "idx")
+    assert opened.reserve(10_000) is opened and len(opened) == 3000  # on disk: a no-op
+
+
 def test_hasher_instance_and_memory_accounting():
     X, Q = _data()
     index = EmbeddingIndex(make_hasher("lsh", n_bits=100, random_state=3), n_bits=None)

@@ -508,7 +508,7 @@ def build(
             if client is None:
                 if flat:  # appended to the save chunk by chunk
                     idx.save(tmp)
-                opened = EmbeddingIndex.open(tmp) if flat else idx
+                opened = EmbeddingIndex.open(tmp) if flat else idx.reserve(matrix.n)
                 with _progress(matrix.n, "encoding") as bar:
                     for start in range(0, matrix.n, chunk_size):
                         chunk = matrix.read(start, min(start + chunk_size, matrix.n))

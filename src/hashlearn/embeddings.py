@@ -490,8 +490,8 @@ default="residual"
             check_embeddings(X, "X", owner, self.dim_)  # raises the shape error
         if isinstance(searcher.index, IVFIndex) and not searcher.index.is_trained and len(X):
             searcher = self.train_coarse(X)._fitted(owner)  # "auto" may keep the flat scan
-        if self._path is None and X.shape[0] > chunk_size and X.shape[1] == self.dim_:
-            searcher.refiner.store.reserve(len(self) + X.shape[0], X.shape[1])
+        if X.shape[0] > chunk_size and X.shape[1] == self.dim_:
+            self.reserve(len(self) + X.shape[0])
         for start in range(0, X.shape[0], chunk_size):
             chunk = self._prepare(X[start : start + chunk_size], "X", owner)
             if self._path is None:
@@ -509,6 +509,19 @@ default="residual"
         codes = searcher.index
         if isinstance(codes, ResidualIVFIndex) and len(self) >= max(2 * codes.probe_rows, 2):
             self.calibrate_probe()  # the first rows, or twice those of the last calibration
+        return self
+
+    def reserve(self, n_rows: int) -> EmbeddingIndex:
+        """Size the in-memory float store for ``n_rows`` rows in all before adding them in
+        parts (:meth:`add` does it for the rows of one call): it then holds them once, where
+        growing by doubling held up to twice them during its last copy (a 10M x 384 database
+        added in chunks: about 26 GB at 8.4M rows, instead of 15 GB). Nothing to do on an
+        index from :meth:`open`, whose vectors are appended to the file."""
+        owner = "EmbeddingIndex.reserve"
+        searcher = self._fitted(owner)
+        n_rows = check_int(n_rows, "n_rows", owner, low=0)
+        if self._path is None and n_rows > len(self):
+            searcher.refiner.store.reserve(n_rows, self.dim_)
         return self
 
     def calibrate_probe(self) -> EmbeddingIndex:
