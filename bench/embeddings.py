@@ -884,7 +884,7 @@ def main(argv: list[str] | None = None) -> dict:
         type=int,
         default=0,
         help="instead of the data set: this many base vectors (and --n-queries queries) drawn "
-        "from a mixture of probabilistic PCA fitted to it (seeded; generated, never stored)",
+        "from a mixture of probabilistic PCA fitted to it (seeded; generated, kept only with --scratch)",
     )
     parser.add_argument(
         "--scratch",
