@@ -358,8 +358,8 @@ def add_hnsw(index, base) -> None:
 
     n = len(base)
     storage = faiss.downcast_index(index.storage)
-    for vec, size in ((storage.codes, n * storage.code_size), (index.hnsw.neighbors, 0)):
-        size = size or n * HNSW_SLOTS_PER_ROW
+    sizes = ((storage.codes, n * storage.code_size), (index.hnsw.neighbors, n * HNSW_SLOTS_PER_ROW))
+    for vec, size in sizes:
         vec.resize(size)
         vec.resize(0)
     for start in range(0, n, HNSW_ADD_ROWS):
