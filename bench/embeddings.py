@@ -30,7 +30,7 @@ Run (about 5-10 minutes on 2 cores)::
     python bench/embeddings.py [--data DIR] [--out bench/out/embeddings] [--quick]
     python bench/embeddings.py --synthetic 1000000 ...  # a mixture of probabilistic PCA fitted to the data
     python bench/embeddings.py --synthetic 10000000 --scratch DIR --isolate --resume \
-        --no-flat --no-rabitq-flat --methods default --bits 256 --build-threads 2  # 24 GB RAM
+        --no-flat --no-rabitq-flat --methods default --bits auto --build-threads 2  # 24 GB RAM
 
 At 10M rows the 15 GB of floats fit once, not twice: ``--scratch`` keeps the drawn base on
 disk (memory-mapped), ``--isolate`` builds and searches each contender in a process of its
@@ -565,8 +565,9 @@ def run_codes(method, bits, data, fit_sample, flat, repeats, overfetches, log) -
         rows.append(
             {
                 "method": label,
-                "label": f"{label} {bits}b",
-                "bits": bits,
+                "label": f"{label} {idx.n_bits_}b",
+                "bits": idx.n_bits_,
+                "n_bits": bits,  # the parameter: a length or "auto"
                 "param": f"overfetch={o}",
                 "overfetch": o,
                 "ef_search": None,
@@ -592,7 +593,7 @@ def run_codes(method, bits, data, fit_sample, flat, repeats, overfetches, log) -
         )
     best = max(rows, key=lambda r: r["recall"])
     log(
-        f"{label:>13} {bits:>3} bits: fit {fit_wall:5.1f} s, add {add_wall:5.1f} s, recall@10 "
+        f"{label:>13} {idx.n_bits_:>3} bits ({bits}): fit {fit_wall:5.1f} s, add {add_wall:5.1f} s, recall@10 "
         + " ".join(f"{r['recall']:.3f}" for r in rows)
         + f" (overfetch {overfetches}); best {best['qps']:.0f} q/s"
     )
@@ -814,7 +815,7 @@ def contenders(args, dim: int, parser) -> list[str]:
     """The parts of a run, in order: ``codes:<label>:<bits>``, ``hnsw``, ``rabitq-flat``,
     ``rabitq-ivf`` (each built and searched on its own: ``--isolate`` runs each in a process
     of its own)."""
-    bits_list = [int(b) for b in args.bits.split(",")]
+    bits_list = [b if b == "auto" else int(b) for b in args.bits.split(",")]
     wanted = args.methods.split(",")
     if args.quick:
         bits_list, wanted = [256, 384], ["sign-centred", "sign-centred-asym", "itq", "itq-asym"]
@@ -825,7 +826,9 @@ def contenders(args, dim: int, parser) -> list[str]:
     for label, name, *_ in METHODS:
         if label in wanted:
             parts += [
-                f"codes:{label}:{b}" for b in bits_list if not (name in AT_MOST_DIM and b > dim)
+                f"codes:{label}:{b}"
+                for b in bits_list
+                if b == "auto" or not (name in AT_MOST_DIM and b > dim)
             ]
     if not args.no_hnsw:
         parts.append("hnsw")
@@ -841,7 +844,8 @@ def run_part(part: str, data, fit_sample, flat, args, log) -> list[dict]:
     if part.startswith("codes:"):
         _, label, bits = part.split(":")
         method = next(m for m in METHODS if m[0] == label)
-        return run_codes(method, int(bits), data, fit_sample, flat, args.repeats, OVERFETCH, log)
+        bits = bits if bits == "auto" else int(bits)
+        return run_codes(method, bits, data, fit_sample, flat, args.repeats, OVERFETCH, log)
     if part == "hnsw":
         return run_hnsw(base, queries, truth, flat, args.repeats, EF_SEARCH, log)
     which = ("flat",) if part == "rabitq-flat" else ("ivf",)

@@ -100,6 +100,22 @@ def test_errors_are_one_line_with_exit_status_2(files):
     _assert_one_line_error(_run("info", tmp / "idx"), "damaged index")
     (tmp / "x.txt").write_text("1 2 3")
     _assert_one_line_error(_run("build", tmp / "x.txt", "--out", tmp / "t"), "unknown")
+    for bits in ("many", "0", "-3"):
+        r = _run("build", tmp / "emb.npy", "--bits", bits, "--out", tmp / "b")
+        _assert_one_line_error(r, "--bits", "'auto'")
+
+
+def test_default_bits_are_auto_and_info_names_the_length(files):
+    """``--bits auto`` (the default): a 16-d input gets 16-bit codes (at most d), as
+    ``EmbeddingIndex()`` does; ``info`` prints the fitted length."""
+    tmp, X, _ = files
+    assert _run("build", tmp / "emb.npy", "--out", tmp / "a", "--fit-size", 900).exit_code == 0
+    loaded = EmbeddingIndex.load(tmp / "a")
+    assert loaded.n_bits == "auto" and loaded.n_bits_ == D
+    direct = EmbeddingIndex().fit(X).add(X)
+    np.testing.assert_array_equal(loaded.codes_.codes, direct.codes_.codes)
+    info = _run("info", tmp / "a").stdout.replace("\t", " ")
+    assert any(line.split() == ["bits", str(D)] for line in info.splitlines()), info
 
 
 def test_euclidean_build_and_search_match_the_library(files):

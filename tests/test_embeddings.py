@@ -450,6 +450,51 @@ def test_auto_coarse_stage_follows_the_database_size(tmp_path, monkeypatch):
     )
 
 
+def test_auto_bits_take_the_input_width_for_large_residual_lists(tmp_path, monkeypatch):
+    """n_bits="auto" (the default): AUTO_BITS bits (at most d) for a flat scan, other lists or
+    a smaller database; residual lists over at least LONG_CODES_MIN_ROWS rows take d bits,
+    decided by the first add (or train_coarse); each the index built with that length."""
+    import hashlearn.embeddings as emb
+    from hashlearn.index import FlatIndex, IVFIndex, ResidualIVFIndex
+
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((2500, D)).astype(np.float32)
+    monkeypatch.setattr(emb, "AUTO_COARSE_MIN_ROWS", 1000)
+    monkeypatch.setattr(emb, "LONG_CODES_MIN_ROWS", 2000)
+    monkeypatch.setattr(emb, "AUTO_BITS", 16)
+    assert EmbeddingIndex().n_bits == "auto" and EmbeddingIndex().n_bits_ is None
+    with pytest.raises(RuntimeError, match="fit"):
+        _ = EmbeddingIndex().code_bytes
+    for rows, bits in ((X[:1500], 16), (X, D)):
+        auto = EmbeddingIndex().fit(X).add(rows)
+        assert isinstance(auto.codes_, ResidualIVFIndex) and auto.codes_.n_bits == bits
+        assert auto.n_bits_ == bits and auto.code_bytes == (bits + 7) // 8
+        want = EmbeddingIndex(n_bits=bits).fit(X).add(rows)
+        for a, b in zip(auto.search(X[:9], 5), want.search(X[:9], 5), strict=True):
+            np.testing.assert_array_equal(a, b)
+    auto.save(tmp_path / "auto")
+    loaded = EmbeddingIndex.load(tmp_path / "auto")
+    assert loaded.n_bits == "auto" and loaded.n_bits_ == D
+    for a, b in zip(auto.search(X[:9], 5), loaded.search(X[:9], 5), strict=True):
+        np.testing.assert_array_equal(a, b)
+    small = EmbeddingIndex().fit(X).add(X[:900])
+    assert isinstance(small.codes_, FlatIndex) and small.n_bits_ == 16
+    assert EmbeddingIndex(coarse=None).fit(X).add(X).n_bits_ == 16
+    majority = EmbeddingIndex(coarse_quantizer="k-majority").fit(X).add(X)
+    assert type(majority.codes_) is IVFIndex and majority.n_bits_ == 16
+    assert EmbeddingIndex("lsh").fit(X).add(X).n_bits_ == 16  # any length: no width rule
+    assert EmbeddingIndex().fit(X[:, :10]).n_bits_ == 10  # at most d
+    parts = EmbeddingIndex().fit(X).train_coarse(X[:600], n_total=2500)
+    assert parts.n_bits_ == D
+    parts.add(X[:1000]).add(X[1000:])
+    assert len(parts) == 2500 and parts.codes_.n_bits == D
+    instance = EmbeddingIndex(make_hasher("itq", n_bits=8), n_bits="auto").fit(X).add(X)
+    assert instance.n_bits_ == 8
+    for bad in ("long", 0):
+        with pytest.raises((ValueError, TypeError), match="n_bits"):
+            EmbeddingIndex(n_bits=bad)
+
+
 def test_a_coarse_stage_saved_before_its_first_add_is_learned_after_load(tmp_path, monkeypatch):
     import hashlearn.embeddings as emb
     from hashlearn.index import FlatIndex, IVFIndex

@@ -2,7 +2,7 @@
 
 ::
 
-    hashlearn index build EMB.npy --hasher itq --bits 256 [--metric cosine|ip|euclidean] --out DIR
+    hashlearn index build EMB.npy --hasher itq --bits N|auto [--metric cosine|ip|euclidean] --out DIR
         [--ranking hamming|asymmetric]
     hashlearn index search DIR QUERIES.npy -k 10 [--overfetch 16] [--out RESULT.npy]
     hashlearn index info DIR
@@ -353,7 +353,8 @@ def _build_sharded(client, idx: EmbeddingIndex, matrix: Matrix, path, shards, ch
 
     if shards is None:
         shards = max(1, len(client.scheduler_info()["workers"]))
-    sharded = ShardedIndex(client, n_bits=idx.n_bits, n_shards=shards)
+    assert idx.n_bits_ is not None, "fitted"  # idx.fit ran before
+    sharded = ShardedIndex(client, n_bits=idx.n_bits_, n_shards=shards)
     # EmbeddingIndex's refine stage (metric, screen=False), so both give the same numbers
     searcher = Searcher(idx.hasher_, sharded, rerank=_RERANK[idx.metric], screen=False)
     searcher.add(_dask_rows(matrix, Path(path).resolve(), chunk_size, idx.metric == "cosine"))
@@ -398,7 +399,14 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     type=click.Choice(sorted(available_hashers())),
     help="Hash family; 'sign' is plain binary quantization.",
 )
-@_count_option("--bits", 256)
+@click.option(
+    "--bits",
+    default="auto",
+    show_default=True,
+    metavar="N|auto",
+    help="Code length; auto: 256 (at most the dimension), or the dimension for residual "
+    "lists over 3M vectors or more with itq, pca or sign (EmbeddingIndex's n_bits).",
+)
 @click.option(
     "--metric",
     default="cosine",
@@ -468,6 +476,10 @@ def build(
     if ranking != "hamming" and (scheduler is not None or local_cluster is not None):
         raise IndexCommandError("--ranking asymmetric needs a local index (no --scheduler).")
     sharded = scheduler is not None or local_cluster is not None
+    if bits != "auto":
+        if not bits.isdigit() or int(bits) < 1:
+            raise IndexCommandError(f"--bits must be a positive integer or 'auto'; got {bits!r}.")
+        bits = int(bits)
     if coarse == "none" or (coarse == "auto" and sharded):
         coarse = None
     if coarse is not None and sharded:
@@ -524,7 +536,7 @@ def build(
                     idx.save(tmp)
             else:
                 rows = _build_sharded(client, idx, matrix, embeddings, shards, chunk_size, tmp)
-                manifest = {"hasher": hasher, "bits": bits, "metric": metric}
+                manifest = {"hasher": hasher, "bits": idx.n_bits_, "metric": metric}
                 manifest.update(overfetch=overfetch, vectors=matrix.n, dimension=matrix.d)
                 manifest.update(shards=len(rows), rows_per_shard=rows, searcher=_SEARCHER)
                 _write_manifest(tmp, manifest)
@@ -539,7 +551,7 @@ def build(
     lists = idx.codes_.list_sizes if isinstance(idx.codes_, IVFIndex) else ()
     coarse_note = f", IVF coarse stage ({len(lists)} lists)" if len(lists) else ""
     click.echo(
-        f"built {out}: {matrix.n} vectors of dimension {matrix.d}, {hasher} {bits} bits, "
+        f"built {out}: {matrix.n} vectors of dimension {matrix.d}, {hasher} {idx.n_bits_} bits, "
         f"{metric}, {ranking} ranking{coarse_note}{where}; codes {mem['code']} B/vector (float {mem['float']} B); "
         f"fit {t_fit:.1f} s, "
         f"total {time.perf_counter() - t0:.1f} s"
@@ -645,7 +657,7 @@ def info(directory):
     m = _read_manifest(directory)
     if m is None:
         idx = EmbeddingIndex.load(directory, mmap=True, verify=False)
-        m = {"hasher": idx.hasher_name, "bits": idx.n_bits, "metric": idx.metric}
+        m = {"hasher": idx.hasher_name, "bits": idx.n_bits_, "metric": idx.metric}
         m.update(overfetch=idx.overfetch, vectors=len(idx), dimension=idx.dim_)
         m.update(ranking=idx.ranking)
         if isinstance(idx.codes_, IVFIndex):

@@ -87,6 +87,14 @@ _COMPONENT = re.compile(r"(hasher|codes)-[0-9a-f]{16}")
 #: Families whose code length is bounded by the dimension (principal directions, one bit per
 #: dimension); ``EmbeddingIndex.fit`` refuses ``n_bits > d`` for them instead of clipping.
 _BITS_AT_MOST_DIM = ("itq", "pca", "sign")
+#: ``n_bits="auto"``: the code length of a flat scan and of smaller databases (at most ``d``)
+AUTO_BITS = 256
+#: ``n_bits="auto"``: residual lists over a database of at least this many rows take codes
+#: of the input's width (one bit per dimension, as RaBitQ's) where the families of
+#: ``_BITS_AT_MOST_DIM`` allow it. On MiniLM-like rows (AMD Zen 4, one thread, recall@10
+#: 0.95): 256 bits 1.08x the speed of 384 at 1M, the two equal at 3M (6,451 and 6,503 q/s),
+#: 384 bits 1.46x at 10M (class docstring)
+LONG_CODES_MIN_ROWS = 3_000_000
 
 DEFAULT_EMBEDDINGS_DIR = Path("~/.cache/hashlearn/embeddings/minilm-docs").expanduser()
 
@@ -178,14 +186,20 @@ class EmbeddingIndex:
         A registry name for :func:`hashlearn.hashers.make_hasher` (``"itq"``, ``"sign"``,
         ``"lsh"``, ``"spectral"``, ``"pca"``, ...), or an unfitted hasher instance (its own
         ``n_bits`` is used; ``n_bits`` must then be None or equal), fitted in place.
-    n_bits : int or None, default=256
-        Code length. ITQ, PCA hashing and sign bits have at most one bit per dimension
-        (``n_bits <= d``, e.g. 384 for MiniLM); LSH and spectral hashing take any length.
-        For a database of many millions of rows pass the input's width: at 10M MiniLM-like
-        rows the residual lists' 256-bit codes need 240 candidates for recall@10 0.95 where
-        384-bit ones need 120 (0.76x against 1.11x faiss IVF-RaBitQ's queries per second,
-        AMD Zen 4, 2026-12-06, ``docs/results.md``); at 1M rows 256 bits were the faster
-        (11,274 against 10,398 queries/s at recall 0.95).
+    n_bits : int, "auto" or None, default="auto"
+        Code length (the fitted one is ``n_bits_``). ITQ, PCA hashing and sign bits have at
+        most one bit per dimension (``n_bits <= d``, e.g. 384 for MiniLM); LSH and spectral
+        hashing take any length. ``"auto"``: ``AUTO_BITS`` (256) bits, at most ``d`` (and
+        the sample's rows), except that ITQ, PCA hashing and sign bits take the input's
+        width ``d`` for residual lists over at least ``LONG_CODES_MIN_ROWS`` (3M) rows:
+        :meth:`fit` then learns both lengths on its sample, and the first :meth:`add` (or
+        :meth:`train_coarse`), which knows the database's size, keeps one. At 10M
+        MiniLM-like rows the residual lists' 256-bit codes needed 240 candidates for
+        recall@10 0.95 where 384-bit ones needed 120 (0.76x against 1.11x faiss
+        IVF-RaBitQ's queries per second, AMD Zen 4, 2026-12-06, ``docs/results.md``); at 1M
+        rows 256 bits were the faster (11,274 against 10,398 queries/s at 0.95), at 3M the
+        two were equal. A hasher instance (with ``n_bits`` None or ``"auto"``) keeps its
+        own length.
     metric : {"cosine", "ip", "euclidean"}, default="cosine"
         ``"cosine"`` L2-normalises every vector (stored normalised) and query and reports
         cosine similarities; ``"ip"`` keeps them as they are and reports inner products;
@@ -264,7 +278,7 @@ default="residual"
     def __init__(
         self,
         hasher: str | BaseHasher = "itq",
-        n_bits: int | None = 256,
+        n_bits: int | str | None = "auto",
         metric: str = "cosine",
         overfetch: int = 16,
         hasher_params: dict | None = None,
@@ -288,7 +302,7 @@ default="residual"
             )
         self.overfetch = check_int(overfetch, "overfetch", owner)
         if isinstance(hasher, BaseHasher):
-            if n_bits is not None and n_bits != hasher.n_bits:
+            if n_bits not in (None, "auto") and n_bits != hasher.n_bits:
                 raise ValueError(
                     f"The 'n_bits' parameter of {owner} is {n_bits!r} but the hasher makes "
                     f"{hasher.n_bits}-bit codes; pass n_bits=None to use the hasher's."
@@ -304,14 +318,16 @@ default="residual"
                     f"{sorted(available_hashers())}, or a hasher. Got {hasher!r} instead."
                 )
             if n_bits is None:
-                raise ValueError(f"The 'n_bits' parameter of {owner} is needed with a name.")
+                raise ValueError(
+                    f"The 'n_bits' parameter of {owner} is needed with a name (or 'auto')."
+                )
             name = hasher
         else:
             raise TypeError(
                 f"The 'hasher' parameter of {owner} must be a name or a hashlearn hasher. "
                 f"Got {type(hasher).__name__}."
             )
-        self.n_bits = check_int(n_bits, "n_bits", owner)
+        self.n_bits = n_bits if n_bits == "auto" else check_int(n_bits, "n_bits", owner)
         if hasher_params is not None and not isinstance(hasher_params, dict):
             raise TypeError(f"The 'hasher_params' parameter of {owner} must be a dict or None.")
         self.hasher = hasher
@@ -331,30 +347,70 @@ default="residual"
         self.searcher_: Searcher | None = None
         self.dim_: int | None = None
         self._path: Path | None = None  # set by open(): adds append to the save in place
+        #: n_bits="auto": the hasher of the input's width, fitted beside the short one,
+        #: until the first add or train_coarse keeps one of them (_choose_length)
+        self._long_hasher: BaseHasher | None = None
 
     # ---------------------------------------------------------------------------- building
 
-    def _make_hasher(self) -> BaseHasher:
+    def _make_hasher(self, n_bits: int) -> BaseHasher:
         if isinstance(self.hasher, BaseHasher):
             return self.hasher  # fitted in place, as Searcher.fit does
         params = dict(self.hasher_params)
         cls = available_hashers()[self.hasher]
         if "random_state" in cls().get_params() and "random_state" not in params:
             params["random_state"] = self.random_state
-        return make_hasher(self.hasher, n_bits=self.n_bits, **params)
+        return make_hasher(self.hasher, n_bits=n_bits, **params)
+
+    @property
+    def n_bits_(self) -> int | None:
+        """The code length: the fitted hasher's (``n_bits="auto"`` decides it), else
+        ``n_bits`` (None for ``"auto"`` before :meth:`fit`)."""
+        if self.searcher_ is not None:
+            return int(self.searcher_.index.n_bits)
+        return None if self.n_bits == "auto" else int(self.n_bits)
+
+    def _lengths(self, d: int, n: int) -> tuple[int, int | None]:
+        """``(n_bits, long)`` that :meth:`fit` learns on ``n`` rows of dimension ``d``:
+        ``long`` is the input's width that ``n_bits="auto"`` keeps for a large database
+        (:meth:`_choose_length`), None where there is no such choice."""
+        if self.n_bits != "auto":
+            return int(self.n_bits), None
+        if isinstance(self.hasher, BaseHasher):
+            return int(self.hasher.n_bits), None
+        if self.hasher_name not in _BITS_AT_MOST_DIM:
+            return AUTO_BITS, None
+        short, long = min(AUTO_BITS, d, n), min(d, n)
+        return short, (long if long > short else None)
 
     def _coarse_pending(self, codes) -> bool:
         """Whether ``codes`` is a coarse stage still to be learned (by the first add)."""
         return isinstance(codes, IVFIndex) and not codes.is_trained and len(codes) == 0
 
-    def _make_index(self) -> FlatIndex | IVFIndex:
+    def _make_index(self, n_bits: int) -> FlatIndex | IVFIndex:
         """An empty FlatIndex, or an untrained IVFIndex of k-means lists over the hasher's
-        projections (trained by the first :meth:`add`: :meth:`_train_coarse`)."""
+        projections (trained by the first :meth:`add`: :meth:`train_coarse`)."""
         if self.coarse is None:
-            return FlatIndex(self.n_bits)
+            return FlatIndex(n_bits)
         seed = self.random_state if isinstance(self.random_state, int) else 0
         kind = ResidualIVFIndex if self.coarse_quantizer in _RESIDUAL_LISTS else IVFIndex
-        return kind(self.n_bits, random_state=seed, quantizer=self._list_quantizer())
+        return kind(n_bits, random_state=seed, quantizer=self._list_quantizer())
+
+    def _choose_length(self, searcher: Searcher, n_lists: int, n_total: int) -> Searcher:
+        """``n_bits="auto"``: keep the hasher of the input's width for residual lists over at
+        least ``LONG_CODES_MIN_ROWS`` rows, else the short one (decided once, on an empty
+        index: the first add or train_coarse)."""
+        long, self._long_hasher = self._long_hasher, None
+        if (
+            long is None
+            or len(searcher.index) > 0
+            or n_lists == 0
+            or self.coarse_quantizer not in _RESIDUAL_LISTS
+            or n_total < LONG_CODES_MIN_ROWS
+        ):
+            return searcher
+        self.searcher_ = self._searcher(long, self._make_index(int(long.n_bits)))
+        return self.searcher_
 
     def _list_quantizer(self) -> str:
         """The quantizer of the coarse lists (``IVFIndex``'s ``quantizer``)."""
@@ -391,7 +447,8 @@ default="residual"
         first when the database is added in several parts. Re-training files the stored
         codes again by their bits (their projections are not kept). With ``coarse="auto"``
         and fewer than ``AUTO_COARSE_MIN_ROWS`` rows in ``n_total``, an empty index keeps
-        the flat scan instead."""
+        the flat scan instead. With ``n_bits="auto"`` this call also keeps the code length
+        for ``n_total`` rows (an index saved before it keeps the short codes)."""
         owner = "EmbeddingIndex.train_coarse"
         searcher = self._fitted(owner)
         index = searcher.index
@@ -407,9 +464,11 @@ default="residual"
             raise ValueError(f"{owner}: X holds no rows.")
         n_total = n if n_total is None else check_int(n_total, "n_total", owner)
         n_lists = min(self.coarse_lists(n_total), n)
+        searcher = self._choose_length(searcher, n_lists, n_total)
+        index = searcher.index
         if n_lists == 0 or not isinstance(index, IVFIndex):  # "auto" on a small database
             if isinstance(index, IVFIndex) and len(index) == 0:
-                self.searcher_ = self._searcher(searcher.hasher, FlatIndex(self.n_bits))
+                self.searcher_ = self._searcher(searcher.hasher, FlatIndex(index.n_bits))
             elif isinstance(index, IVFIndex):
                 raise ValueError(
                     f"{owner}: n_total={n_total} is below the {AUTO_COARSE_MIN_ROWS} rows of "
@@ -450,23 +509,28 @@ default="residual"
         plenty); clears anything added before."""
         owner = "EmbeddingIndex.fit"
         self.dim_ = None
+        self.searcher_ = self._long_hasher = None
         X = self._prepare(X, "X", owner)
         d = X.shape[1]
-        if self.hasher_name in _BITS_AT_MOST_DIM and self.n_bits > min(d, len(X)):
+        n_bits, long = self._lengths(d, len(X))
+        if self.hasher_name in _BITS_AT_MOST_DIM and n_bits > min(d, len(X)):
             raise ValueError(
                 f"{self.hasher_name!r} makes at most one bit per dimension (and per training "
-                f"vector): n_bits <= min(d, n) = {min(d, len(X))}; got n_bits={self.n_bits}. "
+                f"vector): n_bits <= min(d, n) = {min(d, len(X))}; got n_bits={n_bits}. "
                 "Use fewer bits, or 'lsh' / 'spectral' for longer codes."
             )
-        hasher = self._make_hasher()
-        hasher.fit(X)
-        produced = int(getattr(hasher, "n_bits_", hasher.n_bits))
-        if produced != self.n_bits:
-            raise ValueError(
-                f"{type(hasher).__name__} produced {produced}-bit codes on this sample, not "
-                f"n_bits={self.n_bits}; use n_bits <= {produced}."
-            )
-        self.searcher_ = self._searcher(hasher, self._make_index())
+        lengths = [bits for bits in (n_bits, long) if bits is not None]
+        hashers = [self._make_hasher(bits) for bits in lengths]
+        for hasher, bits in zip(hashers, lengths, strict=True):
+            hasher.fit(X)
+            produced = int(getattr(hasher, "n_bits_", hasher.n_bits))
+            if produced != bits:
+                raise ValueError(
+                    f"{type(hasher).__name__} produced {produced}-bit codes on this sample, "
+                    f"not n_bits={bits}; use n_bits <= {produced}."
+                )
+        self.searcher_ = self._searcher(hashers[0], self._make_index(n_bits))
+        self._long_hasher = hashers[1] if len(hashers) > 1 else None
         self.dim_ = d
         self._path = None
         return self
@@ -586,8 +650,15 @@ default="residual"
 
     @property
     def code_bytes(self) -> int:
-        """Bytes of one packed code, ``ceil(n_bits / 8)``."""
-        return (self.n_bits + 7) // 8
+        """Bytes of one packed code, ``ceil(n_bits_ / 8)`` (after :meth:`fit` for
+        ``n_bits="auto"``)."""
+        return (self._fitted_bits("EmbeddingIndex.code_bytes") + 7) // 8
+
+    def _fitted_bits(self, owner: str) -> int:
+        n_bits = self.n_bits_
+        if n_bits is None:
+            raise RuntimeError(f"{owner}: n_bits='auto' is decided by fit(sample).")
+        return n_bits
 
     def memory_per_vector(self) -> dict[str, int]:
         """Bytes per vector: ``code`` (packed bits), ``scan`` (what the Hamming scan keeps in
@@ -597,7 +668,8 @@ default="residual"
         0 for a flat scan) and ``float`` (the float32 vector used for rescoring,
         memory-mapped from disk after :meth:`load`); residual codes keep two float32
         factors a row beside the code (``scan`` counts them)."""
-        mem = bytes_per_vector(self.n_bits, self.dim_ or 0)
+        n_bits = self._fitted_bits("EmbeddingIndex.memory_per_vector")
+        mem = bytes_per_vector(n_bits, self.dim_ or 0)
         codes = self.codes_
         if isinstance(codes, ResidualIVFIndex):
             mem["scan"] += 8
@@ -605,9 +677,9 @@ default="residual"
         if isinstance(codes, IVFIndex) and len(codes):
             lists = len(codes.list_sizes)
             vectors = codes.centroid_vectors
-            total = lists * (8 * ((self.n_bits + 63) // 64) + 8)
+            total = lists * (8 * ((n_bits + 63) // 64) + 8)
             # float centroids: as trained, the probe's transposed copy, their norms, scale
-            total += 0 if vectors is None else 2 * vectors.nbytes + 4 * lists + 4 * self.n_bits
+            total += 0 if vectors is None else 2 * vectors.nbytes + 4 * lists + 4 * n_bits
             mem["coarse"] = -(-total // len(codes))
         return mem
 
@@ -669,7 +741,7 @@ default="residual"
         hasher_dir, codes_dir = f"hasher-{token}", f"codes-{token}"
         codes = searcher.index
         if self._coarse_pending(codes):  # no lists yet: saved as the empty flat scan
-            codes = FlatIndex(self.n_bits)
+            codes = FlatIndex(codes.n_bits)
         with searcher._seq.lock:  # one state of the codes and the vectors
             state = {
                 "hasher_dir": hasher_dir,
@@ -762,10 +834,14 @@ default="residual"
         dim = state["dim"]
         if vectors is None or vectors.dtype != np.float32 or vectors.ndim != 2:
             raise ValueError("array 'vectors' is missing or not a float32 matrix")
-        if vectors.shape[1] != dim or codes.n_bits != obj.n_bits:
+        bits = {int(codes.n_bits), int(getattr(hasher, "n_bits_", hasher.n_bits))}
+        if obj.n_bits != "auto":
+            bits.add(int(obj.n_bits))
+        if vectors.shape[1] != dim or len(bits) != 1:
             raise ValueError(
                 f"vectors are {vectors.shape[1]}-d and codes {codes.n_bits}-bit; meta.json "
-                f"says {dim}-d and {obj.n_bits} bits"
+                f"says {dim}-d and {obj.n_bits} bits, the hasher makes "
+                f"{getattr(hasher, 'n_bits_', hasher.n_bits)}"
             )
         if len(codes) != len(vectors) or len(vectors) != state["n"]:
             raise ValueError(
@@ -776,7 +852,8 @@ default="residual"
         if ids is not None and len(ids) and (ids[0] != 0 or ids[-1] != len(ids) - 1):
             raise ValueError("the code ids are not 0..n-1")
         if obj.coarse is not None and isinstance(codes, FlatIndex) and len(codes) == 0:
-            codes = obj._make_index()  # saved before any add: the lists are still to learn
+            # saved before any add: the lists are still to learn
+            codes = obj._make_index(codes.n_bits)
         obj._attach(hasher, codes, vectors, direct=mmap == "direct")
         obj.dim_ = int(dim)
         return obj
