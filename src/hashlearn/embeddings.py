@@ -191,9 +191,10 @@ class EmbeddingIndex:
         most one bit per dimension (``n_bits <= d``, e.g. 384 for MiniLM); LSH and spectral
         hashing take any length. ``"auto"``: ``AUTO_BITS`` (256) bits, at most ``d`` (and
         the sample's rows), except that ITQ, PCA hashing and sign bits take the input's
-        width ``d`` for residual lists over at least ``LONG_CODES_MIN_ROWS`` (3M) rows:
-        :meth:`fit` then learns both lengths on its sample, and the first :meth:`add` (or
-        :meth:`train_coarse`), which knows the database's size, keeps one. At 10M
+        width ``d`` for residual lists over at least ``LONG_CODES_MIN_ROWS`` (3M) rows: the
+        first :meth:`add` (or :meth:`train_coarse`), which knows the database's size, then
+        learns the hasher again at that length, on as many of its rows as :meth:`fit`'s
+        sample held. At 10M
         MiniLM-like rows the residual lists' 256-bit codes needed 240 candidates for
         recall@10 0.95 where 384-bit ones needed 120 (0.76x against 1.11x faiss
         IVF-RaBitQ's queries per second, AMD Zen 4, 2026-12-06, ``docs/results.md``); at 1M
@@ -347,9 +348,10 @@ default="residual"
         self.searcher_: Searcher | None = None
         self.dim_: int | None = None
         self._path: Path | None = None  # set by open(): adds append to the save in place
-        #: n_bits="auto": the hasher of the input's width, fitted beside the short one,
-        #: until the first add or train_coarse keeps one of them (_choose_length)
-        self._long_hasher: BaseHasher | None = None
+        #: n_bits="auto": the input's width and fit's sample size, until the first add or
+        #: train_coarse decides the code length (_choose_length)
+        self._long_bits: int | None = None
+        self._fit_rows = 0
 
     # ---------------------------------------------------------------------------- building
 
@@ -371,9 +373,9 @@ default="residual"
         return None if self.n_bits == "auto" else int(self.n_bits)
 
     def _lengths(self, d: int, n: int) -> tuple[int, int | None]:
-        """``(n_bits, long)`` that :meth:`fit` learns on ``n`` rows of dimension ``d``:
-        ``long`` is the input's width that ``n_bits="auto"`` keeps for a large database
-        (:meth:`_choose_length`), None where there is no such choice."""
+        """``(n_bits, long)`` for ``n`` rows of dimension ``d``: the length :meth:`fit`
+        learns, and the input's width that ``n_bits="auto"`` takes for a large database
+        (:meth:`_choose_length`; None where there is no such choice)."""
         if self.n_bits != "auto":
             return int(self.n_bits), None
         if isinstance(self.hasher, BaseHasher):
@@ -396,21 +398,39 @@ default="residual"
         kind = ResidualIVFIndex if self.coarse_quantizer in _RESIDUAL_LISTS else IVFIndex
         return kind(n_bits, random_state=seed, quantizer=self._list_quantizer())
 
-    def _choose_length(self, searcher: Searcher, n_lists: int, n_total: int) -> Searcher:
-        """``n_bits="auto"``: keep the hasher of the input's width for residual lists over at
-        least ``LONG_CODES_MIN_ROWS`` rows, else the short one (decided once, on an empty
-        index: the first add or train_coarse)."""
-        long, self._long_hasher = self._long_hasher, None
+    def _choose_length(self, searcher: Searcher, X, n_lists: int, n_total: int) -> Searcher:
+        """``n_bits="auto"``: for residual lists over at least ``LONG_CODES_MIN_ROWS`` rows,
+        learn the hasher again at the input's width on a sample of the database's rows ``X``
+        (as many as fit's sample held); else keep the fitted one. Decided once, on an empty
+        index (the first add or train_coarse)."""
+        bits, self._long_bits = self._long_bits, None
         if (
-            long is None
+            bits is None
             or len(searcher.index) > 0
             or n_lists == 0
             or self.coarse_quantizer not in _RESIDUAL_LISTS
             or n_total < LONG_CODES_MIN_ROWS
+            or len(X) < bits
         ):
             return searcher
-        self.searcher_ = self._searcher(long, self._make_index(int(long.n_bits)))
+        seed = self.random_state if isinstance(self.random_state, int) else 0
+        take = np.random.default_rng(seed).choice(len(X), min(len(X), self._fit_rows), False)
+        rows = self._prepare(X[np.sort(take)], "X", "EmbeddingIndex.add")
+        hasher = self._fitted_hasher(bits, rows)
+        self.searcher_ = self._searcher(hasher, self._make_index(bits))
         return self.searcher_
+
+    def _fitted_hasher(self, n_bits: int, X: np.ndarray) -> BaseHasher:
+        """A hasher of ``n_bits`` fitted on the prepared rows ``X``, checked to make them."""
+        hasher = self._make_hasher(n_bits)
+        hasher.fit(X)
+        produced = int(getattr(hasher, "n_bits_", hasher.n_bits))
+        if produced != n_bits:
+            raise ValueError(
+                f"{type(hasher).__name__} produced {produced}-bit codes on this sample, not "
+                f"n_bits={n_bits}; use n_bits <= {produced}."
+            )
+        return hasher
 
     def _list_quantizer(self) -> str:
         """The quantizer of the coarse lists (``IVFIndex``'s ``quantizer``)."""
@@ -447,8 +467,8 @@ default="residual"
         first when the database is added in several parts. Re-training files the stored
         codes again by their bits (their projections are not kept). With ``coarse="auto"``
         and fewer than ``AUTO_COARSE_MIN_ROWS`` rows in ``n_total``, an empty index keeps
-        the flat scan instead. With ``n_bits="auto"`` this call also keeps the code length
-        for ``n_total`` rows (an index saved before it keeps the short codes)."""
+        the flat scan instead. With ``n_bits="auto"`` this call also decides the code length
+        for ``n_total`` rows (an index saved before it keeps the fitted codes)."""
         owner = "EmbeddingIndex.train_coarse"
         searcher = self._fitted(owner)
         index = searcher.index
@@ -464,7 +484,7 @@ default="residual"
             raise ValueError(f"{owner}: X holds no rows.")
         n_total = n if n_total is None else check_int(n_total, "n_total", owner)
         n_lists = min(self.coarse_lists(n_total), n)
-        searcher = self._choose_length(searcher, n_lists, n_total)
+        searcher = self._choose_length(searcher, X, n_lists, n_total)
         index = searcher.index
         if n_lists == 0 or not isinstance(index, IVFIndex):  # "auto" on a small database
             if isinstance(index, IVFIndex) and len(index) == 0:
@@ -509,7 +529,7 @@ default="residual"
         plenty); clears anything added before."""
         owner = "EmbeddingIndex.fit"
         self.dim_ = None
-        self.searcher_ = self._long_hasher = None
+        self.searcher_, self._long_bits = None, None
         X = self._prepare(X, "X", owner)
         d = X.shape[1]
         n_bits, long = self._lengths(d, len(X))
@@ -519,18 +539,9 @@ default="residual"
                 f"vector): n_bits <= min(d, n) = {min(d, len(X))}; got n_bits={n_bits}. "
                 "Use fewer bits, or 'lsh' / 'spectral' for longer codes."
             )
-        lengths = [bits for bits in (n_bits, long) if bits is not None]
-        hashers = [self._make_hasher(bits) for bits in lengths]
-        for hasher, bits in zip(hashers, lengths, strict=True):
-            hasher.fit(X)
-            produced = int(getattr(hasher, "n_bits_", hasher.n_bits))
-            if produced != bits:
-                raise ValueError(
-                    f"{type(hasher).__name__} produced {produced}-bit codes on this sample, "
-                    f"not n_bits={bits}; use n_bits <= {produced}."
-                )
-        self.searcher_ = self._searcher(hashers[0], self._make_index(n_bits))
-        self._long_hasher = hashers[1] if len(hashers) > 1 else None
+        hasher = self._fitted_hasher(n_bits, X)
+        self.searcher_ = self._searcher(hasher, self._make_index(n_bits))
+        self._long_bits, self._fit_rows = long, len(X)
         self.dim_ = d
         self._path = None
         return self
