@@ -194,13 +194,12 @@ class EmbeddingIndex:
         width ``d`` for residual lists over at least ``LONG_CODES_MIN_ROWS`` (3M) rows: the
         first :meth:`add` (or :meth:`train_coarse`), which knows the database's size, then
         learns the hasher again at that length, on as many of its rows as :meth:`fit`'s
-        sample held. At 10M
-        MiniLM-like rows the residual lists' 256-bit codes needed 240 candidates for
-        recall@10 0.95 where 384-bit ones needed 120 (0.76x against 1.11x faiss
-        IVF-RaBitQ's queries per second, AMD Zen 4, 2026-12-06, ``docs/results.md``); at 1M
-        rows 256 bits were the faster (11,274 against 10,398 queries/s at 0.95), at 3M the
-        two were equal. A hasher instance (with ``n_bits`` None or ``"auto"``) keeps its
-        own length.
+        sample held. At 10M MiniLM-like rows the residual lists' 256-bit codes needed 240
+        candidates for recall@10 0.95 where 384-bit ones needed 120 (0.76x against 1.12x
+        faiss IVF-RaBitQ's queries per second, AMD Zen 4, 2026-12-06, ``docs/results.md``);
+        at 1M rows 256 bits were the faster (11,274 against 10,398 queries/s at 0.95), at
+        3M the two were equal. A hasher instance (with ``n_bits`` None or ``"auto"``) keeps
+        its own length.
     metric : {"cosine", "ip", "euclidean"}, default="cosine"
         ``"cosine"`` L2-normalises every vector (stored normalised) and query and reports
         cosine similarities; ``"ip"`` keeps them as they are and reports inner products;
@@ -529,7 +528,6 @@ default="residual"
         plenty); clears anything added before."""
         owner = "EmbeddingIndex.fit"
         self.dim_ = None
-        self.searcher_, self._long_bits = None, None
         X = self._prepare(X, "X", owner)
         d = X.shape[1]
         n_bits, long = self._lengths(d, len(X))
