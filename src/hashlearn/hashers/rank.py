@@ -222,6 +222,12 @@ class RankHashing(BaseHasher):
     0.085 (36-d) at 64 bits, but at 30 LambdaRank is significantly worse than RankNet at 16
     bits (digits 0.070 against 0.040, 36-d 0.288 against 0.248); an orthogonal initial
     ``W``, learning rates 0.001-0.003 or 50 neighbour documents left RankNet above LSH.
+    Documents falling with the code length (100 / 50 / 30 at 16 / 32 / 64 bits) passed
+    every cell of the three sets on seed 0 (32 bits, 50 documents: RankNet 0.037 / 0.197 /
+    0.140, LambdaRank 0.030 / 0.186 / 0.120 against LSH 0.093 / 0.259 / 0.192 on digits and
+    the 16-d and 36-d mixtures) and lowered Fashion-MNIST's 64-bit errors (30 documents:
+    RankNet 0.169, LambdaRank 0.165); not adopted yet: other seeds and Fashion-MNIST at 32
+    bits are unchecked.
 
     Attributes
     ----------
