@@ -383,6 +383,16 @@ def _count_option(flag: str, default: int | None, minimum: int = 1, help: str | 
     )
 
 
+def _count_or_word(value: str, flag: str, words: tuple[str, ...]) -> int | str:
+    """``value`` of ``flag``: one of ``words`` as it is, else a positive integer."""
+    if value in words:
+        return value
+    if not value.isdigit() or int(value) < 1:
+        allowed = ", ".join(["a positive integer", *map(repr, words[:-1])])
+        raise IndexCommandError(f"{flag} must be {allowed} or {words[-1]!r}; got {value!r}.")
+    return int(value)
+
+
 @index.command()
 @click.argument("embeddings", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
@@ -476,20 +486,12 @@ def build(
     if ranking != "hamming" and (scheduler is not None or local_cluster is not None):
         raise IndexCommandError("--ranking asymmetric needs a local index (no --scheduler).")
     sharded = scheduler is not None or local_cluster is not None
-    if bits != "auto":
-        if not bits.isdigit() or int(bits) < 1:
-            raise IndexCommandError(f"--bits must be a positive integer or 'auto'; got {bits!r}.")
-        bits = int(bits)
+    bits = _count_or_word(bits, "--bits", ("auto",))
+    coarse = _count_or_word(coarse, "--coarse", ("auto", "none"))
     if coarse == "none" or (coarse == "auto" and sharded):
         coarse = None
     if coarse is not None and sharded:
         raise IndexCommandError("--coarse N needs a local index (no --scheduler).")
-    if coarse not in (None, "auto"):
-        if not coarse.isdigit() or int(coarse) < 1:
-            raise IndexCommandError(
-                f"--coarse must be a positive integer, 'auto' or 'none'; got {coarse!r}."
-            )
-        coarse = int(coarse)
     if out.is_symlink():
         raise IndexCommandError(f"{out} is a symbolic link; refusing to write through it.")
     if out.exists() and not force:
