@@ -58,7 +58,8 @@ def _per_query_precision(h, A, B, relevant, n_bits):
 
 
 # measured 2026-12-01 (BRE / SH / LSH): the paper's reconstruction spreads every distance
-# over the bits, and at these short codes SH's radius-3 balls are purer
+# over the bits, and at these short codes SH's radius-3 balls are purer; no target power
+# (0.25-4) beats SH there (BinaryReconstructiveEmbedding's Notes, 2026-12-06)
 _LOSES = {
     ("fashion", 16): "0.138 / 0.151 / 0.090",
     ("fashion", 32): "0.270 / 0.438 / 0.304",

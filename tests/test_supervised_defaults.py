@@ -7,6 +7,7 @@ queries), and MLH below LSH's and ITQ's k-NN error on digits and Fashion-MNIST
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -85,6 +86,27 @@ def _draw(name, seed):
 RANK_DRAWS = 5
 
 
+@functools.cache
+def _rank_wrong(name, n_bits):
+    """Per query, over the 5 draws pooled: 1 where the 3 nearest non-empty bins of LSH's,
+    ITQ's (where ``n_bits`` <= the input dimension), RankNet's and LambdaRank's codes vote
+    the wrong label, every hasher with its defaults."""
+    wrong = {}
+    for seed in range(RANK_DRAWS):
+        X, y, Xq, yq = _draw(name, seed)
+        hashers = {"lsh": RandomHyperplaneLSH(n_bits, random_state=seed)}
+        if n_bits <= X.shape[1]:
+            hashers["itq"] = IterativeQuantization(n_bits, random_state=seed)
+        for obj in ("ranknet", "lambdarank"):
+            hashers[obj] = RankHashing(n_bits, objective=obj, random_state=seed)
+        for key, h in hashers.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                h.fit(X, y) if key in ("ranknet", "lambdarank") else h.fit(X)
+            wrong.setdefault(key, []).append(_wrong(h, Xq, yq, X, y, n_bits))
+    return {k: np.concatenate(v) for k, v in wrong.items()}
+
+
 # measured 2026-12-06 (means over the 5 draws, k-NN error): at 64 bits LSH / RankNet /
 # LambdaRank 0.032 / 0.025 / 0.029 (digits), 0.181 / 0.170 / 0.161 (16-d mixture), 0.104 /
 # 0.082 / 0.076 (36-d); with the paper's 100 documents at 64 bits RankNet was 0.221 / 0.163
@@ -97,20 +119,40 @@ def test_rank_codes_order(name, n_bits):
     hashers' seeds), the queries of every draw pooled: LambdaRank not significantly above
     RankNet (paired over the queries, z <= 2), both below LSH's mean k-NN error (one draw of
     300 queries cannot tell codes within a few queries of each other apart)."""
-    wrong = {"lsh": [], "ranknet": [], "lambdarank": []}
-    for seed in range(RANK_DRAWS):
-        X, y, Xq, yq = _draw(name, seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            lsh = RandomHyperplaneLSH(n_bits, random_state=seed).fit(X)
-        wrong["lsh"].append(_wrong(lsh, Xq, yq, X, y, n_bits))
-        for obj in ("ranknet", "lambdarank"):
-            h = RankHashing(n_bits, objective=obj, random_state=seed).fit(X, y)
-            wrong[obj].append(_wrong(h, Xq, yq, X, y, n_bits))
-    wrong = {k: np.concatenate(v) for k, v in wrong.items()}
+    wrong = _rank_wrong(name, n_bits)
     errors = {k: round(float(v.mean()), 4) for k, v in wrong.items()}
     assert _z(wrong["lambdarank"], wrong["ranknet"]) <= 2.0, errors
     assert errors["ranknet"] < errors["lsh"] and errors["lambdarank"] < errors["lsh"], errors
+
+
+# ITQ at 16 bits on the 16-d mixture (a rotation of all 16 sign bits of the centred input)
+# is as good as the rank codes: 0.372 against RankNet 0.381 and LambdaRank 0.363 (5 draws;
+# 20 epochs, 40 neighbour documents or 60 documents a query: RankNet 0.369-0.374)
+_RANKNET_ABOVE_ITQ = {("gauss16", 16)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name,n_bits",
+    [
+        pytest.param(
+            name,
+            bits,
+            marks=[pytest.mark.xfail(strict=True, reason="RankNet ties ITQ")]
+            if (name, bits) in _RANKNET_ABOVE_ITQ
+            else [],
+        )
+        for name, d in (("digits", 64), ("gauss16", 16), ("gauss36", 36))
+        for bits in BITS
+        if bits <= d
+    ],
+)
+def test_rank_codes_below_itq(name, n_bits):
+    """Both rank codes below ITQ's mean k-NN error (where ITQ has that many bits: at most
+    the input dimension), over the same 5 draws."""
+    wrong = _rank_wrong(name, n_bits)
+    errors = {k: round(float(v.mean()), 4) for k, v in wrong.items()}
+    assert errors["ranknet"] < errors["itq"] and errors["lambdarank"] < errors["itq"], errors
 
 
 def test_docs_per_query_auto_falls_with_the_code_length():
@@ -147,18 +189,10 @@ def test_mlh_from_labels_below_lsh_and_itq_on_digits(digits, n_bits):
     assert mlh < min(lsh, itq), (mlh, lsh, itq)
 
 
-# measured (seed 0, label_neighbors=20, 2026-11-28): 16 / 32 / 64 bits MLH 0.231 / 0.194 /
-# 0.185 against ITQ 0.347 / 0.252 / 0.195 and LSH 0.421 / 0.325 / 0.258; seeds 1 and 2 (a
-# development run of the same pairs) 0.225-0.237 / 0.184-0.192 / 0.179-0.183. Before the
-# neighbourhood pairs (pairs across the whole set, precision at radius 3 selecting):
-# 0.338 / 0.256 / 0.237, the codes collapsing at 16 bits in the demo.
-@pytest.mark.slow
-@pytest.mark.parametrize("n_bits", BITS)
-def test_mlh_from_labels_below_lsh_and_itq_in_the_fashion_demo(n_bits):
-    """The demo's protocol (10,000 labelled training items; 1,000 test-set queries), with a
-    20,000-item database to keep the test's memory small."""
-    if not fashion_mnist_available():
-        pytest.skip("Fashion-MNIST is not installed")
+def _fashion_demo():
+    """The demo's protocol on Fashion-MNIST: 10,000 labelled training items, 1,000 test-set
+    queries, with a 20,000-item database (the training items among them) to keep the
+    tests' memory small."""
     X_tr, y_tr = load_fashion_mnist(subset="train")
     X_te, y_te = load_fashion_mnist(subset="test")
     top = float(max(X_tr.max(), X_te.max()))
@@ -167,7 +201,21 @@ def test_mlh_from_labels_below_lsh_and_itq_in_the_fashion_demo(n_bits):
     db = rng.choice(len(X_tr), 20000, replace=False)
     X_q, y_q = X_te[q] / top, y_te[q]
     X_db, y_db = X_tr[db] / top, y_tr[db]
-    X_fit, y_fit = X_db[:10000], y_db[:10000]
+    return X_db[:10000], y_db[:10000], X_q, y_q, X_db, y_db
+
+
+# measured (seed 0, label_neighbors=20, 2026-11-28): 16 / 32 / 64 bits MLH 0.231 / 0.194 /
+# 0.185 against ITQ 0.347 / 0.252 / 0.195 and LSH 0.421 / 0.325 / 0.258; seeds 1 and 2 (a
+# development run of the same pairs) 0.225-0.237 / 0.184-0.192 / 0.179-0.183. Before the
+# neighbourhood pairs (pairs across the whole set, precision at radius 3 selecting):
+# 0.338 / 0.256 / 0.237, the codes collapsing at 16 bits in the demo.
+@pytest.mark.slow
+@pytest.mark.parametrize("n_bits", BITS)
+def test_mlh_from_labels_below_lsh_and_itq_in_the_fashion_demo(n_bits):
+    """The demo's protocol (:func:`_fashion_demo`)."""
+    if not fashion_mnist_available():
+        pytest.skip("Fashion-MNIST is not installed")
+    X_fit, y_fit, X_q, y_q, X_db, y_db = _fashion_demo()
     lsh, itq = _baselines(X_fit, X_q, y_q, X_db, y_db, n_bits)
     h = MinimalLossHashing(n_bits, random_state=0).fit(X_fit, y_fit)
     mlh = _error(h, X_q, y_q, X_db, y_db, n_bits)
@@ -178,3 +226,28 @@ def test_mlh_from_labels_below_lsh_and_itq_in_the_fashion_demo(n_bits):
     d = hamming_cdist(h.encode(X_q), h.encode(X_db), n_bits)
     within = float((d <= 2).mean())
     assert within < 0.1, within
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_bits", BITS)
+def test_rank_codes_from_labels_below_lsh_and_itq_in_the_fashion_demo(n_bits):
+    """RankNet and LambdaRank trained from the demo's labels (:func:`_fashion_demo`), with
+    their defaults: below LSH's and ITQ's k-NN error, LambdaRank not significantly above
+    RankNet (paired over the queries), and the codes do not collapse (a query's radius-2
+    ball holds less than a fifth of the database, two classes' share; measured at 16 bits
+    0.136 for RankNet and 0.093 for LambdaRank, where the collapsed MLH codes of the issue
+    held nearly all of it)."""
+    if not fashion_mnist_available():
+        pytest.skip("Fashion-MNIST is not installed")
+    X_fit, y_fit, X_q, y_q, X_db, y_db = _fashion_demo()
+    lsh, itq = _baselines(X_fit, X_q, y_q, X_db, y_db, n_bits)
+    wrong, within = {}, {}
+    for obj in ("ranknet", "lambdarank"):
+        h = RankHashing(n_bits, objective=obj, random_state=0).fit(X_fit, y_fit)
+        wrong[obj] = _wrong(h, X_q, y_q, X_db, y_db, n_bits)
+        d = hamming_cdist(h.encode(X_q), h.encode(X_db), n_bits)
+        within[obj] = float((d <= 2).mean())
+    errors = {k: float(v.mean()) for k, v in wrong.items()} | {"lsh": lsh, "itq": itq}
+    assert max(errors["ranknet"], errors["lambdarank"]) < min(lsh, itq), errors
+    assert _z(wrong["lambdarank"], wrong["ranknet"]) <= 2.0, errors
+    assert max(within.values()) < 0.2, within
