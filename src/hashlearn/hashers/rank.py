@@ -438,13 +438,10 @@ class RankHashing(BaseHasher):
             neighbors = self._training_neighbors(X, min(self.n_neighbors, n - 1))
         self._near = None  # the classification task's neighbour documents (fit only)
         near_docs = triplets is None and self.task == "classification" and self.neighbor_docs > 0
-        self.docs_per_query_ = (
-            self.docs_per_query
-            if self.docs_per_query != "auto"
-            else _auto_docs_per_query(B)
-            if near_docs
-            else 100
-        )
+        docs = self.docs_per_query
+        if isinstance(docs, str):  # "auto" (checked above)
+            docs = _auto_docs_per_query(B) if near_docs else 100
+        self.docs_per_query_: int = int(docs)
         m = min(self.neighbor_docs, self.docs_per_query_, n - 1)
         if triplets is None and self.task == "classification" and m > 0:
             self._near = _nearest_rows(X, m, rng)
