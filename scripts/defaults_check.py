@@ -39,6 +39,7 @@ from hashlearn.datasets import (
 from hashlearn.evaluate import bin_threshold, knn_classification_error, precision_recall_at_radius
 from hashlearn.hashers import (
     BinaryReconstructiveEmbedding,
+    BoostedSimilarityHashing,
     IterativeQuantization,
     MinimalLossHashing,
     RandomHyperplaneLSH,
@@ -132,8 +133,9 @@ KNN = {
     "RankNet": lambda b, s, e: RankHashing(b, objective="ranknet", random_state=s, **e),
     "LambdaRank": lambda b, s, e: RankHashing(b, objective="lambdarank", random_state=s, **e),
     "MLH": lambda b, s, e: MinimalLossHashing(b, random_state=s),
+    "BoostSSC": lambda b, s, e: BoostedSimilarityHashing(b, random_state=s),
 }
-SUPERVISED = ("RankNet", "LambdaRank", "MLH")
+SUPERVISED = ("RankNet", "LambdaRank", "MLH", "BoostSSC")
 
 
 def knn_split(X, y, n_train, n_queries, seed):
