@@ -69,7 +69,7 @@ _SCORES = ("count", "margin")
 
 def _auto_docs_per_query(n_bits: int) -> int:
     """``docs_per_query="auto"`` with neighbour documents: 100 (the paper's) up to 16 bits,
-    falling as ``1600 / n_bits`` to 30 (50 at 32 bits, 30 from 54); measured in
+    falling as ``1600 / n_bits`` to 30 (50 at 32 bits, 30 from 53); measured in
     :class:`RankHashing`'s Notes."""
     return int(np.clip(round(1600 / n_bits), 30, 100))
 
@@ -173,9 +173,9 @@ class RankHashing(BaseHasher):
         Training documents ranked for each query (the paper's subsampling: 100 random
         ones). ``"auto"`` is the paper's 100, except for ``task="classification"`` from
         labels with neighbour documents, where it falls with the code length,
-        ``clip(round(1600 / n_bits), 30, 100)`` (100 up to 16
-        bits, 50 at 32, 30 from 54), so the ``neighbor_docs`` near ones weigh more in longer
-        codes (see Notes). The fitted value is ``docs_per_query_``.
+        ``clip(round(1600 / n_bits), 30, 100)`` (100 up to 16 bits, 50 at 32, 30 from 53),
+        so the ``neighbor_docs`` near ones weigh more in longer codes (see Notes). The
+        fitted value is ``docs_per_query_``.
     n_epochs : int, default=10
         Passes over the training rows as queries.
     k : int, default=3
@@ -251,8 +251,8 @@ class RankHashing(BaseHasher):
     Single draws still put RankNet at or above LSH in 4 of the 45 (draw, set, length)
     cells (on the mixtures by 0.005 at 16 bits, 0.001 and 0.035 at 64; on digits at 64 bits
     by 2 of 300 queries) and LambdaRank in 3 (at 64 bits: two ties, digits by 3 queries),
-    so the tests hold the ordering over the 5 draws pooled. 25 or 22 documents at 64 bits lower
-    RankNet's error further but lift LambdaRank's above RankNet's (16-d, draw 0: 0.151 and
+    so the tests hold the ordering over the 5 draws pooled. 25 or 22 documents at 64 bits
+    lower RankNet's error further but lift LambdaRank's above RankNet's (16-d, draw 0: 0.151 and
     0.154 against 0.137 and 0.126). On Fashion-MNIST (10,000 training items; LSH 0.326 /
     0.249, ITQ 0.248 / 0.210 at 32 / 64 bits) RankNet / LambdaRank give 0.193 / 0.175 at 32
     bits (100 documents: 0.186 / 0.174) and 0.169 / 0.165 at 64 (0.179 / 0.198).
