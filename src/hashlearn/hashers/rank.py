@@ -442,9 +442,8 @@ class RankHashing(BaseHasher):
         if isinstance(docs, str):  # "auto" (checked above)
             docs = _auto_docs_per_query(B) if near_docs else 100
         self.docs_per_query_: int = int(docs)
-        m = min(self.neighbor_docs, self.docs_per_query_, n - 1)
-        if triplets is None and self.task == "classification" and m > 0:
-            self._near = _nearest_rows(X, m, rng)
+        if near_docs:  # n >= 2, so at least one neighbour document each
+            self._near = _nearest_rows(X, min(self.neighbor_docs, self.docs_per_query_, n - 1), rng)
         velocity_w = np.zeros_like(self.weights_)
         velocity_b = np.zeros_like(self.bias_)
         losses = []
