@@ -14,8 +14,9 @@ Protocols (one seed unless ``--seeds``):
   epochs (5, as the reproduction; ``0`` = their default), the rest their defaults. Also
   printed: the mean number of database items in the 3 nearest bins (collapse shows there).
 
-Data: scikit-learn's digits, Fashion-MNIST (when installed) and two Gaussian mixtures shaped
-like the issue's unseen sets (16-d with 26 classes, 36-d with 6 classes).
+Data: scikit-learn's digits, Fashion-MNIST (when installed), the bundled UCI letter (16-d,
+26 classes) and Landsat satellite (36-d, 6 classes) sets, and two Gaussian mixtures of their
+shapes.
 
     .venv/bin/python scripts/defaults_check.py retrieval --data gauss16 gauss36 --bits 16 32
     .venv/bin/python scripts/defaults_check.py knn --data digits --bits 16 32 64
@@ -34,6 +35,8 @@ from hashlearn.datasets import (
     fashion_mnist_available,
     load_digits,
     load_fashion_mnist,
+    load_letter,
+    load_satellite,
     make_gaussian_classes,
 )
 from hashlearn.evaluate import bin_threshold, knn_classification_error, precision_recall_at_radius
@@ -68,6 +71,9 @@ def load(name, seed=0):
         return gaussian_mixture(16, 26, 0.6, seed=seed)  # exact 3-NN error about 0.09
     if name == "gauss36":
         return gaussian_mixture(36, 6, 0.15, seed=seed)  # exact 3-NN error about 0.07
+    if name in ("letter", "satellite"):
+        X, y = {"letter": load_letter, "satellite": load_satellite}[name]()
+        return np.asarray(X, np.float64), y
     raise ValueError(f"unknown data set {name!r}")
 
 
@@ -178,7 +184,11 @@ def run_knn(names, bits, seed, n_train, n_queries, methods, rank_epochs):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("protocol", choices=["retrieval", "knn"])
-    ap.add_argument("--data", nargs="+", default=["digits", "fashion", "gauss16", "gauss36"])
+    ap.add_argument(
+        "--data",
+        nargs="+",
+        default=["digits", "fashion", "letter", "satellite", "gauss16", "gauss36"],
+    )
     ap.add_argument("--bits", nargs="+", type=int, default=[16, 32, 64])
     ap.add_argument("--methods", nargs="+", default=None)
     ap.add_argument("--seed", type=int, default=0)

@@ -15,6 +15,8 @@ from hashlearn.datasets import (
     load_ann_benchmarks,
     load_digits,
     load_fashion_mnist,
+    load_letter,
+    load_satellite,
     make_blobs,
     make_uniform,
     read_bvecs,
@@ -55,6 +57,38 @@ def test_load_digits():
     assert y.shape == (1797,) and y.dtype == np.int64
     assert X.min() == 0 and X.max() == 16
     assert set(np.unique(y)) == set(range(10))
+
+
+@pytest.mark.parametrize(
+    "load, shape, n_classes, low, high",
+    [(load_letter, (20000, 16), 26, 0, 15), (load_satellite, (6435, 36), 6, 27, 157)],
+)
+def test_load_bundled_uci_sets(load, shape, n_classes, low, high):
+    X, y = load()
+    assert X.shape == shape and X.dtype == np.float32 and X.flags.c_contiguous
+    assert y.shape == shape[:1] and y.dtype == np.int64
+    assert (X.min(), X.max()) == (low, high)
+    assert np.array_equal(np.unique(y), np.arange(n_classes))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda z: {**z, "extra": np.zeros(1)}, "expected arrays"),
+        (lambda z: {**z, "X": z["X"][:-1]}, "expected X"),
+        (lambda z: {**z, "X": z["X"].astype(np.float64)}, "uint8"),
+        (lambda z: {**z, "y": np.full_like(z["y"], 200)}, "below 26"),
+    ],
+)
+def test_bundled_uci_set_checked_on_load(tmp_path, change, message):
+    with np.load(datasets._BUNDLED_DIR / "letter.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    np.savez(tmp_path / "letter.npz", **change(arrays))
+    with pytest.raises(ValueError, match=message):
+        datasets._load_bundled("letter", tmp_path)
+    np.savez(tmp_path / "letter.npz", X=np.array([object()], dtype=object))
+    with pytest.raises(ValueError):
+        datasets._load_bundled("letter", tmp_path)
 
 
 def test_all_is_public():

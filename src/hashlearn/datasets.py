@@ -3,6 +3,9 @@
 Nothing here downloads anything. The sources are
 
 * :func:`load_digits`: scikit-learn's bundled 8x8 digits, the library's embedded default;
+* :func:`load_letter` / :func:`load_satellite`: the UCI *Letter Recognition* and *Statlog
+  (Landsat Satellite)* sets, bundled with the package (``scripts/import_mlbench.py`` made
+  them from Debian's ``r-cran-mlbench``);
 * :func:`load_fashion_mnist`: Fashion-MNIST from local IDX files, by default those of the
   Debian package ``dataset-fashion-mnist`` (``apt-get install -y dataset-fashion-mnist``);
   :func:`read_idx` is the IDX parser behind it;
@@ -39,6 +42,8 @@ __all__ = [
     "load_ann_benchmarks",
     "load_digits",
     "load_fashion_mnist",
+    "load_letter",
+    "load_satellite",
     "load_stdlib_docstrings",
     "make_blobs",
     "make_gaussian_classes",
@@ -95,6 +100,42 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's bundled digits: ``X`` float32 (1797, 64) with values 0..16, ``y`` int64."""
     X, y = sk_datasets.load_digits(return_X_y=True)
     return X.astype(np.float32), y.astype(np.int64)
+
+
+# name -> (rows, features, classes) of the bundled UCI sets
+_BUNDLED = {"letter": (20000, 16, 26), "satellite": (6435, 36, 6)}
+_BUNDLED_DIR = Path(__file__).parent / "data"
+
+
+def _load_bundled(name: str, directory: Path = _BUNDLED_DIR) -> tuple[np.ndarray, np.ndarray]:
+    """Read and check ``data/<name>.npz``: ``X`` uint8 (rows, features), ``y`` uint8 class
+    codes, ``classes`` their names (no pickled objects are read)."""
+    n, d, k = _BUNDLED[name]
+    path = directory / f"{name}.npz"
+    with np.load(path, allow_pickle=False) as z:
+        if sorted(z.files) != ["X", "classes", "y"]:
+            raise ValueError(f"{path}: expected arrays X, y and classes; found {z.files}")
+        X, y, classes = z["X"], z["y"], z["classes"]
+    if X.shape != (n, d) or y.shape != (n,) or classes.shape != (k,):
+        raise ValueError(f"{path}: expected X ({n}, {d}), y ({n},) and {k} classes")
+    if X.dtype != np.uint8 or y.dtype != np.uint8 or int(y.max()) >= k:
+        raise ValueError(f"{path}: expected uint8 features and class codes below {k}")
+    return np.ascontiguousarray(X, dtype=np.float32), y.astype(np.int64)
+
+
+def load_letter() -> tuple[np.ndarray, np.ndarray]:
+    """UCI *Letter Recognition* (Frey & Slate, *Letter recognition using Holland-style
+    adaptive classifiers*, Machine Learning 1991): ``X`` float32 (20000, 16), integer
+    features 0..15 of the letter images, ``y`` int64 in 0..25 for A..Z. Bundled (CC BY 4.0)."""
+    return _load_bundled("letter")
+
+
+def load_satellite() -> tuple[np.ndarray, np.ndarray]:
+    """UCI *Statlog (Landsat Satellite)*: ``X`` float32 (6435, 36), the four spectral bands of
+    a 3x3 pixel neighbourhood (values 27..157), ``y`` int64 in 0..5 for red soil, cotton crop,
+    grey soil, damp grey soil, vegetation stubble and very damp grey soil. Bundled
+    (CC BY 4.0)."""
+    return _load_bundled("satellite")
 
 
 STDLIB_DOCSTRING_MODULES = (
