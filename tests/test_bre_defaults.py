@@ -1,14 +1,15 @@
 """Issue 31, point 4: BinaryReconstructiveEmbedding's defaults against spectral hashing and
-LSH under the MLH §6.1 measure on every data set the project has (digits, Fashion-MNIST, and
-Gaussian mixtures shaped like the unseen 16-d / 26-class and 36-d / 6-class sets).
+LSH under the MLH §6.1 measure on every data set the project has (digits, Fashion-MNIST, the
+bundled UCI letter (16-d, 26 classes) and Landsat satellite (36-d, 6 classes) sets, and
+Gaussian mixtures of their shapes).
 
 Protocol (``scripts/defaults_check.py retrieval``, seed 0): at most 5000 training rows = the
 database, 500 queries, centred on the training mean and unit length, relevant = within the
 Euclidean threshold giving 50 neighbours per training row; per-query precision within Hamming
 radius 3, an empty retrieval scoring 0. A verdict is paired over the queries: BRE holds where
-its mean gain over the better of SH and LSH exceeds two standard errors. Where it does not,
-a strict ``xfail`` records the measured values (``BinaryReconstructiveEmbedding``'s
-docstring has the whole table)."""
+its mean gain over the better of SH and LSH exceeds two standard errors, fails where it is
+below minus two. Where it is a tie, an ``xfail`` records the measured values after checking
+that it is still a tie (``BinaryReconstructiveEmbedding``'s docstring has the whole table)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from hashlearn.datasets import (
     fashion_mnist_available,
     load_digits,
     load_fashion_mnist,
+    load_letter,
+    load_satellite,
     make_gaussian_classes,
 )
 from hashlearn.hashers import BinaryReconstructiveEmbedding, RandomHyperplaneLSH, SpectralHashing
@@ -36,6 +39,8 @@ def _data(name):
             pytest.skip("Fashion-MNIST is not installed")
         X = load_fashion_mnist(subset="train")[0]
         return np.asarray(X[np.random.RandomState(0).permutation(len(X))[:12000]]) / 255.0
+    if name in ("letter", "satellite"):
+        return np.asarray({"letter": load_letter, "satellite": load_satellite}[name]()[0], float)
     shape = {"gauss16": (16, 26, 0.6), "gauss36": (36, 6, 0.15)}[name]
     return make_gaussian_classes(6000, *shape, random_state=1000)[0]
 
@@ -57,33 +62,26 @@ def _per_query_precision(h, A, B, relevant, n_bits):
     return np.where(got > 0, (inside & relevant).sum(1) / np.maximum(got, 1), 0.0)
 
 
-# measured 2026-12-01 (BRE / SH / LSH): the paper's reconstruction spreads every distance
-# over the bits, and at these short codes SH's radius-3 balls are purer; no target power
-# (0.25-4) beats SH there (BinaryReconstructiveEmbedding's Notes, 2026-12-06)
-_LOSES = {
-    ("fashion", 16): "0.138 / 0.151 / 0.090",
-    ("fashion", 32): "0.270 / 0.438 / 0.304",
-    ("gauss16", 16): "0.254 / 0.247 / 0.252: a tie (+0.002)",
-    ("gauss16", 32): "0.604 / 0.616 / 0.427",
+# measured 2026-12-06 (BRE / SH / LSH): ties, where BRE's defaults are within two standard
+# errors of the better of SH and LSH; no power (0.25-4), kernel, number of landmarks (256),
+# passes (5) or pairs (50 + 50 a point) lifted them (BinaryReconstructiveEmbedding's Notes)
+_TIES = {
+    ("fashion", 16): "0.148 / 0.151 / 0.090",
+    ("fashion", 32): "0.443 / 0.438 / 0.304",
+    ("letter", 32): "0.720 / 0.668 / 0.688: above both by 1.9 standard errors",
+    ("gauss16", 16): "0.254 / 0.247 / 0.252",
+    ("gauss16", 32): "0.604 / 0.616 / 0.427: 0.5 standard errors below",
     ("gauss36", 64): "0.000 / 0.000 / 0.000: nothing within radius 3 of 64 bits",
 }
 
-CASES = [
-    pytest.param(
-        name,
-        bits,
-        marks=[pytest.mark.xfail(strict=True, reason=_LOSES[(name, bits)])]
-        if (name, bits) in _LOSES
-        else [],
-    )
-    for name in ("digits", "fashion", "gauss16", "gauss36")
-    for bits in (16, 32, 64)
-]
-
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,n_bits", CASES)
+@pytest.mark.parametrize("name", ["digits", "fashion", "letter", "satellite", "gauss16", "gauss36"])
+@pytest.mark.parametrize("n_bits", [16, 32, 64])
 def test_bre_defaults_beat_sh_and_lsh(name, n_bits):
+    """BRE's defaults are never significantly below the better of SH and LSH, and are
+    significantly above it everywhere but the ties listed (each checked not to hold clearly,
+    by three standard errors, so that one which does must leave the list)."""
     A, B, relevant = _split(_data(name))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -98,4 +96,10 @@ def test_bre_defaults_beat_sh_and_lsh(name, n_bits):
     gain = p["BRE"] - p[best]
     se = gain.std(ddof=1) / np.sqrt(len(gain))
     means = {k: round(float(v.mean()), 3) for k, v in p.items()}
+    assert gain.mean() >= -2.0 * se, ("significantly below", means, float(se))
+    if (name, n_bits) in _TIES:
+        # a margin above the 2 of a verdict, so that a change in floating-point order
+        # cannot flip it; a cell that clearly holds must leave the list
+        assert gain.mean() <= 3.0 * se, ("clearly holds: remove it from _TIES", means)
+        pytest.xfail(f"a tie with {best}: {_TIES[(name, n_bits)]}")
     assert gain.mean() > 2.0 * se, (means, float(se))
